@@ -1,0 +1,148 @@
+"""python -m analysis SWEEP_DIR... --out OUT_DIR [--x KEY --y KEY --row KEY --col KEY]
+[--metric success] [--tol 0.02] [--paper] [--wandb]
+
+Writes OUT_DIR/runs.parquet (one row per run), the phase diagrams (and with --paper the
+paper's figures) as PNG, and OUT_DIR/index.html.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt   # noqa: E402
+import pandas as pd               # noqa: E402
+
+from .figures import paper_figures                       # noqa: E402
+from .load import load_runs                               # noqa: E402
+from .phase import (TOL, add_success, add_success_step,   # noqa: E402
+                    phase_diagram, swept_keys)
+from .report import counts, log_to_wandb, write_report    # noqa: E402
+
+DPI = 110
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[1])
+    ap.add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR",
+                    help="sweep folders (hydra.sweep.dir) or single run folders")
+    ap.add_argument("--out", type=Path, required=True, help="folder for the report")
+    for axis in ("x", "y", "row", "col"):
+        ap.add_argument(f"--{axis}", metavar="KEY", help=f"phase-diagram {axis} (dotted "
+                        "config key, e.g. data.p); default: picked from the swept keys")
+    ap.add_argument("--metric", default="success",
+                    help="success (rate over seeds; default), acc_norm, or any numeric column")
+    ap.add_argument("--tol", type=float, default=TOL, help="success: acc >= OPT - tol")
+    ap.add_argument("--paper", action="store_true",
+                    help="also draw the paper's figures (sweeps made from experiment presets)")
+    ap.add_argument("--wandb", action="store_true", help="log the figures to a wandb run")
+    ap.add_argument("--wandb-mode", default="offline", choices=["offline", "online", "disabled"])
+    ap.add_argument("--refresh", action="store_true", help="ignore the sweeps' Parquet caches")
+    args = ap.parse_args(argv)
+    for p in args.sweeps:
+        if not p.is_dir():
+            ap.error(f"not a folder: {p}")
+    if args.tol < 0:
+        ap.error(f"--tol must be >= 0, got {args.tol}")
+    out = args.out.resolve()
+    if any(out == p.resolve() for p in args.sweeps):
+        ap.error(f"--out {args.out} is a sweep folder; its runs.parquet is the sweep's cache")
+    axes = [a for a in (args.x, args.y, args.row, args.col) if a]
+    if len(set(axes)) < len(axes):
+        ap.error(f"--x/--y/--row/--col must be different keys, got {' '.join(axes)}")
+    return ap, args
+
+
+def main(argv=None) -> int:
+    ap, args = parse_args(argv)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = load_runs(*args.sweeps, refresh=args.refresh)
+    notes += [str(w.message) for w in caught]
+    skipped = runs.attrs["skipped"]
+    if skipped:
+        notes.append(f"{len(skipped)} run folders skipped (unfinished or corrupt): "
+                     "listed at the end of this page.")
+    if not len(runs):
+        write_report(out, runs, skipped, [], notes)
+        print(f"error: no finished runs in {' '.join(map(str, args.sweeps))} "
+              f"({len(skipped)} folders skipped); see {out / 'index.html'}", file=sys.stderr)
+        return 1
+
+    runs = add_success_step(add_success(runs, args.tol), args.tol)
+    x, y, row, col = _axes(ap, args, runs, notes)
+    if args.metric not in runs.columns or not pd.api.types.is_numeric_dtype(runs[args.metric]):
+        ap.error(f"--metric {args.metric}: not a numeric column (try success, acc_norm, "
+                 "test_acc, test_kl, parent_attention)")
+
+    figures = []
+
+    def save(name, caption, fig, section):
+        fig.savefig(out / f"{name}.png", dpi=DPI, bbox_inches="tight")
+        plt.close(fig)
+        figures.append({"file": f"{name}.png", "caption": caption, "section": section})
+
+    on = " × ".join(k for k in (x, y) if k) + "".join(f", by {k}" for k in (row, col) if k)
+    for metric in dict.fromkeys([args.metric, "symmetry_break_step", "success_step"]):
+        if metric in runs.columns and runs[metric].notna().any() or metric == args.metric:
+            fig, _ = phase_diagram(runs, x, y, metric, row, col)
+            save(f"phase_{metric}", f"{metric} over {on}"
+                 + (f" (tol {args.tol:g})" if "success" in metric else ""), fig, "Phase diagrams")
+        else:
+            notes.append(f"no run has a {metric}: its phase diagram is left out.")
+    if args.paper:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for name, caption, fig in paper_figures(runs):
+                save(name, caption, fig, "Paper figures")
+        notes += [str(w.message) for w in caught if "paper" in str(w.message)
+                  or "experiment" in str(w.message)]
+
+    table = runs.copy()
+    table.attrs = {"config_keys": runs.attrs["config_keys"]}   # skipped stays in the report
+    table.to_parquet(out / "runs.parquet", index=False)
+    report = write_report(out, runs, skipped, figures, notes,
+                          title="rw-sweeps analysis: " + ", ".join(p.name for p in args.sweeps))
+    if args.wandb:
+        log_to_wandb(out, runs, figures, args.wandb_mode, config={
+            "sweeps": [str(p) for p in args.sweeps], "tol": args.tol, "metric": args.metric,
+            "x": x, "y": y, "row": row, "col": col})
+    c = counts(runs, skipped)[["runs", "done", "failed", "diverged", "unfinished", "corrupt"]]
+    print(f"{report}: {len(figures)} figures; " + ", ".join(f"{k} {v}" for k, v in
+                                                           c.sum().items()))
+    for n in notes:
+        print("note:", n, file=sys.stderr)
+    return 0
+
+
+def _axes(ap, args, runs, notes):
+    """The axes asked for, else the swept keys in order (x, y, row, col)."""
+    for flag, key in (("--x", args.x), ("--y", args.y), ("--row", args.row), ("--col", args.col)):
+        if key and key not in runs.columns:
+            ap.error(f"{flag} {key}: no such key; swept keys: "
+                     f"{', '.join(swept_keys(runs)) or 'none'}")
+    given = [k for k in (args.x, args.y, args.row, args.col) if k]
+    free = [k for k in swept_keys(runs) if k not in given]
+    if "init.sigma" in given and "init" in free:
+        free.remove("init")   # already on the σ axis as its zero-init column
+    picked = []
+    for key in (args.x, args.y, args.row, args.col):
+        picked.append(key or (free.pop(0) if free else None))
+    if picked[0] is None:       # nothing swept: one cell, on p if the runs have it
+        picked[0] = next((k for k in ("data.p", "data.name", "init") if k in runs.columns),
+                         "status")
+    if free:
+        notes.append(f"also swept, averaged within each cell: {', '.join(free)} "
+                     "(pass --row/--col to split them)")
+    return picked
+
+
+if __name__ == "__main__":
+    sys.exit(main())

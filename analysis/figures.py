@@ -1,0 +1,310 @@
+"""The paper's figures (Shi & Cao 2025) redrawn from stored histories and snapshots.
+
+Fig. 2        Π for chosen p (computed here, paper §1: π_{i,i+1} = p, π_{i,i−1} = 1 − p, cyclic).
+Figs. 4/5/8/9 one run: test accuracy vs step, V beside Πᵀ, mean attention S_j by position j,
+              and a zoom on the last positions (the parent x_{N−1} and the query).
+Figs. 6/7/10  accuracy and KL vs step, mean over seeds with the min–max band, one row per
+              setting (p, or the QA task).
+Figs. 11–13   Fig. 6's runs: V and attention of the random walk (11); V over snapshot steps (12)
+              and the weighted-average token X·S of one sequence with its variance across
+              sequences (13), for the deterministic walk.
+"""
+from __future__ import annotations
+
+import warnings
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt   # noqa: E402
+import numpy as np                # noqa: E402
+import pandas as pd               # noqa: E402
+import seaborn as sns             # noqa: E402
+
+from .load import load_history, load_snapshots   # noqa: E402
+from .phase import _fmt, swept_keys              # noqa: E402
+
+PER_RUN = ("fig4", "fig5", "fig8", "fig9")
+CURVES = ("fig6", "fig7", "fig10")
+PAPER_STEPS = (100, 400, 700, 1000)   # the snapshot steps of Figs. 12-13
+ZOOM = 10                             # last positions shown in the attention zoom, Fig. 4(d)
+
+
+def Pi(K: int, p: float) -> np.ndarray:
+    """Transition matrix Π (K×K): row i is the law of the next node given node i."""
+    out = np.zeros((K, K))
+    for i in range(K):                # += so that K = 2, where i+1 ≡ i−1, still sums to 1
+        out[i, (i + 1) % K] += p
+        out[i, (i - 1) % K] += 1 - p
+    return out
+
+
+def fig_pi(K: int = 6, ps=(0.5, 0.7, 1.0)):
+    """Fig. 2: Π as a heatmap for each p."""
+    fig, axes = plt.subplots(1, len(ps), figsize=(3.3 * len(ps), 3), squeeze=False)
+    for ax, p in zip(axes[0], ps):
+        _matrix(ax, Pi(K, p), f"Π, p = {p:g}", vmin=0, vmax=1)
+    fig.suptitle(f"Fig. 2: transition matrix Π (K = {K})")
+    fig.tight_layout()
+    return fig
+
+
+def fig_run(run: pd.Series, title: str = ""):
+    """Figs. 4/5/8/9 for one run (a row of the loaded table): (a) test accuracy vs step with OPT
+    and chance 1/K, (b) final V beside Πᵀ, (c) mean attention by position, (d) the last
+    positions."""
+    hist = load_history([run["path"]])
+    snaps = load_snapshots([run["path"]])
+    K = int(run.get("data.K", run.get("K")))
+    fig = plt.figure(figsize=(17, 3.6))
+    gs = fig.add_gridspec(1, 5, width_ratios=[1.2, 1, 1, 1.4, 0.9], wspace=0.35)
+    ax = fig.add_subplot(gs[0])
+    _curve(ax, hist, "test_acc", run)
+    ax.set_title("(a) test accuracy")
+    last = snaps.iloc[-1] if len(snaps) else None
+    V = last["V"] if last is not None else None
+    _matrix(fig.add_subplot(gs[1]), V, f"(b) V at step {_step(last)}")
+    ax = fig.add_subplot(gs[2])
+    if _is_walk(run):
+        _matrix(ax, Pi(K, float(run.get("data.p", run.get("p")))).T, "Πᵀ", vmin=0, vmax=1)
+    else:
+        _empty(ax, "no Π: QA task")
+    S = last["attention"] if last is not None else None
+    _attention(fig.add_subplot(gs[3]), S, f"(c) mean attention S_j, step {_step(last)}")
+    _attention(fig.add_subplot(gs[4]), S, "(d) zoom: last positions", zoom=ZOOM)
+    fig.suptitle(title or _describe(run), y=1.02)
+    return fig
+
+
+def fig_curves(runs: pd.DataFrame, by: list[str], title: str = ""):
+    """Figs. 6/7/10: one row per setting of `by`; test accuracy and KL vs step, mean over the
+    setting's seeds with a min–max band."""
+    hist = load_history(runs, columns=by)
+    groups = list(runs.groupby(by, sort=True, dropna=False)) if by else [((), runs)]
+    fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3 * len(groups)), squeeze=False)
+    for (key, sub), (ax_acc, ax_kl) in zip(groups, axes):
+        h = hist[hist["path"].isin(sub["path"])] if len(hist) else hist
+        label = ", ".join(f"{k} = {_fmt(k, v)}" for k, v in zip(by, np.atleast_1d(key)))
+        _band(ax_acc, h, "test_acc")
+        _band(ax_kl, h, "test_kl")
+        opt = sub["opt_acc"].dropna()
+        if len(opt):
+            ax_acc.axhline(opt.iloc[0], color="k", ls="--", lw=1, label="OPT")
+        K = sub.get("data.K", sub.get("K"))
+        if K is not None and len(K.dropna()):
+            ax_acc.axhline(1 / K.dropna().iloc[0], color="grey", ls=":", lw=1, label="1/K")
+        ax_acc.set_ylim(-0.02, 1.02)
+        ax_acc.set_title(f"test accuracy — {label or 'all runs'} ({len(sub)} seeds)", fontsize=9)
+        ax_kl.set_title(f"KL(true ‖ prediction) — {label or 'all runs'}", fontsize=9)
+        ax_acc.legend(fontsize=7)
+    fig.suptitle(title, y=1.0)
+    fig.tight_layout()
+    return fig
+
+
+def fig_v_steps(run: pd.Series, steps=PAPER_STEPS, title: str = ""):
+    """Fig. 12 (and 11a): V at chosen snapshot steps (the nearest stored ones)."""
+    snaps = _pick_steps(load_snapshots([run["path"]]), steps)
+    fig, axes = plt.subplots(1, max(len(snaps), 1), figsize=(3.2 * max(len(snaps), 1), 3),
+                             squeeze=False)
+    for ax, (_, s) in zip(axes[0], snaps.iterrows()):
+        _matrix(ax, s["V"], f"V, step {s['step']}")
+    if not len(snaps):
+        _empty(axes[0, 0], "no snapshots")
+    fig.suptitle(title or f"V over training — {_describe(run)}")
+    fig.tight_layout()
+    return fig
+
+
+def fig_h_steps(run: pd.Series, steps=PAPER_STEPS, title: str = ""):
+    """Fig. 13: the weighted-average token X·S of test sequence 0 (top) and the variance of
+    each of its K entries across test sequences (bottom), at chosen snapshot steps."""
+    snaps = _pick_steps(load_snapshots([run["path"]]), steps)
+    n = max(len(snaps), 1)
+    fig, axes = plt.subplots(2, n, figsize=(3 * n, 5), squeeze=False, sharey="row")
+    for j, (_, s) in enumerate(snaps.iterrows()):
+        for i, key in enumerate(("h_example", "h_var")):
+            h = s[key]
+            if h is None or not np.size(h):
+                _empty(axes[i, j], f"no {key}")
+                continue
+            axes[i, j].bar(np.arange(1, len(h) + 1), h, color="C0" if i == 0 else "C1")
+            axes[i, j].set_xlabel("entry k")
+        axes[0, j].set_title(f"step {s['step']}")
+    axes[0, 0].set_ylabel("X·S, sequence 0")
+    axes[1, 0].set_ylabel("variance across sequences")
+    if not len(snaps):
+        _empty(axes[0, 0], "no snapshots")
+    fig.suptitle(title or f"weighted-average token over training — {_describe(run)}")
+    fig.tight_layout()
+    return fig
+
+
+def fig_11(run: pd.Series, title: str = ""):
+    """Fig. 11: the random-walk run of Fig. 6: final V beside Πᵀ, and attention by position."""
+    snaps = load_snapshots([run["path"]])
+    last = snaps.iloc[-1] if len(snaps) else None
+    K = int(run.get("data.K", run.get("K")))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), gridspec_kw={"width_ratios": [1, 1, 1.6]})
+    _matrix(axes[0], last["V"] if last is not None else None, f"(a) V at step {_step(last)}")
+    _matrix(axes[1], Pi(K, float(run.get("data.p", run.get("p")))).T, "Πᵀ", vmin=0, vmax=1)
+    _attention(axes[2], last["attention"] if last is not None else None,
+               f"(b) mean attention S_j, step {_step(last)}")
+    fig.suptitle(title or f"Fig. 11 — {_describe(run)}")
+    fig.tight_layout()
+    return fig
+
+
+def paper_figures(runs: pd.DataFrame, max_runs: int = 8):
+    """Yield (name, caption, figure) for every paper figure a sweep of experiment presets
+    supports, choosing the figure by the preset's name (config `experiment`)."""
+    if "experiment" not in runs.columns or runs["experiment"].isna().all():
+        warnings.warn("no run used an experiment preset (config `experiment` is null): "
+                      "--paper draws nothing")
+        return
+    walks = runs[runs.apply(_is_walk, axis=1)]
+    for K in sorted(walks.get("data.K", pd.Series(dtype=int)).dropna().unique()):
+        yield (f"fig2_pi_K{int(K)}", f"Fig. 2: Π for p = 0.5, 0.7, 1 with K = {int(K)}.",
+               fig_pi(int(K)))
+    for exp, sub in runs.dropna(subset=["experiment"]).groupby("experiment", sort=True):
+        sub = _sorted(sub)
+        n = f"Fig. {exp[3:]}"
+        if exp in PER_RUN:
+            for i, (_, run) in enumerate(_one_per_setting(sub).head(max_runs).iterrows()):
+                yield (f"{exp}_run{i}", f"{n}: accuracy, V beside Πᵀ, mean attention by "
+                       f"position and its last {ZOOM} positions — {_describe(run)}",
+                       fig_run(run, f"{n} — {_describe(run)}"))
+        elif exp in CURVES:
+            by = swept_keys(sub)
+            yield (f"{exp}_curves", f"{n}: test accuracy and KL over steps, mean and min–max "
+                   f"over seeds, by {', '.join(by) or 'nothing (one setting)'}.",
+                   fig_curves(sub, by, f"{n}: {len(sub)} runs"))
+            if exp == "fig6":
+                yield from _figs_11_to_13(sub)
+        else:
+            warnings.warn(f"experiment {exp!r} has no paper figure here")
+
+
+def _figs_11_to_13(sub: pd.DataFrame):
+    p = pd.to_numeric(sub.get("data.p"), errors="coerce")
+    rw, det = sub[~p.isin([0.0, 1.0])], sub[p.isin([0.0, 1.0])]
+    if len(rw):
+        run = rw.iloc[0]
+        yield ("fig11", f"Fig. 11: the random walk of Fig. 6 — {_describe(run)}: V recovers Πᵀ, "
+               "attention on the parent.", fig_11(run))
+    run = det.iloc[0] if len(det) else sub.iloc[0]
+    yield ("fig12", f"Fig. 12: V at the snapshot steps nearest {list(PAPER_STEPS)} — "
+           f"{_describe(run)}.", fig_v_steps(run, title=f"Fig. 12 — {_describe(run)}"))
+    yield ("fig13", "Fig. 13: the weighted-average token X·S of one test sequence, and the "
+           f"variance of its entries across test sequences — {_describe(run)}.",
+           fig_h_steps(run, title=f"Fig. 13 — {_describe(run)}"))
+
+
+# ---------------------------------------------------------------------------------------------
+# panels
+
+def _matrix(ax, M, title, vmin=None, vmax=None):
+    if M is None:
+        return _empty(ax, "no snapshot")
+    M = np.asarray(M)
+    ticks = np.arange(1, M.shape[1] + 1)
+    sns.heatmap(M, ax=ax, cmap="Blues", vmin=vmin, vmax=vmax, square=True, cbar=True,
+                xticklabels=ticks, yticklabels=np.arange(1, M.shape[0] + 1),
+                annot=M.shape[0] <= 8, fmt=".2f", annot_kws={"fontsize": 6})
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(labelsize=7)
+
+
+def _attention(ax, S, title, zoom=None):
+    if S is None:
+        return _empty(ax, "no snapshot")
+    S = np.asarray(S)
+    N = len(S)
+    j = np.arange(1, N + 1)
+    lo = N - zoom if zoom else 0
+    colors = ["C3" if k == N - 1 else "C2" if k == N else "C0" for k in j[lo:]]
+    ax.bar(j[lo:], S[lo:], color=colors, width=0.8)
+    ax.set_xlabel("position j  (red: parent x_{N−1}, green: query)", fontsize=8)
+    ax.set_ylabel("S_j")
+    ax.set_title(title, fontsize=9)
+    if zoom:
+        ax.set_xticks(j[lo:])
+        ax.tick_params(axis="x", labelsize=6)
+
+
+def _curve(ax, hist, metric, run):
+    if len(hist) and metric in hist:
+        ax.plot(hist["step"], hist[metric], marker=".", ms=3)
+    opt = run.get("opt_acc")
+    if opt == opt and opt is not None:
+        ax.axhline(opt, color="k", ls="--", lw=1, label=f"OPT = {opt:.2g}")
+    K = run.get("data.K", run.get("K"))
+    ax.axhline(1 / K, color="grey", ls=":", lw=1, label=f"1/K = {1 / K:.2g}")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=7)
+
+
+def _band(ax, hist, metric):
+    if not len(hist) or metric not in hist or hist[metric].isna().all():
+        return _empty(ax, f"no {metric} in histories")
+    g = hist.groupby("step")[metric]
+    mean, lo, hi = g.mean(), g.min(), g.max()
+    ax.plot(mean.index, mean, lw=1.5, label="mean")
+    ax.fill_between(mean.index, lo, hi, alpha=0.25, label="min–max over seeds")
+    ax.set_xlabel("step")
+
+
+def _empty(ax, text):
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+# ---------------------------------------------------------------------------------------------
+# choosing runs and steps
+
+def _pick_steps(snaps: pd.DataFrame, wanted) -> pd.DataFrame:
+    """The paper's steps if the run stored them, else four spread over the run (last included)."""
+    if not len(snaps):
+        return snaps
+    have = sorted(snaps["step"])
+    if set(wanted) <= set(have):
+        chosen = list(wanted)
+    else:
+        later = [s for s in have if s > 0] or have
+        chosen = sorted({later[round(q * (len(later) - 1))] for q in (0.25, 0.5, 0.75, 1.0)})
+    return snaps[snaps["step"].isin(chosen)].sort_values("step")
+
+
+def _sorted(runs):
+    keys = [k for k in swept_keys(runs) + ["seed"] if k in runs.columns]
+    return runs.sort_values(keys, kind="stable") if keys else runs
+
+
+def _one_per_setting(runs):
+    """The lowest seed of each setting: one figure per point of the sweep, not per seed."""
+    keys = swept_keys(runs)
+    return runs.drop_duplicates(keys) if keys else runs.head(1)
+
+
+def _is_walk(run) -> bool:
+    return run.get("data.name", run.get("data", "random_walk")) == "random_walk"
+
+
+def _step(snap):
+    return "—" if snap is None else int(snap["step"])
+
+
+def _describe(run) -> str:
+    parts = []
+    if _is_walk(run):
+        parts.append(f"p = {_fmt('data.p', run.get('data.p'))}")
+    else:
+        parts.append(str(run.get("data.name")))
+    parts.append(f"K = {run.get('data.K')}, N = {run.get('data.N')}")
+    init = run.get("init")
+    parts.append("zero init" if init == "zero" else
+                 f"{init} init σ = {_fmt('init.sigma', run.get('init.sigma'))}")
+    parts.append(f"lr = {_fmt('optim.lr', run.get('optim.lr'))}, seed {run.get('seed')}")
+    return ", ".join(parts)

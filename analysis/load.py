@@ -1,0 +1,336 @@
+"""Sweep and run folders -> one tidy table (one row per run), per CONTRACT.md.
+
+Only the results contract is read (config.yaml, summary.json, history.jsonl, snapshots.jsonl);
+the training code is never imported. Each sweep is consolidated into `<sweep>/runs.parquet`,
+refreshed from the mtimes of its runs' files, so a warm load of 10,000 runs is a few stats each.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import sys
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from tqdm import tqdm
+
+CACHE_NAME = "runs.parquet"
+CACHE_VERSION = 1   # bump when the row format changes: old caches are then rebuilt
+_META_KEY = b"rw_sweeps.analysis"
+_YAML = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml: ~10x faster on 10k configs
+_BOOK = ["_run", "_cfg_mtime", "_cfg_size", "_sum_mtime", "_sum_size"]   # cache-only columns
+
+
+def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
+              cache: bool = True) -> pd.DataFrame:
+    """Load sweep folders and/or single run folders into one DataFrame, one row per run.
+
+    Columns: every config key under its dotted name (`data.p`, `init.sigma`, `optim.lr`, ...),
+    `init` = the chosen init's name, every summary.json field, and `path` (the run folder),
+    `sweep` (its sweep folder, or the run folder itself for a single run), `run` (folder name).
+    Folders without a usable summary are not rows; they are listed in `df.attrs["skipped"]`
+    as {path, status: unfinished|corrupt, reason}. `df.attrs["config_keys"]` names the config
+    columns. `progress=None` shows a tqdm bar only on a terminal.
+    """
+    frames, skipped, config_keys = [], [], set()
+    for p in _flatten_args(paths):
+        p = Path(p).resolve()
+        if not p.is_dir():
+            raise FileNotFoundError(f"no such folder: {p}")
+        if _is_run_dir(p):
+            row, cfg_keys, problem = _read_run(p)
+            if problem:
+                skipped.append(problem)
+                continue
+            row.update(path=str(p), sweep=str(p), run=p.name)
+            frames.append(pd.DataFrame([row]))
+            config_keys |= cfg_keys
+        else:
+            df, skip, cfg_keys = _load_sweep(p, refresh=refresh, progress=progress, cache=cache)
+            frames.append(df)
+            skipped += skip
+            config_keys |= cfg_keys
+    frames = [f for f in frames if len(f)]
+    df = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
+    if len(df):
+        df = df.drop_duplicates("path", ignore_index=True)   # a run given twice (sweep + run)
+    df.attrs = {"config_keys": sorted(config_keys), "skipped": skipped}
+    return df
+
+
+def config_keys(df: pd.DataFrame) -> list[str]:
+    """The config columns of a loaded table (also after a round trip through Parquet)."""
+    keys = df.attrs.get("config_keys")
+    if keys is None:   # a frame built by hand: dotted names and the contract's top-level keys
+        top = {"init", "seed", "precision", "eval_every", "snapshot_steps", "checkpoint_every",
+               "experiment"}
+        keys = [c for c in df.columns if "." in c or c in top]
+    return [k for k in keys if k in df.columns]
+
+
+def load_history(runs, columns=None) -> pd.DataFrame:
+    """Long-form histories: one row per (run, evaluated step) with the history's metrics.
+
+    `runs` is a loaded table (its `columns`, e.g. ["data.p", "seed"], are copied onto every
+    row, ready for seaborn's hue/style) or a list of run folders. Unreadable lines are skipped:
+    a run still being written must not break a plot.
+    """
+    frames = []
+    for path, extra in _iter_runs(runs, columns):
+        rows = list(_read_jsonl(Path(path) / "history.jsonl"))
+        if rows:
+            frames.append(pd.DataFrame(rows).assign(path=path, **extra))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def load_snapshots(runs, columns=None) -> pd.DataFrame:
+    """Long-form snapshots: one row per (run, snapshot step); `V`, `A`, `attention`,
+    `h_example`, `h_var` become numpy arrays (None where the run stored null)."""
+    frames = []
+    for path, extra in _iter_runs(runs, columns):
+        rows = list(_read_jsonl(Path(path) / "snapshots.jsonl"))
+        for r in rows:
+            for k in ("V", "A", "attention", "h_example", "h_var"):
+                if r.get(k) is not None:
+                    r[k] = np.asarray(r[k], dtype=float)
+        if rows:
+            frames.append(pd.DataFrame(rows).assign(path=path, **extra))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+# ---------------------------------------------------------------------------------------------
+# one sweep, through its Parquet cache
+
+def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
+    cached, meta = (pd.DataFrame(), {}) if refresh or not cache else _read_cache(sweep)
+    # run folder -> (its row in the cache, the file stamps that row was read from)
+    stamps = ({r: (i, s) for i, (r, *s) in enumerate(zip(*(cached[c].tolist() for c in _BOOK)))}
+              if len(cached) else {})
+    keep, todo, skipped = [], [], []
+    for entry in _run_entries(sweep):
+        stats = _stat_run(entry.path)
+        if stats is None:                  # a numbered job folder with nothing in it yet
+            skipped.append(_skip(entry.path, "unfinished", "no config.yaml or summary.json"))
+            continue
+        i, old = stamps.get(entry.name, (None, None))
+        if old is not None and tuple(old) == stats:
+            keep.append(i)
+        else:
+            todo.append((entry, stats))
+
+    new_rows, config_keys = [], set(meta.get("config_keys", []))
+    read = _read_many([Path(e.path) for e, _ in todo])
+    bar = tqdm(read, total=len(todo), desc=f"reading {sweep.name}", unit="run",
+               disable=_quiet(progress, len(todo)))
+    for (entry, stats), (row, cfg_keys, problem) in zip(todo, bar):
+        if problem:
+            skipped.append(problem)
+            continue
+        row.update(zip(_BOOK, (entry.name, *stats)))
+        new_rows.append(row)
+        config_keys |= cfg_keys
+
+    parts = [cached.iloc[keep]] if keep else []
+    if new_rows:
+        parts.append(pd.DataFrame(new_rows))
+    df = pd.concat(parts, ignore_index=True, sort=False) if parts else pd.DataFrame()
+    changed = bool(new_rows) or len(keep) != len(cached)
+    if cache and changed:
+        _write_cache(sweep, df, sorted(config_keys))
+    if len(df):
+        names = df["_run"].tolist()
+        df = df.iloc[sorted(range(len(df)), key=lambda i: _run_order(names[i]))]
+        df = df.reset_index(drop=True)
+        df["path"] = [os.path.join(sweep, r) for r in df["_run"]]
+        df["sweep"] = str(sweep)
+        df["run"] = df.pop("_run")
+        df = df.drop(columns=[c for c in _BOOK if c in df.columns])
+    return df, skipped, config_keys
+
+
+def _read_many(paths):
+    """_read_run over many folders; YAML parsing is CPU-bound, so a cold load of a large sweep
+    uses every core (fork: the workers need nothing but this module)."""
+    workers = min(4, os.cpu_count() or 1)
+    if len(paths) < 1000 or workers < 2 or "fork" not in mp.get_all_start_methods():
+        yield from map(_read_run, paths)
+        return
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+        yield from pool.map(_read_run, paths, chunksize=250)
+
+
+def _run_entries(sweep: Path):
+    """Candidate run folders: numbered job folders (even empty ones count as unfinished), and
+    any other visible sub-folder holding a run's files."""
+    with os.scandir(sweep) as it:
+        for e in it:
+            if e.name.startswith((".", "_")) or not e.is_dir():
+                continue
+            if e.name.isdigit() or _is_run_dir(Path(e.path)):
+                yield e
+
+
+def _stat_run(path):
+    """(config mtime, size, summary mtime, size); -1 for a missing file; None if both missing."""
+    out = []
+    for name in ("config.yaml", "summary.json"):
+        try:
+            st = os.stat(os.path.join(path, name))
+            out += [st.st_mtime_ns, st.st_size]
+        except FileNotFoundError:
+            out += [-1, -1]
+    return None if out[0] == out[2] == -1 else tuple(out)
+
+
+def _read_cache(sweep: Path):
+    f = sweep / CACHE_NAME
+    if not f.exists():
+        return pd.DataFrame(), {}
+    try:
+        table = pq.read_table(f)
+        meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
+        if meta.get("version") != CACHE_VERSION or not set(_BOOK) <= set(table.column_names):
+            return pd.DataFrame(), {}      # another format (or the CLI's output table): rebuild
+        df = table.to_pandas()
+        df.attrs = {}
+        return df, meta
+    except Exception as e:                 # a torn or foreign file is only a slower load
+        warnings.warn(f"ignoring unreadable cache {f}: {e}")
+        return pd.DataFrame(), {}
+
+
+def _write_cache(sweep: Path, df: pd.DataFrame, config_keys):
+    f = sweep / CACHE_NAME
+    tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
+    try:
+        table = pa.Table.from_pandas(_parquet_safe(df), preserve_index=False)
+        meta = {**(table.schema.metadata or {}),
+                _META_KEY: json.dumps({"version": CACHE_VERSION, "config_keys": config_keys})}
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
+        os.replace(tmp, f)                 # atomic, like every file of the contract
+    except OSError as e:                   # a read-only sweep folder still loads, just uncached
+        warnings.warn(f"could not write cache {f}: {e}")
+        tmp.unlink(missing_ok=True)
+
+
+def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Arrow needs one type per column: a key that is an int in one run and a string in another
+    (e.g. `model.pos_denom`) is stored as text."""
+    df = df.copy()
+    for c in df.columns[df.dtypes == object]:
+        kinds = {type(v) for v in df[c] if v is not None and v == v}
+        if len(kinds) > 1 and not kinds <= {int, float, bool}:
+            df[c] = [None if v is None or v != v else str(v) for v in df[c]]
+    return df
+
+
+# ---------------------------------------------------------------------------------------------
+# one run folder
+
+def _read_run(path: Path):
+    """-> (row, config keys, None) or (None, None, skip record)."""
+    try:
+        with open(path / "summary.json", "rb") as f:
+            summary = json.load(f)
+    except FileNotFoundError:
+        return None, None, _skip(path, "unfinished", "no summary.json")
+    except (ValueError, OSError) as e:
+        return None, None, _skip(path, "corrupt", f"summary.json: {_short(e)}")
+    if not isinstance(summary, dict):
+        return None, None, _skip(path, "corrupt", "summary.json is not a JSON object")
+    try:
+        with open(path / "config.yaml", "rb") as f:
+            config = yaml.load(f, Loader=_YAML)
+    except FileNotFoundError:
+        return None, None, _skip(path, "corrupt", "no config.yaml")
+    except (yaml.YAMLError, OSError) as e:
+        return None, None, _skip(path, "corrupt", f"config.yaml: {_short(e)}")
+    if not isinstance(config, dict):
+        return None, None, _skip(path, "corrupt", "config.yaml is not a mapping")
+    row = flatten_config(config)
+    cfg_keys = set(row)
+    for k, v in summary.items():           # the config wins where both say it (seed, init, ...)
+        row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
+    return row, cfg_keys, None
+
+
+def flatten_config(config: dict, prefix: str = "") -> dict:
+    """{"data": {"p": 0.5}} -> {"data.p": 0.5}; `init.name` becomes `init` (the chosen option);
+    lists become JSON text so that every cell stays hashable and Parquet-friendly."""
+    out = {}
+    for k, v in config.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten_config(v, key + "."))
+        elif isinstance(v, (list, dict)):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = v
+    if not prefix:   # `init` names the chosen option, in the place of `init.name`
+        out = {("init" if k == "init.name" else k): v for k, v in out.items()}
+    return out
+
+
+def _read_jsonl(f: Path):
+    try:
+        with open(f, "rb") as fh:
+            for line in fh:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(r, dict):
+                    yield r
+    except FileNotFoundError:
+        return
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+
+def _is_run_dir(p: Path) -> bool:
+    return (p / "config.yaml").exists() or (p / "summary.json").exists()
+
+
+def _iter_runs(runs, columns):
+    if isinstance(runs, pd.DataFrame):
+        cols = [c for c in (columns or []) if c in runs.columns]
+        for rec in runs[["path", *cols]].to_dict("records"):
+            yield rec.pop("path"), rec
+    else:
+        for p in ([runs] if isinstance(runs, (str, Path)) else runs):
+            yield str(p), {}
+
+
+def _flatten_args(paths):
+    for p in paths:
+        if isinstance(p, (list, tuple)):
+            yield from p
+        else:
+            yield p
+
+
+def _skip(path, status, reason):
+    return {"path": str(path), "status": status, "reason": reason}
+
+
+def _short(e: Exception) -> str:
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+
+
+def _quiet(progress, n) -> bool | None:
+    if progress is None:                   # tqdm's own rule: no bar unless on a terminal
+        return None if n >= 100 and sys.stderr.isatty() else True
+    return not progress
+
+
+def _run_order(name: str):
+    """Job folders in numeric order (2 before 10), others after, by name."""
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)

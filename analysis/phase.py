@@ -1,0 +1,275 @@
+"""Phase diagrams: where training succeeds, over any two swept keys, faceted by two more.
+
+Success (issue 3): status "done" and test accuracy within `tol` of OPT = max(p, 1-p), paper §5.
+It is `acc >= OPT - tol`, not |acc - OPT| <= tol: a finite test set can score above OPT.
+The theory drawn on the diagrams: OPT along the p axis, and an outline on the cells where
+Theorem 4.1 predicts failure (zero init, p in {0, 1}, N = rK + 1: accuracy 1/K).
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt   # noqa: E402
+import numpy as np                # noqa: E402
+import pandas as pd               # noqa: E402
+import seaborn as sns             # noqa: E402
+from matplotlib.patches import Patch, Rectangle   # noqa: E402
+
+from .load import config_keys     # noqa: E402
+
+TOL = 0.02
+ZERO = "zero"                           # the zero-init column beside the σ axis
+LOG_KEYS = {"init.sigma", "optim.lr"}   # swept geometrically: labelled in powers of ten
+UNIT_METRICS = {"success", "acc_norm", "test_acc", "parent_attention", "v_pi_cosine"}
+STEP_METRICS = {"symmetry_break_step", "success_step"}
+# the axes a reader expects first; other swept keys follow by name
+PREFERRED = ["data.p", "init.sigma", "optim.lr", "data.K", "data.N", "model.M", "init",
+             "data.name", "model.name", "optim.eps", "optim.steps", "data.n_train"]
+LABELS = {"data.p": "p", "init.sigma": "σ", "optim.lr": "lr (η)", "optim.eps": "ε",
+          "data.K": "K", "data.N": "N", "model.M": "M"}
+
+
+def add_success(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
+    """Add `success` (bool) and `acc_norm` = (acc − 1/K)/(OPT − 1/K): 0 = chance, 1 = OPT."""
+    out = df.copy()
+    acc = pd.to_numeric(out.get("test_acc"), errors="coerce")
+    opt = pd.to_numeric(out.get("opt_acc"), errors="coerce")
+    out["success"] = (out["status"] == "done").to_numpy() & (acc >= opt - tol).to_numpy()
+    chance = 1 / pd.to_numeric(_col(out, "data.K", "K"), errors="coerce")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["acc_norm"] = ((acc - chance) / (opt - chance)).replace([np.inf, -np.inf], np.nan)
+    return out
+
+
+def add_success_step(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
+    """Add `success_step`: the first evaluated step (history.jsonl) with test_acc ≥ OPT − tol,
+    NaN for runs that never got there or did not finish."""
+    out = df.copy()
+    steps = []
+    for path, opt, status in zip(out["path"], out["opt_acc"], out["status"]):
+        ok = status == "done" and opt == opt
+        steps.append(_first_step_at(Path(path) / "history.jsonl", opt - tol) if ok else np.nan)
+    out["success_step"] = steps
+    return out
+
+
+def theory_fails(df: pd.DataFrame) -> pd.Series:
+    """Theorem 4.1: zero init on a deterministic walk (p in {0,1}) with N = rK + 1 stays at the
+    symmetric point, accuracy 1/K, for any loss, lr and number of steps."""
+    p = pd.to_numeric(_col(df, "data.p", "p"), errors="coerce")
+    K = pd.to_numeric(_col(df, "data.K", "K"), errors="coerce")
+    N = pd.to_numeric(_col(df, "data.N", "N"), errors="coerce")
+    walk = _col(df, "data.name", "data").fillna("random_walk") == "random_walk"
+    return (_col(df, "init", "init") == "zero") & walk & p.isin([0.0, 1.0]) & ((N - 1) % K == 0)
+
+
+def swept_keys(df: pd.DataFrame) -> list[str]:
+    """Config keys that vary between runs, most telling first, seed excluded (it is what the
+    diagrams average over). A key fixed by the ones before it (`model.normalize` riding on
+    `init`, `init` on the σ axis's zero column) adds no axis and is dropped."""
+    varying = [k for k in config_keys(df) if k != "seed" and not k.startswith("wandb.")
+               and _values(df, k).nunique(dropna=False) > 1]
+    varying.sort(key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
+    chosen = []
+    for k in varying:
+        by = [_values(df, c) for c in chosen]
+        if not chosen or _values(df, k).groupby(by, sort=False).nunique().max() > 1:
+            chosen.append(k)
+    return chosen
+
+
+def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "success",
+                row: str | None = None, col: str | None = None) -> pd.DataFrame:
+    """One line per cell: the facet/axis values, `value` (the mean of `metric` over the cell's
+    runs: for `success` that is the success rate over seeds), `n` runs, `n_valid` runs with a
+    value, and `theory_fail` (every run in the cell is a Thm 4.1 failure)."""
+    keys = [k for k in (row, col, y, x) if k]
+    for k in keys + [metric]:
+        if k not in df.columns:
+            raise KeyError(k)
+    g = pd.DataFrame({k: _values(df, k) for k in dict.fromkeys(keys)})
+    g["_v"] = pd.to_numeric(df[metric], errors="coerce").astype(float)
+    g["_fail"] = theory_fails(df).to_numpy()
+    out = g.groupby(keys, dropna=False, sort=False).agg(
+        value=("_v", "mean"), n=("_v", "size"), n_valid=("_v", "count"),
+        theory_fail=("_fail", "all")).reset_index()
+    return out
+
+
+def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "success",
+                  row: str | None = None, col: str | None = None, title: str | None = None):
+    """Seaborn heatmaps of `metric` over (x, y), one panel per (row, col) value.
+    Returns (figure, phase_table)."""
+    table = phase_table(df, x, y, metric, row, col)
+    xs = _order(table[x])
+    ys = _order(table[y])[::-1] if y else [None]   # larger values on top, zero init at the bottom
+    rows = _order(table[row]) if row else [None]
+    cols = _order(table[col]) if col else [None]
+    unit = metric in UNIT_METRICS
+    vmin, vmax = (0.0, 1.0) if unit else (table["value"].min(), table["value"].max())
+    if not np.isfinite([vmin, vmax]).all():
+        vmin, vmax = 0.0, 1.0
+    cell_w, cell_h = max(0.75, 0.25 * max(len(_fmt(x, v)) for v in xs)), 0.55
+    fig, axes = plt.subplots(
+        len(rows), len(cols), squeeze=False,
+        figsize=(len(cols) * (cell_w * len(xs) + 1.6) + 1.2, len(rows) * (cell_h * len(ys) + 1.5)))
+    cbar_ax = fig.add_axes([0.93, 0.15, 0.015, 0.7])
+    for i, rv in enumerate(rows):
+        for j, cv in enumerate(cols):
+            ax = axes[i, j]
+            sub = table
+            if row:
+                sub = sub[_match(sub[row], rv)]
+            if col:
+                sub = sub[_match(sub[col], cv)]
+            grid = {(_key(yv), _key(xv)): r for yv, xv, r in zip(
+                sub[y] if y else [None] * len(sub), sub[x], sub.to_dict("records"))}
+            cells = [[grid.get((_key(yv), _key(xv))) for xv in xs] for yv in ys]
+            values = np.array([[c["value"] if c else np.nan for c in line] for line in cells])
+            annot = np.array([[_annot(c, metric) for c in line] for line in cells])
+            sns.heatmap(pd.DataFrame(values, index=[_fmt(y, v) for v in ys],
+                                     columns=[_fmt(x, v) for v in xs]),
+                        ax=ax, annot=annot, fmt="", vmin=vmin, vmax=vmax, linewidths=0.5,
+                        linecolor="white", cmap="RdYlGn" if unit else "viridis",
+                        cbar=(i == 0 and j == 0), cbar_ax=cbar_ax if i == j == 0 else None,
+                        cbar_kws={"label": _metric_label(metric)}, annot_kws={"fontsize": 8})
+            for yi, line in enumerate(cells):
+                for xi, c in enumerate(line):
+                    if c and c["n_valid"] == 0:     # runs, but no value: grey, and say why
+                        ax.add_patch(Rectangle((xi, yi), 1, 1, color="0.88"))
+                        ax.text(xi + 0.5, yi + 0.5, annot[yi][xi], ha="center", va="center",
+                                fontsize=8, color="0.3")
+                    if c and c["theory_fail"]:      # Thm 4.1: theory says these cells fail
+                        ax.add_patch(Rectangle((xi + 0.04, yi + 0.04), 0.92, 0.92, fill=False,
+                                               edgecolor="black", lw=2, ls="--"))
+            if ZERO in xs and len(xs) > 1:          # zero init stands apart from the log σ axis
+                ax.axvline(1, color="black", lw=3)
+            if ZERO in ys and len(ys) > 1:
+                ax.axhline(len(ys) - 1, color="black", lw=3)
+            ax.set_xlabel(_axis_label(x))
+            ax.set_ylabel(_axis_label(y) if y else "")
+            ax.tick_params(axis="y", rotation=0)
+            if x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
+                _opt_axis(ax, xs)
+            facet = ", ".join(f"{LABELS.get(k, k)} = {_fmt(k, v)}"
+                              for k, v in ((row, rv), (col, cv)) if k)
+            if facet:
+                ax.set_title(facet, fontsize=10, pad=22 if x in ("data.p", "p") else 6)
+    n = table["n"]
+    per_cell = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
+    fig.suptitle(title or f"{_metric_label(metric)} ({per_cell} runs per cell)", fontsize=11)
+    if table["theory_fail"].any():
+        fig.legend(handles=[Patch(fill=False, edgecolor="black", ls="--", lw=2,
+                                  label="Thm 4.1: zero init fails at p ∈ {0, 1} (acc 1/K)")],
+                   loc="lower left", fontsize=8, frameon=False)
+    fig.subplots_adjust(left=0.12, right=0.9, bottom=0.2, top=0.8, wspace=0.35, hspace=0.6)
+    return fig, table
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+def _values(df: pd.DataFrame, key: str) -> pd.Series:
+    """The value a run shows on an axis: σ of a zero-init run is the ZERO column, whatever
+    `init.sigma` says; a missing value is its own category."""
+    s = df[key].astype(object).where(df[key].notna(), "none")
+    if key == "init.sigma" and "init" in df.columns:
+        s = s.where(df["init"] != "zero", ZERO)
+    return s
+
+
+def _col(df, name, fallback):
+    if name in df.columns:
+        return df[name]
+    if fallback in df.columns:
+        return df[fallback]
+    return pd.Series(np.nan, index=df.index)
+
+
+def _order(values) -> list:
+    """Zero init first, then numbers ascending, then text."""
+    def key(v):
+        if isinstance(v, str):
+            return (0, 0.0, "") if v == ZERO else (2, 0.0, v)
+        return (1, float(v), "")
+    return sorted({_key(v) for v in values}, key=key)
+
+
+def _key(v):
+    """numpy scalars -> Python, so that 0.5 and np.float64(0.5) meet in one cell."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _match(s: pd.Series, v) -> pd.Series:
+    return s.map(_key) == v
+
+
+def _fmt(key, v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if key in LOG_KEYS and v > 0:
+        mant, exp = f"{v:.1e}".split("e")
+        return f"1e{int(exp)}" if mant == "1.0" else f"{float(mant):g}e{int(exp)}"
+    return f"{v:g}"
+
+
+def _annot(cell, metric) -> str:
+    if cell is None:
+        return ""
+    if cell["n_valid"] == 0:
+        return "never" if metric in STEP_METRICS else "–"
+    v = cell["value"]
+    if metric in STEP_METRICS:
+        # a step averaged over seeds; say how many seeds never got there
+        return f"{v:.0f}" + (f"\n{cell['n_valid']}/{cell['n']}" if cell["n_valid"] < cell["n"]
+                             else "")
+    return f"{v:.2f}" if abs(v) < 100 else f"{v:.3g}"
+
+
+def _axis_label(key):
+    if key is None:
+        return ""
+    label = f"{LABELS[key]}  ({key})" if key in LABELS else key
+    return label + ", log scale" if key in LOG_KEYS else label
+
+
+def _metric_label(metric):
+    return {"success": "success rate over seeds",
+            "acc_norm": "normalised accuracy (acc − 1/K)/(OPT − 1/K)",
+            "symmetry_break_step": "symmetry-break step (mean over runs that broke)",
+            "success_step": "first step at success (mean over runs that got there)",
+            }.get(metric, f"mean {metric}")
+
+
+def _opt_axis(ax, ps):
+    """OPT = max(p, 1 − p) along the top of a p axis: the accuracy theory says is reachable."""
+    top = ax.twiny()
+    top.set_xlim(ax.get_xlim())
+    top.set_xticks(np.arange(len(ps)) + 0.5)
+    top.set_xticklabels([f"{max(p, 1 - p):.2g}" for p in ps], fontsize=7)
+    top.set_xlabel("OPT = max(p, 1−p)", fontsize=7, labelpad=2)
+    top.tick_params(length=2, pad=1)
+
+
+def _first_step_at(history: Path, threshold: float) -> float:
+    try:
+        with open(history, "rb") as f:
+            for line in f:          # stop at the first hit: most runs succeed early
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                acc = r.get("test_acc") if isinstance(r, dict) else None
+                if acc is not None and acc >= threshold:
+                    return float(r["step"])
+    except FileNotFoundError:
+        warnings.warn(f"no history in {history.parent}")
+    return math.nan

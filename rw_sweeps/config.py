@@ -1,0 +1,208 @@
+"""One typed config for one training run, and its validation.
+
+Hydra composes `conf/` into a plain dict; `from_dict` turns it into a `RunConfig`, checking every key once,
+before anything is trained or written. A bad value raises `ConfigError` whose one-line message names the
+key by its dotted Hydra name, the value, and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.errors import CompactHydraException
+
+# Shapes of the question-answering tasks of §6 (19-word vocabulary; N − 1 words, then the answer).
+QA_SHAPES = {"qa_majority": (19, 17), "qa_preference": (19, 19)}
+DEFAULT_SNAPSHOTS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 400, 700, 1000]
+
+
+class ConfigError(CompactHydraException):
+    """A bad config value. Hydra prints a CompactHydraException as its message alone, with no traceback."""
+
+    def __init__(self, key: str, value: Any, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid config: {key}={value!r}: {allowed}")
+
+
+@dataclass
+class DataConfig:
+    name: str = "random_walk"  # random_walk | qa_majority | qa_preference
+    K: int = 6  # number of nodes (vocabulary size for QA)
+    N: int = 97  # sequence length, counting the target: N − 1 observed tokens
+    p: float = 0.5  # probability of a clockwise (+1) step
+    n_train: int = 1000
+    n_test: int = 1000
+
+
+@dataclass
+class ModelConfig:
+    name: str = "transformer"  # transformer (eq. 2.1) | transformer_ffn (F.1)
+    M: int = 1000  # positional-embedding dimension
+    normalize: bool = False  # unit-length x̃_i inside the attention only (§4, §8.5)
+    pos: str = "sine"  # [p_i]_j = pos_scale · sin(π i j / D), j = 1..M (§2.1)
+    pos_denom: str = "M"  # D = M (spec's choice) | "M+1" (DST-I basis)
+    pos_scale: float = 1.0
+    gram: str = "exact"  # exact: p_iᵀp_j = ‖p‖²·1[i=j] | numeric: P Pᵀ as rounded (fragility studies, §8.9)
+    m: Optional[int] = None  # FFN width (transformer_ffn only)
+
+
+@dataclass
+class InitConfig:
+    name: str = "zero"  # zero | gaussian: V, W (and A) i.i.d. N(0, sigma²)
+    sigma: float = 0.0
+
+
+@dataclass
+class OptimConfig:
+    name: str = "gd"  # full-batch gradient descent, eq. 2.3
+    lr: float = 1.0  # η
+    steps: int = 50  # T
+    eps: float = 0.1  # ε in ℓ(z) = −log(z + ε)
+    reduction: str = "mean"  # mean | sum of the per-sequence losses (§8.3, §8.10)
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "rw-sweeps"
+    group: Optional[str] = None  # the sweep; filled in from Hydra's sweep folder when left null
+    tags: list = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    precision: str = "float64"  # float64 | float32
+    eval_every: int = 1
+    snapshot_steps: list = field(default_factory=lambda: list(DEFAULT_SNAPSHOTS))
+    checkpoint_every: int = 0  # 0: never
+    experiment: Optional[str] = None
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    init: InitConfig = field(default_factory=InitConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def opt_acc(self) -> float:
+        """OPT = max(p, 1 − p) for random walks (§1); the QA answers are deterministic."""
+        return max(self.data.p, 1 - self.data.p) if self.data.name == "random_walk" else 1.0
+
+
+def _coerce(key: str, value: Any, typ: str) -> Any:
+    """Cast a value from YAML or the command line to the field's type, or raise a one-line error."""
+    if typ in ("int", "Optional[int]"):
+        if value is None and typ.startswith("Optional"):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(key, value, "must be an integer")
+        return int(value)
+    if typ == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "must be a number")
+        return float(value)
+    if typ == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, "must be true or false")
+        return value
+    if typ == "str":
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "must be a string")
+        return value
+    if typ == "Optional[str]":
+        if value is not None and not isinstance(value, (str, int, float)):
+            raise ConfigError(key, value, "must be a string or null")
+        return None if value is None else str(value)
+    if typ == "list":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, "must be a list")
+        return list(value)
+    raise TypeError(f"unhandled field type {typ} for {key}")
+
+
+def _build(cls, d: Any, prefix: str):
+    if not isinstance(d, dict):
+        raise ConfigError(prefix.rstrip(".") or "<root>", d, "must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ConfigError(prefix + unknown[0], d[unknown[0]], f"unknown key; allowed: {', '.join(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in d:
+            continue
+        typ = f.type if isinstance(f.type, str) else f.type.__name__
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            kwargs[name] = _build(f.default_factory, d[name], prefix + name + ".")
+        else:
+            kwargs[name] = _coerce(prefix + name, d[name], typ)
+    return cls(**kwargs)
+
+
+def _choice(key: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"must be one of {', '.join(map(str, allowed))}")
+
+
+def validate(c: RunConfig) -> RunConfig:
+    """Every rule the engine relies on, each failing with the dotted key, the value and what is allowed."""
+    d, mo, i, o = c.data, c.model, c.init, c.optim
+    _choice("data.name", d.name, ("random_walk", *QA_SHAPES))
+    _choice("model.name", mo.name, ("transformer", "transformer_ffn"))
+    _choice("init.name", i.name, ("zero", "gaussian"))
+    _choice("optim.name", o.name, ("gd",))
+    _choice("optim.reduction", o.reduction, ("mean", "sum"))
+    _choice("precision", c.precision, ("float64", "float32"))
+    _choice("model.pos", mo.pos, ("sine",))
+    _choice("model.pos_denom", mo.pos_denom, ("M", "M+1"))
+    _choice("model.gram", mo.gram, ("exact", "numeric"))
+    _choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
+    if not 0.0 <= d.p <= 1.0:
+        raise ConfigError("data.p", d.p, "must be in [0, 1]")
+    if d.K < 3:
+        raise ConfigError("data.K", d.K, "must be >= 3")
+    if d.N < 2:
+        raise ConfigError("data.N", d.N, "must be >= 2")
+    if d.name in QA_SHAPES and (d.K, d.N) != QA_SHAPES[d.name]:
+        K, N = QA_SHAPES[d.name]
+        key, val, want = ("data.K", d.K, K) if d.K != K else ("data.N", d.N, N)
+        raise ConfigError(key, val, f"must be {want} for data={d.name} (fixed by the task)")
+    for key, val in (("data.n_train", d.n_train), ("data.n_test", d.n_test), ("optim.steps", o.steps),
+                     ("eval_every", c.eval_every)):
+        if val < 1:
+            raise ConfigError(key, val, "must be >= 1")
+    if c.checkpoint_every < 0:
+        raise ConfigError("checkpoint_every", c.checkpoint_every, "must be >= 0 (0 disables checkpoints)")
+    if mo.M < d.N:
+        raise ConfigError("model.M", mo.M, f"must be >= data.N ({d.N}): the N positional embeddings must be orthogonal")
+    if mo.pos_denom == "M" and mo.M == d.N:
+        raise ConfigError("model.M", mo.M, f"must be > data.N ({d.N}) with model.pos_denom=M (p_M = 0)")
+    if not mo.pos_scale > 0:
+        raise ConfigError("model.pos_scale", mo.pos_scale, "must be > 0")
+    if mo.name == "transformer_ffn":
+        if mo.m is None or mo.m < 1:
+            raise ConfigError("model.m", mo.m, "must be an integer >= 1 for model=transformer_ffn")
+    elif mo.m is not None:
+        raise ConfigError("model.m", mo.m, "must be null unless model=transformer_ffn")
+    if i.sigma < 0:
+        raise ConfigError("init.sigma", i.sigma, "must be >= 0")
+    if i.name == "gaussian" and i.sigma == 0:
+        raise ConfigError("init.sigma", i.sigma, "must be > 0 for init=gaussian (use init=zero)")
+    if not o.lr > 0:
+        raise ConfigError("optim.lr", o.lr, "must be > 0")
+    if not o.eps > 0:
+        raise ConfigError("optim.eps", o.eps, "must be > 0")
+    for s in c.snapshot_steps:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ConfigError("snapshot_steps", c.snapshot_steps, "must be a list of integers >= 0")
+    return c
+
+
+def from_dict(d: dict) -> RunConfig:
+    """A composed (resolved) config dict → a validated RunConfig. Hydra's own `hydra` node is ignored."""
+    d = {k: v for k, v in d.items() if k != "hydra"}
+    return validate(_build(RunConfig, d, ""))

@@ -1,0 +1,150 @@
+"""Batched full-batch gradient descent (eq. 2.2–2.3) for R runs of one shape, as one tensor program.
+
+Every run has its own data, initial state, lr and ε; nothing couples the runs. A single run is R = 1.
+The state per run is the compact model of `model.py`: V (and A), a = u[:K], c = (p_jᵀ u[K:])_j.
+
+Gradients are written out (they are short) rather than taken by autograd: it avoids storing (R, n, N)
+intermediates. With g_b = w / (F_b + ε) (w = 1/n for the mean loss), F_b = [f(X_b)]_{y_b} and
+ω_b = ∂F_b/∂h_b (= V[y_b, :] for eq. 2.1):
+
+    ∂L/∂z_bj = −g_b S_bj (ω_b[s_bj] − ω_b·h_b)   (j < N),      ∂L/∂z_bN = g_b S_bN ω_b·h_b,
+
+and u = W x̂_N moves by −lr·κ·Σ_bj ∂L/∂z_bj x̂_bj (Lemma B.1: the W-gradient is (·)·x̂_Nᵀ).
+`rw_sweeps.oracle` is the literal dense autograd version that the tests hold this to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import torch
+
+from . import model
+from .model import Geometry
+
+
+@dataclass
+class Batch:
+    """Token data of R runs stacked: tokens (R, n, N−1) int64, y (R, n) int64, P_true (R, n, K)."""
+
+    tokens: torch.Tensor
+    y: torch.Tensor
+    P_true: torch.Tensor
+
+
+@dataclass
+class State:
+    params: dict  # "V" (R, K, K) or (R, m, K); "A" (R, K, m) for the FFN
+    a: torch.Tensor  # (R, K)
+    c: torch.Tensor  # (R, N)
+    step: int = 0
+
+
+def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w: torch.Tensor,
+               geo: Geometry) -> torch.Tensor:
+    """One GD step on every run, in place. Returns each run's mean training loss before the step."""
+    R, n, L = data.tokens.shape
+    at = model.attend(state.a, state.c, data.tokens, geo)
+    f, r = model.output(state.params, at.h)
+    y = data.y[..., None]
+    F = f.gather(2, y)[..., 0]
+    loss = -torch.log(F + eps[:, None]).mean(1)
+    g = w[:, None] / (F + eps[:, None])
+
+    V = state.params["V"]
+    if r is None:  # eq. 2.1: ω_b = V[y_b, :]
+        omega = V.gather(1, y.expand(R, n, V.shape[2]))
+        dV = _rows_sum(g[..., None] * at.h, data.y, V.shape[1])  # Σ_b g_b e_{y_b} h_bᵀ (= −∇V)
+    else:  # F.1: F = A[y]·ReLU(V h)
+        A = state.params["A"]
+        gate = (r > 0).to(r.dtype) * A.gather(1, y.expand(R, n, A.shape[2]))  # relu'(r) ⊙ A[y_b, :]
+        omega = torch.bmm(gate, V)
+        dA = _rows_sum(g[..., None] * torch.relu(r), data.y, A.shape[1])
+        dV = torch.bmm((g[..., None] * gate).transpose(1, 2), at.h)
+    wh = (omega * at.h).sum(2)  # ω_b·h_b
+    # Ψ_bk = g_b α_k (ω_bk − ω_b·h_b) / Z_b, so that Σ_b δ_bj = −β_j Σ_b Ψ_{b, s_bj} (the gather-sum pass).
+    psi = (g / at.Z)[..., None] * at.alpha[:, None, :] * (omega - wh[..., None])
+    D = torch.empty_like(state.c)
+    D[:, :L] = -at.beta * psi.gather(2, data.tokens).sum(1)
+    D[:, L] = (g * at.S_q * wh).sum(1)
+    Ga = -((g[..., None] * (omega - wh[..., None]) * at.h).sum(1)) / geo.nu_tok
+
+    step = (lr * geo.kappa)[:, None]
+    state.a -= step * Ga
+    nu = torch.full_like(state.c[:1], geo.nu_tok)
+    nu[:, L] = geo.nu_q
+    if geo.gram is None:  # c_i = p_iᵀ u[K:] moves by ‖p‖² times its own gradient (exact Gram)
+        state.c -= step * geo.pp * D / nu
+    else:
+        state.c -= step * (D / nu) @ geo.gram.to(D.dtype).T
+    state.params["V"] = V + lr[:, None, None] * dV
+    if r is not None:
+        state.params["A"] = state.params["A"] + lr[:, None, None] * dA
+    state.step += 1
+    return loss
+
+
+def _rows_sum(x: torch.Tensor, y: torch.Tensor, K: int) -> torch.Tensor:
+    """out[r, k] = Σ_{b: y_rb = k} x[r, b]; index_add treats every column alike (keeps Thm 4.1's symmetry)."""
+    R, n, d = x.shape
+    idx = (y + K * torch.arange(R)[:, None]).reshape(-1)
+    return torch.zeros(R * K, d, dtype=x.dtype).index_add_(0, idx, x.reshape(R * n, d)).reshape(R, K, d)
+
+
+@dataclass
+class Probe:
+    """Test-set measurements of every run at one step (all tensors have a leading R)."""
+
+    loss: torch.Tensor
+    acc: torch.Tensor
+    kl: torch.Tensor
+    pred_dist: torch.Tensor
+    attention: torch.Tensor  # (R, N): mean S_j over sequences; [:, N−2] is the parent, [:, N−1] the query
+    spread: torch.Tensor  # max_b (max_{j<N} S_bj − min_{j<N} S_bj)
+    h_example: torch.Tensor  # (R, K) X·S of sequence 0
+    h_var: torch.Tensor  # (R, K) variance of X·S across sequences
+
+
+def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry) -> Probe:
+    """Forward pass on a fixed set; accuracy uses argmax's first maximum, i.e. ties → smallest label (Def. 2.1)."""
+    at = model.attend(state.a, state.c, data.tokens, geo)
+    f, _ = model.output(state.params, at.h)
+    F = f.gather(2, data.y[..., None])[..., 0]
+    R, n, L = data.tokens.shape
+    loss = -torch.log(F + eps[:, None]).mean(1)
+    acc = (f.argmax(2) == data.y).to(f.dtype).mean(1)
+    # KL(true ‖ q), q = f / Σ f clipped to a tiny positive value (spec §5 [G]); finite since terms with
+    # P_true = 0 drop out.
+    tiny = torch.finfo(f.dtype).tiny
+    q = f.clamp_min(tiny)
+    q = q / q.sum(2, keepdim=True)
+    P = data.P_true.to(f.dtype)
+    kl = torch.where(P > 0, P * (torch.log(P.clamp_min(tiny)) - torch.log(q)), 0.0).sum(2).mean(1)
+    fn = f / f.norm(dim=2, keepdim=True).clamp_min(tiny)
+    pred_dist = (fn - P / P.norm(dim=2, keepdim=True)).norm(dim=2).mean(1)
+    # S_bj = α[s_bj] β_j / Z_b over the N − 1 real tokens, materialised only here, at evaluation.
+    S = at.alpha[:, None, :].expand(R, n, at.alpha.shape[1]).gather(2, data.tokens) * at.beta[:, None, :]
+    S = S / at.Z[..., None]
+    attention = torch.cat([S.mean(1), at.S_q.mean(1, keepdim=True)], 1)
+    spread = (S.amax(2) - S.amin(2)).amax(1)
+    return Probe(loss, acc, kl, pred_dist, attention, spread, at.h[:, 0].clone(), at.h.var(1, unbiased=False))
+
+
+def init_state(params: list[dict], ac: list[tuple[torch.Tensor, torch.Tensor]]) -> State:
+    """Stack per-run initial parameters and compact attention states into one batched State."""
+    stacked = {k: torch.stack([p[k] for p in params]) for k in params[0]}
+    return State(stacked, torch.stack([a for a, _ in ac]), torch.stack([c for _, c in ac]))
+
+
+def select(state: State, idx: torch.Tensor) -> State:
+    return State({k: v[idx] for k, v in state.params.items()}, state.a[idx], state.c[idx], state.step)
+
+
+def run_slice(state: State, r: int) -> dict:
+    """Run r's state as plain tensors (for checkpoints and snapshots)."""
+    return {"params": {k: v[r].clone() for k, v in state.params.items()}, "a": state.a[r].clone(),
+            "c": state.c[r].clone(), "step": state.step}
+
+
+def stack_slices(slices: list[dict]) -> State:
+    return State({k: torch.stack([s["params"][k] for s in slices]) for k in slices[0]["params"]},
+                 torch.stack([s["a"] for s in slices]), torch.stack([s["c"] for s in slices]), slices[0]["step"])
+

@@ -1,0 +1,107 @@
+"""The one-layer transformer of eq. 2.1, f(X) = V·X·S(X̃ᵀ W x̃_N), and its FFN variant F.1,
+f(X) = A·ReLU(V·X·S(X̃ᵀ W x̃_N)), in the compact form the engine trains.
+
+Why compact: x̃_N = [0_K; p_N] is the same for every sequence, so the W-gradient is rank one, (·)·x̃_Nᵀ
+(spec §2), and the attention only ever sees u = W x̃_N ∈ R^{K+M}. With one-hot tokens a logit splits into
+a token part and a positional part:
+
+    z_bj = (a[s_bj] + c_j) / ν_tok   (j < N),      z_bN = c_N / ν_q,
+
+with a = u[:K] and c_j = p_jᵀ u[K:]. ν are the norms of x̃ when `normalize` puts unit-length x̂ inside the
+softmax (§4), else 1. Because p_iᵀp_j = ‖p‖²·1[i=j] exactly for the sine embedding (Lemma E.5), c moves
+by ‖p‖² times its own gradient, and nothing of size M is touched after the initial state. Using the exact
+Gram identity also keeps Theorem 4.1's symmetric point exact in floating point (performance-notes §6-7).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .config import ModelConfig
+
+
+def positions(cfg: ModelConfig, N: int, dtype=torch.float64) -> torch.Tensor:
+    """P = [p_1..p_N] as rows (N, M): [p_i]_j = pos_scale · sin(π i j / D), D = M or M + 1 (§2.1 [G])."""
+    D = cfg.M if cfg.pos_denom == "M" else cfg.M + 1
+    i = torch.arange(1, N + 1, dtype=torch.float64)[:, None]
+    j = torch.arange(1, cfg.M + 1, dtype=torch.float64)[None, :]
+    return (cfg.pos_scale * torch.sin(math.pi * i * j / D)).to(dtype)
+
+
+@dataclass
+class Geometry:
+    """What the compact model needs of the embeddings, fixed per shape."""
+
+    pp: float  # ‖p_i‖², equal for every i (Lemma D.3 uses it)
+    nu_tok: float  # ‖x̃_j‖ for j < N inside the softmax (1 without normalisation)
+    nu_q: float  # ‖x̃_N‖ inside the softmax
+    kappa: float  # ‖x̂_N‖²: u = W x̂_N moves by −lr·κ·G
+    gram: Optional[torch.Tensor]  # (N, N) numeric P Pᵀ, or None for the exact identity ‖p‖²·I
+
+
+def geometry(cfg: ModelConfig, N: int) -> Geometry:
+    D = cfg.M if cfg.pos_denom == "M" else cfg.M + 1
+    pp = cfg.pos_scale ** 2 * D / 2  # Σ_j sin²(π i j / D) = D/2 for 1 ≤ i < D
+    gram = None
+    if cfg.gram == "numeric":
+        P = positions(cfg, N)
+        gram = P @ P.T
+    if cfg.normalize:
+        return Geometry(pp, math.sqrt(1 + pp), math.sqrt(pp), 1.0, gram)
+    return Geometry(pp, 1.0, 1.0, pp, gram)
+
+
+@dataclass
+class Attention:
+    """The factorised softmax of one batch: exp(z_bj − m) = α[s_bj]·β_j, so S_bj = α[s_bj] β_j / Z_b."""
+
+    alpha: torch.Tensor  # (R, K)
+    beta: torch.Tensor  # (R, N−1)
+    Z: torch.Tensor  # (R, n)
+    h: torch.Tensor  # (R, n, K) the weighted-average token X·S = Σ_{j<N} S_bj e_{s_bj}
+    S_q: torch.Tensor  # (R, n) the attention on the query column, wasted mass (§2)
+
+
+def attend(a: torch.Tensor, c: torch.Tensor, tokens: torch.Tensor, geo: Geometry) -> Attention:
+    """Softmax over all N columns (query included, §2) without materialising the (R, n, N) logits."""
+    R, n, L = tokens.shape
+    za, zc, zq = a / geo.nu_tok, c[:, :L] / geo.nu_tok, c[:, L:] / geo.nu_q
+    ma = za.amax(1, keepdim=True)
+    m = torch.maximum(ma + zc.amax(1, keepdim=True), zq)  # one stabiliser per run: z − m ≤ 0
+    alpha, beta, beta_q = torch.exp(za - ma), torch.exp(zc - (m - ma)), torch.exp(zq - m)
+    # H_bk = Σ_{j<N: s_bj = k} β_j, the β-weighted token histogram (one of two O(n·N) passes).
+    H = torch.zeros(R, n, a.shape[1], dtype=a.dtype).scatter_add_(2, tokens, beta[:, None, :].expand(R, n, L))
+    AH = alpha[:, None, :] * H
+    Z = AH.sum(2) + beta_q
+    return Attention(alpha, beta, Z, AH / Z[..., None], beta_q / Z)
+
+
+def output(params: dict, h: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """f = V h (eq. 2.1), or f = A ReLU(V h) (F.1). Returns f (R, n, K) and the pre-activation r (FFN)."""
+    V = params["V"]
+    if "A" not in params:
+        return torch.bmm(h, V.transpose(1, 2)), None
+    r = torch.bmm(h, V.transpose(1, 2))
+    return torch.bmm(torch.relu(r), params["A"].transpose(1, 2)), r
+
+
+def init_dense(cfg_model: ModelConfig, K: int, sigma: float, gen: torch.Generator, dtype) -> dict:
+    """The literal initial parameters: A (FFN), V, W ~ N(0, σ²) i.i.d. (§4), drawn in that order."""
+    out = {}
+    if cfg_model.name == "transformer_ffn":
+        out["A"] = sigma * torch.randn(K, cfg_model.m, generator=gen, dtype=torch.float64)
+        out["V"] = sigma * torch.randn(cfg_model.m, K, generator=gen, dtype=torch.float64)
+    else:
+        out["V"] = sigma * torch.randn(K, K, generator=gen, dtype=torch.float64)
+    out["W"] = sigma * torch.randn(K + cfg_model.M, K + cfg_model.M, generator=gen, dtype=torch.float64)
+    return {k: v.to(dtype) for k, v in out.items()}
+
+
+def compact(W: torch.Tensor, cfg_model: ModelConfig, K: int, N: int, geo: Geometry) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, c) of a dense W: u = W x̂_N, a = u[:K], c_j = p_jᵀ u[K:]."""
+    P = positions(cfg_model, N, W.dtype)
+    u = W[:, K:] @ (P[-1] / geo.nu_q)
+    return u[:K].clone(), P @ u[K:]

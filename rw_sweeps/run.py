@@ -1,0 +1,231 @@
+"""run_batch(configs, run_dirs): the one path from validated configs to results on disk.
+
+A single Hydra job is a batch of one; a packed chunk is a batch of many runs of one shape. Runs never
+disturb each other: a run whose loss stops being finite is recorded as `diverged` at that step while the
+others go on, and an exception in a batch is retried run by run so that only the culprit is `failed`.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import data as data_mod
+from . import engine, model, results, tracking
+from .config import RunConfig
+
+BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
+
+
+def init_generator(seed: int) -> torch.Generator:
+    """Initial parameters get their own stream, so changing n_train or n_test leaves them unchanged."""
+    return torch.Generator().manual_seed(seed + 2**32)
+
+
+def shape_key(c: RunConfig) -> tuple:
+    """Runs with equal keys can share one tensor program (everything else is per run)."""
+    d, m = c.data, c.model
+    return (d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.pos, m.pos_denom,
+            m.pos_scale, m.gram, c.optim.steps, c.precision, c.eval_every, tuple(c.snapshot_steps))
+
+
+def run_id(run_dir: Path) -> str:
+    """Deterministic per folder, so a re-run or requeued job continues the same wandb run."""
+    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Record:
+    cfg: RunConfig
+    run_dir: Path
+    history: list
+    snapshots: list
+    status: str = "done"
+    error: str | None = None
+    break_step: int | None = None
+    steps: int = 0
+
+
+def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
+    """Train every run, write each run's folder, log each to wandb; return the summaries."""
+    if not cfgs:
+        return []
+    keys = {shape_key(c) for c in cfgs}
+    if len(keys) > 1:
+        raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.run.shape_key first")
+    t0 = time.time()
+    try:
+        records = _train(cfgs, [Path(d) for d in run_dirs], progress)
+    except Exception as exc:  # noqa: BLE001 - isolate the culprit, never lose the others
+        if len(cfgs) > 1:
+            return [s for c, d in zip(cfgs, run_dirs) for s in run_batch([c], [d], progress=False)]
+        rec = _Record(cfgs[0], Path(run_dirs[0]), [], [], "failed", _one_line(exc))
+        traceback.print_exc(file=sys.stderr)
+        records = [rec]
+    wall = (time.time() - t0) / len(cfgs)
+    out = []
+    for rec in records:
+        summary = _summary(rec, wall)
+        cfg_dict = rec.cfg.to_dict()
+        results.write_run(rec.run_dir, cfg_dict, summary, rec.history, rec.snapshots)
+        try:
+            tracking.log_run(cfg_dict, rec.run_dir, summary["run_id"], rec.history, summary)
+        except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
+            print(f"warning: wandb logging failed for {rec.run_dir}: {_one_line(exc)}", file=sys.stderr)
+        out.append(summary)
+    return out
+
+
+def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
+    """run_batch for the runs not already done: a re-run sweep skips every run whose folder holds a
+    `done` summary for the same config, and trains the rest (resume after a crash or a kill)."""
+    todo, out = [], {}
+    for i, (c, d) in enumerate(zip(cfgs, run_dirs)):
+        s = results.read_summary(d)
+        if s is not None and s.get("status") == "done" and results.read_config(d) == c.to_dict():
+            out[i] = {**s, "skipped": True}
+        else:
+            todo.append(i)
+    groups: dict[tuple, list[int]] = {}
+    for i in todo:
+        groups.setdefault(shape_key(cfgs[i]), []).append(i)
+    for idx in groups.values():
+        for i, s in zip(idx, run_batch([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress)):
+            out[i] = s
+    return [out[i] for i in range(len(cfgs))]
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+
+
+def _stack_data(splits: list[data_mod.Split], dtype) -> engine.Batch:
+    return engine.Batch(torch.stack([s.tokens for s in splits]), torch.stack([s.y for s in splits]),
+                        torch.stack([s.P_true for s in splits]).to(dtype))
+
+
+def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.State:
+    c0 = cfgs[0]
+    K, N = c0.data.K, c0.data.N
+    params, ac = [], []
+    for c in cfgs:
+        if c.init.name == "zero":
+            if c.model.name == "transformer_ffn":
+                p = {"A": torch.zeros(K, c.model.m, dtype=dtype), "V": torch.zeros(c.model.m, K, dtype=dtype)}
+            else:
+                p = {"V": torch.zeros(K, K, dtype=dtype)}
+            params.append(p)
+            ac.append((torch.zeros(K, dtype=dtype), torch.zeros(N, dtype=dtype)))
+        else:
+            p = model.init_dense(c.model, K, c.init.sigma, init_generator(c.seed), dtype)
+            W = p.pop("W")
+            params.append(p)
+            ac.append(model.compact(W, c.model, K, N, geo))
+    return engine.init_state(params, ac)
+
+
+def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None) -> list[_Record]:
+    c0 = cfgs[0]
+    dtype = getattr(torch, c0.precision)
+    T, K = c0.optim.steps, c0.data.K
+    geo = model.geometry(c0.model, c0.data.N)
+    splits = [data_mod.make(c.data, c.seed) for c in cfgs]
+    train_set = _stack_data([s[0] for s in splits], dtype)
+    test_set = _stack_data([s[1] for s in splits], dtype)
+    state = initial_state(cfgs, geo, dtype)
+    lr = torch.tensor([c.optim.lr for c in cfgs], dtype=dtype)
+    eps = torch.tensor([c.optim.eps for c in cfgs], dtype=dtype)
+    w = torch.tensor([1.0 / c.data.n_train if c.optim.reduction == "mean" else 1.0 for c in cfgs], dtype=dtype)
+    PiT = None
+    if c0.data.name == "random_walk" and c0.model.name == "transformer":
+        PiT = torch.stack([data_mod.Pi(K, c.data.p, dtype).T for c in cfgs])
+    recs = [_Record(c, d, [], []) for c, d in zip(cfgs, run_dirs)]
+    snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
+    if progress is None:
+        progress = sys.stderr.isatty() and not os.environ.get("CI")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=T, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
+    alive = torch.ones(len(cfgs), dtype=torch.bool)
+    for t in range(T + 1):
+        evaluating = t % c0.eval_every == 0 or t == T
+        probe = engine.evaluate(state, test_set, eps, geo) if evaluating else None
+        params = {k: v.clone() for k, v in state.params.items()} if evaluating else None  # θ at step t
+        loss = engine.train_step(state, train_set, lr, eps, w, geo) if t < T else engine.evaluate(state, train_set, eps, geo).loss
+        finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
+        for v in state.params.values():
+            finite &= torch.isfinite(v).flatten(1).all(1)
+        if probe is not None:
+            _record(recs, alive, t, loss, probe, params, PiT, t in snap_steps)
+        newly = alive & ~finite
+        for r in newly.nonzero().flatten().tolist():
+            recs[r].status, recs[r].steps = "diverged", t
+            recs[r].error = f"non-finite loss or parameters at step {t}"
+        alive &= finite
+        for r in alive.nonzero().flatten().tolist():
+            recs[r].steps = t
+        if bar is not None and t < T:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return recs
+
+
+def _record(recs, alive, t, loss, probe: engine.Probe, params: dict, PiT, snapshot: bool) -> None:
+    cos = None
+    if PiT is not None:
+        V = params["V"]
+        cos = ((V * PiT).sum((1, 2)) / (V.norm(dim=(1, 2)) * PiT.norm(dim=(1, 2))).clamp_min(1e-300)).tolist()
+    cols = {"train_loss": loss.tolist(), "test_loss": probe.loss.tolist(), "test_acc": probe.acc.tolist(),
+            "test_kl": probe.kl.tolist(), "parent_attention": probe.attention[:, -2].tolist(),
+            "attention_spread": probe.spread.tolist(), "pred_dist": probe.pred_dist.tolist()}
+    if snapshot:
+        att, hx, hv = probe.attention.tolist(), probe.h_example.tolist(), probe.h_var.tolist()
+        Vs = params["V"].tolist()
+        As = params["A"].tolist() if "A" in params else None
+    for r, rec in enumerate(recs):
+        if not alive[r]:
+            continue
+        row = {"step": t, **{k: v[r] for k, v in cols.items()}, "v_pi_cosine": cos[r] if cos else None}
+        rec.history.append(row)
+        if rec.break_step is None and row["attention_spread"] > BREAK_SPREAD:
+            rec.break_step = t
+        if snapshot:
+            rec.snapshots.append({"step": t, "V": Vs[r], "A": As[r] if As else None, "attention": att[r],
+                                  "h_example": hx[r], "h_var": hv[r]})
+
+
+def _summary(rec: _Record, wall: float) -> dict:
+    c = rec.cfg
+    last = rec.history[-1] if rec.history else {}
+    metrics = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine",
+               "pred_dist", "attention_spread")
+    return {
+        "status": rec.status, "error": rec.error,
+        **{k: last.get(k) for k in metrics},
+        "opt_acc": c.opt_acc, "symmetry_break_step": rec.break_step, "steps": rec.steps,
+        "wall_s": round(wall, 6),
+        "p": c.data.p, "K": c.data.K, "N": c.data.N, "M": c.model.M, "model": c.model.name, "data": c.data.name,
+        "init": c.init.name, "sigma": c.init.sigma, "lr": c.optim.lr, "eps": c.optim.eps, "seed": c.seed,
+        "precision": c.precision, "run_id": run_id(rec.run_dir),
+    }
+
+
+def one_line(summary: dict) -> str:
+    """The line `python launch.py` prints for a run."""
+    s = summary
+    if s["status"] != "done":
+        return f"{s['status']}: p={s['p']} init={s['init']} seed={s['seed']}: {s['error']}"
+    fmt = lambda x: "null" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
+    return (f"done: p={s['p']} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
+            f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
+            f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={s['symmetry_break_step']}")

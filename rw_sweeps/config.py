@@ -74,6 +74,7 @@ class WandbConfig:
 class RunConfig:
     seed: int = 0
     precision: str = "float64"  # float64 | float32
+    device: str = "auto"  # auto (cuda when visible, else cpu) | cpu | cuda | cuda:N
     eval_every: int = 1
     snapshot_steps: list = field(default_factory=lambda: list(DEFAULT_SNAPSHOTS))
     checkpoint_every: int = 0  # 0: never
@@ -160,6 +161,8 @@ def validate(c: RunConfig) -> RunConfig:
     _choice("model.pos", mo.pos, ("sine",))
     _choice("model.pos_denom", mo.pos_denom, ("M", "M+1"))
     _choice("model.gram", mo.gram, ("exact", "numeric"))
+    if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isdigit())):
+        raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
     _choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
     if not 0.0 <= d.p <= 1.0:
         raise ConfigError("data.p", d.p, "must be in [0, 1]")

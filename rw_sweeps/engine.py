@@ -65,7 +65,9 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     D = torch.empty_like(state.c)
     D[:, :L] = -at.beta * psi.gather(2, data.tokens).sum(1)
     D[:, L] = (g * at.S_q * wh).sum(1)
-    Ga = -((g[..., None] * (omega - wh[..., None]) * at.h).sum(1)) / geo.nu_tok
+    # Summed along a contiguous last axis so that every token k is reduced by the same operations: at
+    # Thm 4.1's symmetric point the entries of a then stay bit-identical in float32 too.
+    Ga = -((g[..., None] * (omega - wh[..., None]) * at.h).transpose(1, 2).contiguous().sum(2)) / geo.nu_tok
 
     step = (lr * geo.kappa)[:, None]
     state.a -= step * Ga
@@ -74,7 +76,7 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     if geo.gram is None:  # c_i = p_iᵀ u[K:] moves by ‖p‖² times its own gradient (exact Gram)
         state.c -= step * geo.pp * D / nu
     else:
-        state.c -= step * (D / nu) @ geo.gram.to(D.dtype).T
+        state.c -= step * (D / nu) @ geo.gram.to(D).T
     state.params["V"] = V + lr[:, None, None] * dV
     if r is not None:
         state.params["A"] = state.params["A"] + lr[:, None, None] * dA
@@ -85,8 +87,8 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
 def _rows_sum(x: torch.Tensor, y: torch.Tensor, K: int) -> torch.Tensor:
     """out[r, k] = Σ_{b: y_rb = k} x[r, b]; index_add treats every column alike (keeps Thm 4.1's symmetry)."""
     R, n, d = x.shape
-    idx = (y + K * torch.arange(R)[:, None]).reshape(-1)
-    return torch.zeros(R * K, d, dtype=x.dtype).index_add_(0, idx, x.reshape(R * n, d)).reshape(R, K, d)
+    idx = (y + K * torch.arange(R, device=y.device)[:, None]).reshape(-1)
+    return torch.zeros(R * K, d, dtype=x.dtype, device=x.device).index_add_(0, idx, x.reshape(R * n, d)).reshape(R, K, d)
 
 
 @dataclass
@@ -140,8 +142,12 @@ def select(state: State, idx: torch.Tensor) -> State:
 
 def run_slice(state: State, r: int) -> dict:
     """Run r's state as plain tensors (for checkpoints and snapshots)."""
-    return {"params": {k: v[r].clone() for k, v in state.params.items()}, "a": state.a[r].clone(),
-            "c": state.c[r].clone(), "step": state.step}
+    return {"params": {k: v[r].detach().cpu().clone() for k, v in state.params.items()},
+            "a": state.a[r].detach().cpu().clone(), "c": state.c[r].detach().cpu().clone(), "step": state.step}
+
+
+def to(state: State, device) -> State:
+    return State({k: v.to(device) for k, v in state.params.items()}, state.a.to(device), state.c.to(device), state.step)
 
 
 def stack_slices(slices: list[dict]) -> State:

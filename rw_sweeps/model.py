@@ -73,7 +73,7 @@ def attend(a: torch.Tensor, c: torch.Tensor, tokens: torch.Tensor, geo: Geometry
     m = torch.maximum(ma + zc.amax(1, keepdim=True), zq)  # one stabiliser per run: z − m ≤ 0
     alpha, beta, beta_q = torch.exp(za - ma), torch.exp(zc - (m - ma)), torch.exp(zq - m)
     # H_bk = Σ_{j<N: s_bj = k} β_j, the β-weighted token histogram (one of two O(n·N) passes).
-    H = torch.zeros(R, n, a.shape[1], dtype=a.dtype).scatter_add_(2, tokens, beta[:, None, :].expand(R, n, L))
+    H = torch.zeros(R, n, a.shape[1], dtype=a.dtype, device=a.device).scatter_add_(2, tokens, beta[:, None, :].expand(R, n, L))
     AH = alpha[:, None, :] * H
     Z = AH.sum(2) + beta_q
     return Attention(alpha, beta, Z, AH / Z[..., None], beta_q / Z)

@@ -32,7 +32,7 @@ def init_generator(seed: int) -> torch.Generator:
 def shape_key(c: RunConfig) -> tuple:
     """Runs with equal keys can share one tensor program (everything else is per run)."""
     d, m = c.data, c.model
-    return (d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.pos, m.pos_denom,
+    return (c.device, d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.pos, m.pos_denom,
             m.pos_scale, m.gram, c.optim.steps, c.precision, c.eval_every, tuple(c.snapshot_steps))
 
 
@@ -61,8 +61,20 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     if len(keys) > 1:
         raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.run.shape_key first")
     t0 = time.time()
+    resumed = [load_checkpoint(c, d) for c, d in zip(cfgs, run_dirs)]
+    steps = {b["state"]["step"] if b else 0 for b in resumed}
+    if len(steps) > 1:  # runs checkpointed at different steps continue as separate batches
+        order = sorted(range(len(cfgs)), key=lambda i: resumed[i]["state"]["step"] if resumed[i] else 0)
+        by_step: dict[int, list[int]] = {}
+        for i in order:
+            by_step.setdefault(resumed[i]["state"]["step"] if resumed[i] else 0, []).append(i)
+        out = {}
+        for idx in by_step.values():
+            for i, s in zip(idx, run_batch([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress)):
+                out[i] = s
+        return [out[i] for i in range(len(cfgs))]
     try:
-        records = _train(cfgs, [Path(d) for d in run_dirs], progress)
+        records = _train(cfgs, [Path(d) for d in run_dirs], progress, resumed if all(resumed) else None)
     except Exception as exc:  # noqa: BLE001 - isolate the culprit, never lose the others
         if len(cfgs) > 1:
             return [s for c, d in zip(cfgs, run_dirs) for s in run_batch([c], [d], progress=False)]
@@ -79,6 +91,7 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
             tracking.log_run(cfg_dict, rec.run_dir, summary["run_id"], rec.history, summary)
         except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
             print(f"warning: wandb logging failed for {rec.run_dir}: {_one_line(exc)}", file=sys.stderr)
+        (rec.run_dir / CHECKPOINT).unlink(missing_ok=True)  # the finished results supersede it
         out.append(summary)
     return out
 
@@ -106,9 +119,9 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
 
 
-def _stack_data(splits: list[data_mod.Split], dtype) -> engine.Batch:
-    return engine.Batch(torch.stack([s.tokens for s in splits]), torch.stack([s.y for s in splits]),
-                        torch.stack([s.P_true for s in splits]).to(dtype))
+def _stack_data(splits: list[data_mod.Split], dtype, device) -> engine.Batch:
+    return engine.Batch(torch.stack([s.tokens for s in splits]).to(device), torch.stack([s.y for s in splits]).to(device),
+                        torch.stack([s.P_true for s in splits]).to(device, dtype))
 
 
 def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.State:
@@ -131,22 +144,64 @@ def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.S
     return engine.init_state(params, ac)
 
 
-def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None) -> list[_Record]:
+def device_of(c: RunConfig) -> torch.device:
+    if c.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(c.device)
+
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def _save_checkpoint(rec: _Record, state: engine.State, r: int) -> None:
+    """Everything needed to continue run r exactly: its state after `state.step` steps and its records."""
+    path = rec.run_dir / CHECKPOINT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{CHECKPOINT}.{os.getpid()}.tmp")
+    blob = {"config": rec.cfg.to_dict(), "state": engine.run_slice(state, r), "history": rec.history,
+            "snapshots": rec.snapshots, "status": rec.status, "error": rec.error, "break_step": rec.break_step,
+            "steps": rec.steps}
+    torch.save(blob, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(c: RunConfig, run_dir: Path) -> dict | None:
+    """A run's checkpoint if it exists and belongs to this exact config (else it is ignored)."""
+    path = Path(run_dir) / CHECKPOINT
+    if not path.exists():
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - a torn or foreign file: start over
+        return None
+    return blob if blob.get("config") == c.to_dict() else None
+
+
+def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None,
+           resumed: list[dict] | None = None) -> list[_Record]:
     c0 = cfgs[0]
-    dtype = getattr(torch, c0.precision)
+    dtype, dev = getattr(torch, c0.precision), device_of(c0)
     T, K = c0.optim.steps, c0.data.K
     geo = model.geometry(c0.model, c0.data.N)
     splits = [data_mod.make(c.data, c.seed) for c in cfgs]
-    train_set = _stack_data([s[0] for s in splits], dtype)
-    test_set = _stack_data([s[1] for s in splits], dtype)
-    state = initial_state(cfgs, geo, dtype)
-    lr = torch.tensor([c.optim.lr for c in cfgs], dtype=dtype)
-    eps = torch.tensor([c.optim.eps for c in cfgs], dtype=dtype)
-    w = torch.tensor([1.0 / c.data.n_train if c.optim.reduction == "mean" else 1.0 for c in cfgs], dtype=dtype)
+    train_set = _stack_data([s[0] for s in splits], dtype, dev)
+    test_set = _stack_data([s[1] for s in splits], dtype, dev)
+    recs = [_Record(c, d, [], []) for c, d in zip(cfgs, run_dirs)]
+    if resumed:
+        state = engine.stack_slices([b["state"] for b in resumed])
+        for rec, b in zip(recs, resumed):
+            rec.history, rec.snapshots, rec.status, rec.error = b["history"], b["snapshots"], b["status"], b["error"]
+            rec.break_step, rec.steps = b["break_step"], b["steps"]
+    else:
+        state = initial_state(cfgs, geo, dtype)
+    state = engine.to(state, dev)
+    lr = torch.tensor([c.optim.lr for c in cfgs], dtype=dtype, device=dev)
+    eps = torch.tensor([c.optim.eps for c in cfgs], dtype=dtype, device=dev)
+    w = torch.tensor([1.0 / c.data.n_train if c.optim.reduction == "mean" else 1.0 for c in cfgs], dtype=dtype,
+                     device=dev)
     PiT = None
     if c0.data.name == "random_walk" and c0.model.name == "transformer":
-        PiT = torch.stack([data_mod.Pi(K, c.data.p, dtype).T for c in cfgs])
-    recs = [_Record(c, d, [], []) for c, d in zip(cfgs, run_dirs)]
+        PiT = torch.stack([data_mod.Pi(K, c.data.p, dtype).T for c in cfgs]).to(dev)
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
@@ -154,9 +209,9 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None) -
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=T, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
-    alive = torch.ones(len(cfgs), dtype=torch.bool)
-    for t in range(T + 1):
+        bar = tqdm(total=T, initial=state.step, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
+    alive = torch.tensor([rec.status == "done" for rec in recs], device=dev)
+    for t in range(state.step, T + 1):
         evaluating = t % c0.eval_every == 0 or t == T
         probe = engine.evaluate(state, test_set, eps, geo) if evaluating else None
         params = {k: v.clone() for k, v in state.params.items()} if evaluating else None  # θ at step t
@@ -175,6 +230,9 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None) -
             recs[r].steps = t
         if bar is not None and t < T:
             bar.update(1)
+        if c0.checkpoint_every and t < T and (t + 1) % c0.checkpoint_every == 0:
+            for r, rec in enumerate(recs):
+                _save_checkpoint(rec, state, r)
     if bar is not None:
         bar.close()
     return recs

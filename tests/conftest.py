@@ -1,0 +1,29 @@
+"""Shared helpers: run `launch.py` as users do (a real process, real Hydra)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small but real runs: every test sweep uses these unless it needs the paper's shape.
+SMALL = ["data.n_train=200", "data.n_test=200", "model.M=200", "optim.steps=10"]
+
+
+def launch(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=cwd, env=e, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def summaries(sweep_dir: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(sweep_dir).glob("*/summary.json"))}
+
+
+@pytest.fixture
+def launch_fn():
+    return launch

@@ -1,0 +1,122 @@
+"""Every config composes and validates; every bad value is one line, a non-zero exit, and no files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rw_sweeps import config
+from rw_sweeps.config import ConfigError, RunConfig, from_dict
+
+from .conftest import ROOT, launch
+
+CONF = ROOT / "conf"
+GROUPS = {g: sorted(p.stem for p in (CONF / g).glob("*.yaml")) for g in ("data", "model", "init", "optim", "experiment")}
+
+
+def composed(*overrides: str) -> RunConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=list(overrides))
+    return from_dict(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_every_group_option_exists():
+    assert GROUPS["data"] == ["qa_majority", "qa_preference", "random_walk"]
+    assert GROUPS["model"] == ["transformer", "transformer_ffn"]
+    assert GROUPS["init"] == ["gaussian", "zero"]
+    assert GROUPS["optim"] == ["gd"]
+    assert GROUPS["experiment"] == [f"fig{i}" for i in (10, 4, 5, 6, 7, 8, 9)]
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() if g != "experiment" for o in opts])
+def test_every_option_composes(group, option):
+    c = composed(f"{group}={option}")
+    assert getattr(c, group).name == option
+
+
+def test_defaults_are_the_paper_section_5():
+    c = composed()
+    assert (c.data.name, c.data.K, c.data.N, c.data.p, c.data.n_train, c.data.n_test) == ("random_walk", 6, 97, 0.5, 1000, 1000)
+    assert (c.model.name, c.model.M, c.model.normalize, c.model.pos, c.model.pos_denom) == ("transformer", 1000, False, "sine", "M")
+    assert (c.init.name, c.optim.lr, c.optim.steps, c.optim.eps, c.optim.reduction) == ("zero", 1.0, 50, 0.1, "mean")
+    assert (c.seed, c.precision, c.wandb.mode, c.wandb.project) == (0, "float64", "offline", "rw-sweeps")
+    assert composed("init=gaussian").init.sigma == 0.01
+    assert composed("model=transformer_ffn").model.m == 19
+
+
+EXPECTED = {  # spec §7: the settings each preset must produce (single values; sweeps checked below)
+    "fig4": dict(p=0.5, K=6, N=97, init="zero", lr=1.0, steps=50, normalize=False),
+    "fig5": dict(p=1.0, K=6, N=97, init="zero", lr=1.0, steps=50, normalize=False),
+    "fig6": dict(K=6, N=97, init="gaussian", sigma=0.01, lr=0.01, steps=1000, normalize=True),
+    "fig7": dict(K=19, init="gaussian", sigma=0.01, lr=0.1, eps=0.1, M=1000),
+    "fig8": dict(p=0.5, K=20, N=101, init="zero", lr=1.0, steps=50),
+    "fig9": dict(p=1.0, K=20, N=101, init="zero", lr=1.0, steps=50),
+    "fig10": dict(K=19, model="transformer_ffn", m=19, init="gaussian", sigma=0.01, lr=0.1, n_train=1024, n_test=1024),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_experiment_presets_compose_to_the_paper_settings(name):
+    c = composed(f"experiment={name}")
+    assert c.experiment == name
+    flat = {"p": c.data.p, "K": c.data.K, "N": c.data.N, "init": c.init.name, "sigma": c.init.sigma, "lr": c.optim.lr,
+            "steps": c.optim.steps, "eps": c.optim.eps, "M": c.model.M, "normalize": c.model.normalize,
+            "model": c.model.name, "m": c.model.m, "n_train": c.data.n_train, "n_test": c.data.n_test}
+    assert {k: flat[k] for k in EXPECTED[name]} == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name,sweep", [("fig6", {"data.p": "0.5,1.0"}), ("fig7", {"data": "qa_majority,qa_preference"}),
+                                        ("fig10", {"data": "qa_majority,qa_preference"})])
+def test_multirun_presets_declare_their_sweep(name, sweep):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+    assert str(cfg.hydra.mode).endswith("MULTIRUN")
+    params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    for k, v in sweep.items():
+        assert params[k] == v
+    for task in ("qa_majority", "qa_preference"):
+        if "data" in sweep:  # the preset's deltas survive the swept data group
+            c = composed(f"experiment={name}", f"data={task}")
+            assert (c.data.K, c.data.N) == config.QA_SHAPES[task]
+
+
+BAD = [
+    ("data.p=1.5", "data.p", "[0, 1]"), ("data.p=-0.1", "data.p", "[0, 1]"), ("data.p=abc", "data.p", "number"),
+    ("data.K=2", "data.K", ">= 3"), ("data.N=1", "data.N", ">= 2"), ("data.n_train=0", "data.n_train", ">= 1"),
+    ("data.n_test=0", "data.n_test", ">= 1"), ("model.M=50", "model.M", "data.N"), ("init.sigma=-1", "init.sigma", ">= 0"),
+    ("optim.lr=0", "optim.lr", "> 0"), ("optim.lr=-1", "optim.lr", "> 0"), ("optim.eps=0", "optim.eps", "> 0"),
+    ("optim.steps=0", "optim.steps", ">= 1"), ("precision=float16", "precision", "float64"),
+    ("data.K=3.5", "data.K", "integer"), ("model.normalize=maybe", "model.normalize", "true or false"),
+    ("optim.reduction=max", "optim.reduction", "mean"), ("wandb.mode=loud", "wandb.mode", "offline"),
+    ("data.q=1", "data.q", "unknown key"), ("init=uniform", "init", "gaussian, zero"),
+    ("data=qa_majority data.N=20", "data.N", "17"), ("model=transformer_ffn model.m=0", "model.m", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("mode", ["run", "multirun"])
+@pytest.mark.parametrize("override,key,allowed", BAD)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, override, key, allowed, mode):
+    out = tmp_path / "out"
+    args = override.split() + [f"hydra.run.dir={out}", f"hydra.sweep.dir={out}"]
+    if mode == "multirun":  # the bad value hides behind a good one in a grid
+        args = ["-m", "seed=0,1"] + args
+    r = launch(*args, cwd=tmp_path)
+    assert r.returncode != 0
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert key in lines[0] and allowed in lines[0], lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert not out.exists() and not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_bad_value_inside_a_grid_is_caught_before_any_job(tmp_path):
+    r = launch("-m", "data.p=0.5,0.7,7", "optim.steps=1", f"hydra.sweep.dir={tmp_path / 's'}", cwd=tmp_path)
+    assert r.returncode == 2 and "data.p=7" in r.stderr and not (tmp_path / "s").exists()
+
+
+def test_config_error_names_key_value_and_rule():
+    with pytest.raises(ConfigError, match=r"^invalid config: optim\.eps=-0\.5: must be > 0$"):
+        from_dict({"optim": {"eps": -0.5}})
+    assert from_dict({"data": {"p": 0}}).data.p == 0.0  # `data.p=0` arrives as an int from the command line

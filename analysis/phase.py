@@ -7,8 +7,10 @@ Theorem 4.1 predicts failure (zero init, p in {0, 1}, N = rK + 1: accuracy 1/K).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from contextlib import contextmanager
 import warnings
 from pathlib import Path
 
@@ -19,7 +21,8 @@ import matplotlib.pyplot as plt   # noqa: E402
 import numpy as np                # noqa: E402
 import pandas as pd               # noqa: E402
 import seaborn as sns             # noqa: E402
-from matplotlib.patches import Patch, Rectangle   # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase   # noqa: E402
+from matplotlib.patches import Patch, Rectangle          # noqa: E402
 
 from .load import config_keys     # noqa: E402
 
@@ -115,53 +118,26 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     vmin, vmax = (0.0, 1.0) if unit else (table["value"].min(), table["value"].max())
     if not np.isfinite([vmin, vmax]).all() or vmin == vmax:
         vmin, vmax = (vmin - 1, vmax + 1) if np.isfinite(vmin) else (0.0, 1.0)
+    cmap = "RdYlGn" if unit else "viridis"
     cell_w, cell_h = max(0.75, 0.22 * max(len(_fmt(x, v)) for v in xs)), 0.55
     fig, axes = plt.subplots(
-        len(rows), len(cols), squeeze=False, layout="constrained",
+        len(rows), len(cols), squeeze=False,
         figsize=(len(cols) * (cell_w * len(xs) + 1.8) + 1.5, len(rows) * (cell_h * len(ys) + 1.9)))
     y_names = [_fmt(y, v) for v in ys] if y else [_only_row_label(df)]
-    for i, rv in enumerate(rows):
-        for j, cv in enumerate(cols):
-            ax = axes[i, j]
+    with drawless(fig):   # seaborn renders the whole figure in every heatmap call
+        for (i, rv), (j, cv) in itertools.product(enumerate(rows), enumerate(cols)):
             sub = table
             if row:
                 sub = sub[_match(sub[row], rv)]
             if col:
                 sub = sub[_match(sub[col], cv)]
-            grid = {(_key(yv), _key(xv)): r for yv, xv, r in zip(
-                sub[y] if y else [None] * len(sub), sub[x], sub.to_dict("records"))}
-            cells = [[grid.get((_key(yv), _key(xv))) for xv in xs] for yv in ys]
-            values = np.array([[c["value"] if c else np.nan for c in line] for line in cells])
-            annot = np.array([[_annot(c, metric) for c in line] for line in cells])
-            cmap = "RdYlGn" if unit else "viridis"
-            sns.heatmap(pd.DataFrame(values, index=y_names, columns=[_fmt(x, v) for v in xs]),
-                        ax=ax, vmin=vmin, vmax=vmax, linewidths=0.5, linecolor="white",
-                        cmap=cmap, cbar=False)
-            annotate(ax, values, annot, cmap, vmin, vmax)
-            for yi, line in enumerate(cells):
-                for xi, c in enumerate(line):
-                    if c and c["n_valid"] == 0:     # runs, but no value: grey, and say why
-                        ax.add_patch(Rectangle((xi, yi), 1, 1, color="0.88"))
-                        ax.text(xi + 0.5, yi + 0.5, annot[yi][xi], ha="center", va="center",
-                                fontsize=8, color="0.3")
-                    if c and c["theory_fail"]:      # Thm 4.1: theory says these cells fail
-                        ax.add_patch(Rectangle((xi + 0.04, yi + 0.04), 0.92, 0.92, fill=False,
-                                               edgecolor="black", lw=2, ls="--"))
-            if ZERO in xs and len(xs) > 1:          # zero init stands apart from the log σ axis
-                ax.axvline(1, color="black", lw=3)
-            if ZERO in ys and len(ys) > 1:
-                ax.axhline(len(ys) - 1, color="black", lw=3)
-            ax.set_xlabel(_axis_label(x))
-            ax.set_ylabel(_axis_label(y) if y else "")
-            ax.tick_params(axis="y", rotation=0)
-            if x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
-                _opt_axis(ax, xs)
+            ax = axes[i, j]
+            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, vmin, vmax)
             facet = ", ".join(f"{LABELS.get(k, k)} = {_fmt(k, v)}"
                               for k, v in ((row, rv), (col, cv)) if k)
-            if facet:
-                ax.set_title(facet, fontsize=10)
-    fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(vmin, vmax),
-                                       "RdYlGn" if unit else "viridis"),
+            ax.set_title(facet, fontsize=10)
+    fig.set_layout_engine("constrained")
+    fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(vmin, vmax), cmap),
                  ax=axes, label=_metric_label(metric), shrink=0.9, aspect=30)
     n = table["n"]
     per_cell = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
@@ -171,6 +147,47 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
                                   label="Thm 4.1: zero init fails at p ∈ {0, 1} (acc 1/K)")],
                    loc="outside lower left", fontsize=8, frameon=False)
     return fig, table
+
+
+def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, vmin, vmax):
+    """One heatmap panel: cells in (ys × xs) order, values printed, theory drawn on."""
+    grid = {(_key(yv), _key(xv)): r for yv, xv, r in zip(
+        sub[y] if y else [None] * len(sub), sub[x], sub.to_dict("records"))}
+    cells = [[grid.get((_key(yv), _key(xv))) for xv in xs] for yv in ys]
+    values = np.array([[c["value"] if c else np.nan for c in line] for line in cells])
+    texts = [[_annot(c, metric) for c in line] for line in cells]
+    sns.heatmap(pd.DataFrame(values, index=y_names, columns=[_fmt(x, v) for v in xs]), ax=ax,
+                vmin=vmin, vmax=vmax, cmap=cmap, cbar=False, linewidths=0.5, linecolor="white")
+    annotate(ax, values, texts, cmap, vmin, vmax)
+    for (yi, xi), c in np.ndenumerate(np.array(cells, dtype=object)):
+        if c and c["n_valid"] == 0:       # runs, but no value (e.g. never broke): grey, say so
+            ax.add_patch(Rectangle((xi, yi), 1, 1, color="0.88"))
+            ax.text(xi + 0.5, yi + 0.5, texts[yi][xi], ha="center", va="center", fontsize=8,
+                    color="0.3")
+        if c and c["theory_fail"]:        # Thm 4.1 says these cells fail
+            ax.add_patch(Rectangle((xi + 0.04, yi + 0.04), 0.92, 0.92, fill=False,
+                                   edgecolor="black", lw=2, ls="--"))
+    if ZERO in xs and len(xs) > 1:        # zero init stands apart from the log σ axis
+        ax.axvline(1, color="black", lw=3)
+    if ZERO in ys and len(ys) > 1:
+        ax.axhline(len(ys) - 1, color="black", lw=3)
+    ax.set_xlabel(_axis_label(x))
+    ax.set_ylabel(_axis_label(y) if y else "")
+    ax.tick_params(axis="y", rotation=0)
+    if x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
+        _opt_axis(ax, xs)
+
+
+@contextmanager
+def drawless(fig):
+    """Give `fig` a canvas that does not render while it is being built: sns.heatmap draws the
+    whole figure to check tick-label overlap, which is quadratic in the number of facets."""
+    canvas = fig.canvas
+    FigureCanvasBase(fig)                  # its draw() does nothing
+    try:
+        yield fig
+    finally:
+        fig.set_canvas(canvas)
 
 
 def annotate(ax, values, texts, cmap, vmin, vmax, fontsize=8):

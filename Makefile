@@ -1,0 +1,37 @@
+# `make demo`: set up and run the default sweep; `make test`: set up and run every test.
+# TORCH overrides the torch requirement, e.g. TORCH="torch==2.13.0 --index-url <your CUDA index>" on a GPU box.
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+SWEEP ?= multirun/demo
+
+.PHONY: install demo test bench clean slurm-up slurm-down
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)   # first, so the range in pyproject does not pull a CUDA build
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) launch.py -m data.p=0,0.1,0.5,1 init=zero,gaussian hydra.sweep.dir=$(SWEEP)
+	$(PY) -m analysis $(SWEEP) --out $(SWEEP)/report
+	@echo "report: $(SWEEP)/report/index.html"
+
+test: install
+	$(PY) -m pytest
+
+bench: install
+	$(PY) benchmarks/bench_sweep.py
+
+slurm-up:
+	bash .ci/slurm.sh start
+
+slurm-down:
+	bash .ci/slurm.sh stop
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -1,0 +1,977 @@
+/* Fused training and evaluation of R runs of eq. 2.1 (compact model, exact Gram), float64 and float32.
+ *
+ * The math is engine.py's, operation for operation where it matters (see its docstring):
+ *   exp(z_bj − m) = α[s_bj]·β_j (one stabiliser per run), H_bk = Σ_{j: s_bj = k} β_j,
+ *   Z_b = Σ_k α_k H_bk + β_q, h_b = α∘H_b / Z_b, F_b = V[y_b]·h_b, g_b = w / (F_b + ε),
+ *   Ψ_bk = (g_b / Z_b)·α_k·(V[y_b,k] − F_b), D_j = −β_j Σ_b Ψ_{b,s_bj}, D_N = Σ_b g_b S_bN F_b,
+ *   Ga_k = −Σ_b g_b (V[y_b,k] − F_b) h_bk / ν_tok, a −= lr·κ·Ga, c −= lr·κ·‖p‖²·D/ν, V += lr·Σ_b g_b e_{y_b} h_bᵀ.
+ *
+ * Layout: run → step → sample, so a run's int8 tokens (n·(N−1) bytes) and its histogram masks stay in L2
+ * for all T steps; runs are spread over threads (pthreads, dynamic). Two implementations per dtype:
+ *   - generic: plain C, any K ≤ 127, any CPU;
+ *   - AVX-512 (compiled in when -march=native has AVX512F/BW/VL/DQ), K ≤ 8:
+ *       histogram with samples in the SIMD lanes: per position j, K masked adds of β_j (masks precomputed
+ *       per run), so every H_bk is summed in position order exactly as torch's scatter_add_;
+ *       gather-sum with positions in the lanes: one permutexvar of Ψ_b per 8 (f64) / 16 (f32) tokens.
+ * Thm 4.1's symmetric point stays exact: every position j and every token k goes through the same
+ * operations in the same order (sequential sums over b per j, sequential sums over j per (b, k), the same
+ * lane tree for every k), so identical inputs give bit-identical outputs.
+ * No -ffast-math, and -ffp-contract=off: no reassociation, no fused multiply-add.
+ *
+ * Compiled once per machine by rw_sweeps/fused.py; the file includes itself once per dtype.
+ */
+#ifndef RW_PASS
+
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && !defined(RW_NO_AVX512)
+#define RW_AVX512 1
+#include <immintrin.h>
+#else
+#define RW_AVX512 0
+#endif
+
+#define RW_ABI 3
+#define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
+#define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
+
+int rw_abi(void) { return RW_ABI; }
+int rw_isa(void) { return RW_AVX512; }
+int rw_mvec(void) {
+#ifdef RW_MVEC
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* ---- a parallel-for over runs: nthreads − 1 helper threads plus the caller, dynamic scheduling ---- */
+typedef void (*run_fn)(const void *ctx, int64_t r, char *scratch);
+typedef struct {
+    run_fn fn;
+    const void *ctx;
+    int64_t R;
+    size_t scratch;
+    atomic_long next;
+    atomic_int err;
+} job_t;
+
+static void *worker(void *p) {
+    job_t *j = (job_t *)p;
+    char *s = NULL;
+    if (posix_memalign((void **)&s, 64, j->scratch + 64) != 0) {
+        atomic_store(&j->err, 1);
+        return NULL;
+    }
+    for (;;) {
+        long r = atomic_fetch_add(&j->next, 1);
+        if (r >= j->R) break;
+        j->fn(j->ctx, r, s);
+    }
+    free(s);
+    return NULL;
+}
+
+static int parallel_runs(run_fn fn, const void *ctx, int64_t R, size_t scratch, int nthreads) {
+    job_t j;
+    j.fn = fn;
+    j.ctx = ctx;
+    j.R = R;
+    j.scratch = scratch;
+    atomic_init(&j.next, 0);
+    atomic_init(&j.err, 0);
+    if (nthreads > R) nthreads = (int)R;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > 256) nthreads = 256;
+    pthread_t th[256];
+    int started = 0;
+    for (int i = 1; i < nthreads; i++) {
+        if (pthread_create(&th[started], NULL, worker, &j) == 0) started++;
+    }
+    worker(&j);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    /* a thread that could not allocate leaves its runs to the others; fail only if runs were skipped */
+    if (atomic_load(&j.next) < R) return 1;
+    return 0;
+}
+
+static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* ---- the two dtypes ---- */
+#define RW_PASS 1
+#define REAL double
+#define SFX(name) name##_f64
+#define EXP exp
+#define LOG log
+#define SQRT sqrt
+#define TINY 2.2250738585072014e-308 /* torch.finfo(float64).tiny */
+#define GATHER_CHUNK (1 << 30)       /* samples per partial sum in the gather pass (f64: one chunk) */
+#if RW_AVX512
+#define LANES 8
+#define MASK __mmask8
+#define VEC __m512d
+#define VZERO() _mm512_setzero_pd()
+#define VSET1(x) _mm512_set1_pd(x)
+#define VADD _mm512_add_pd
+#define VSUB _mm512_sub_pd
+#define VMUL _mm512_mul_pd
+#define VDIV _mm512_div_pd
+#define VSQRT _mm512_sqrt_pd
+#define VMASK_ADD _mm512_mask_add_pd
+#define VMASK_MOV _mm512_mask_mov_pd
+#define VMASK_MAX _mm512_mask_max_pd
+#define VMASK_MIN _mm512_mask_min_pd
+#define VMAX _mm512_max_pd
+#define VLOADU _mm512_loadu_pd
+#define VSTOREU _mm512_storeu_pd
+#define VMASK_STOREU _mm512_mask_storeu_pd
+#define VPERM(idx, tab) _mm512_permutexvar_pd(idx, tab)
+#define VTAB(p) _mm512_loadu_pd(p)
+#define VIDX(p, m) _mm512_cvtepu8_epi64(_mm_maskz_loadu_epi8((__mmask16)(m), (const void *)(p)))
+#define VCMP(a, b, op) _mm512_cmp_pd_mask(a, b, op)
+#define VIEQ(a, b) _mm512_cmpeq_epi64_mask(a, b)
+#define VISET1(x) _mm512_set1_epi64(x)
+#define VRED_ADD _mm512_reduce_add_pd
+#define VRED_MAX _mm512_reduce_max_pd
+#define VRED_MIN _mm512_reduce_min_pd
+#define VGATHER(src, m, idx32, base) _mm512_mask_i32gather_pd(src, m, _mm512_castsi512_si256(idx32), base, 8)
+#define VIOTA() _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 7, 6, 5, 4, 3, 2, 1, 0)
+#ifdef RW_MVEC
+__m512d _ZGVeN8v_log(__m512d);
+#define VLOG(x) _ZGVeN8v_log(x)
+#endif
+#endif
+#include __FILE__
+#undef RW_PASS
+#undef REAL
+#undef SFX
+#undef EXP
+#undef LOG
+#undef SQRT
+#undef TINY
+#undef GATHER_CHUNK
+#if RW_AVX512
+#undef LANES
+#undef MASK
+#undef VEC
+#undef VZERO
+#undef VSET1
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VDIV
+#undef VSQRT
+#undef VMASK_ADD
+#undef VMASK_MOV
+#undef VMASK_MAX
+#undef VMASK_MIN
+#undef VMAX
+#undef VLOADU
+#undef VSTOREU
+#undef VMASK_STOREU
+#undef VPERM
+#undef VTAB
+#undef VIDX
+#undef VCMP
+#undef VIEQ
+#undef VISET1
+#undef VRED_ADD
+#undef VRED_MAX
+#undef VRED_MIN
+#undef VGATHER
+#undef VIOTA
+#undef VLOG
+#endif
+
+#define RW_PASS 2
+#define REAL float
+#define SFX(name) name##_f32
+#define EXP expf
+#define LOG logf
+#define SQRT sqrtf
+#define TINY 1.17549435082228750797e-38f /* torch.finfo(float32).tiny */
+#define GATHER_CHUNK 64                  /* f32: partial sums over 64 samples keep the rounding near torch's */
+#if RW_AVX512
+#define LANES 16
+#define MASK __mmask16
+#define VEC __m512
+#define VZERO() _mm512_setzero_ps()
+#define VSET1(x) _mm512_set1_ps(x)
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMUL _mm512_mul_ps
+#define VDIV _mm512_div_ps
+#define VSQRT _mm512_sqrt_ps
+#define VMASK_ADD _mm512_mask_add_ps
+#define VMASK_MOV _mm512_mask_mov_ps
+#define VMASK_MAX _mm512_mask_max_ps
+#define VMASK_MIN _mm512_mask_min_ps
+#define VMAX _mm512_max_ps
+#define VLOADU _mm512_loadu_ps
+#define VSTOREU _mm512_storeu_ps
+#define VMASK_STOREU _mm512_mask_storeu_ps
+#define VPERM(idx, tab) _mm512_permutexvar_ps(idx, tab)
+#define VTAB(p) _mm512_castps256_ps512(_mm256_loadu_ps(p)) /* K ≤ 8 entries; tokens never index the top */
+#define VIDX(p, m) _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8((__mmask16)(m), (const void *)(p)))
+#define VCMP(a, b, op) _mm512_cmp_ps_mask(a, b, op)
+#define VIEQ(a, b) _mm512_cmpeq_epi32_mask(a, b)
+#define VISET1(x) _mm512_set1_epi32(x)
+#define VRED_ADD _mm512_reduce_add_ps
+#define VRED_MAX _mm512_reduce_max_ps
+#define VRED_MIN _mm512_reduce_min_ps
+#define VGATHER(src, m, idx32, base) _mm512_mask_i32gather_ps(src, m, idx32, base, 4)
+#define VIOTA() _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#ifdef RW_MVEC
+__m512 _ZGVeN16v_logf(__m512);
+#define VLOG(x) _ZGVeN16v_logf(x)
+#endif
+#endif
+#include __FILE__
+
+#else /* RW_PASS: everything below is compiled once per dtype */
+
+typedef struct {
+    int64_t R, n, L, K, T;
+    const uint8_t *tok; /* (R, n, L) tokens, 0 ≤ s < K */
+    const uint8_t *y;   /* (R, n) */
+    REAL *V, *a, *c;    /* (R, K, K), (R, K), (R, L+1): updated in place */
+    const REAL *lr, *eps, *w;
+    REAL kappa, pp, nu_tok, nu_q;
+    REAL *loss;         /* (R, T): training loss before each step */
+    int32_t *bad_step;  /* (R,): first step t whose loss or updated parameters are not all finite, else −1 */
+} SFX(tctx);
+
+typedef struct {
+    int64_t R, n, L, K;
+    const uint8_t *tok, *y;
+    const REAL *P; /* (R, n, K) true conditionals */
+    const REAL *V, *a, *c, *eps;
+    REAL nu_tok, nu_q;
+    REAL *loss, *acc, *kl, *pred_dist, *attention, *spread, *h_example, *h_var; /* (R), …, (R, L+1), (R), (R, K) ×2 */
+} SFX(ectx);
+
+/* NaN-propagating max, as torch.amax / torch.maximum */
+static inline REAL SFX(nanmax)(REAL m, REAL x) { return (x > m || x != x) ? x : m; }
+
+/* α, β, β_q of the factorised softmax, exactly as model.attend: one stabiliser m per run. */
+static void SFX(prologue)(int64_t K, int64_t L, const REAL *a, const REAL *c, REAL nu_tok, REAL nu_q,
+                          REAL *alpha, REAL *beta, REAL *bq) {
+    REAL ma = a[0] / nu_tok;
+    for (int64_t k = 1; k < K; k++) ma = SFX(nanmax)(ma, a[k] / nu_tok);
+    REAL zcm = c[0] / nu_tok;
+    for (int64_t j = 1; j < L; j++) zcm = SFX(nanmax)(zcm, c[j] / nu_tok);
+    REAL zq = c[L] / nu_q;
+    REAL s = ma + zcm;
+    REAL m = (s != s || zq != zq) ? s + zq : (s > zq ? s : zq);
+    for (int64_t k = 0; k < K; k++) alpha[k] = EXP(a[k] / nu_tok - ma);
+    REAL t = m - ma;
+    for (int64_t j = 0; j < L; j++) beta[j] = EXP(c[j] / nu_tok - t);
+    *bq = EXP(zq - m);
+}
+
+/* The parameter update of one step, shared by both implementations (engine.train_step's last lines). */
+static void SFX(update)(int64_t K, int64_t L, REAL lr, REAL kappa, REAL pp, REAL nu_tok, REAL nu_q, REAL *V,
+                        REAL *a, REAL *c, const REAL *dV, const REAL *Gsum, const REAL *beta, const REAL *E,
+                        REAL DN) {
+    REAL step = lr * kappa;
+    for (int64_t k = 0; k < K; k++) a[k] = a[k] - step * (-Gsum[k] / nu_tok);
+    REAL sp = step * pp;
+    for (int64_t j = 0; j < L; j++) c[j] = c[j] - sp * (-beta[j] * E[j]) / nu_tok;
+    c[L] = c[L] - sp * DN / nu_q;
+    for (int64_t i = 0; i < K * K; i++) V[i] = V[i] + lr * dV[i];
+}
+
+static int SFX(all_finite)(const REAL *x, int64_t m) {
+    int ok = 1;
+    for (int64_t i = 0; i < m; i++) ok &= isfinite(x[i]) ? 1 : 0;
+    return ok;
+}
+
+/* =============================== generic implementation (any K, any CPU) =============================== */
+
+static size_t SFX(train_generic_scratch)(int64_t n, int64_t L, int64_t K) {
+    return align64(sizeof(REAL) * (size_t)(K + L + K + n * K + L + K * K + K + L + 8));
+}
+
+static void SFX(train_generic)(const void *vctx, int64_t r, char *scratch) {
+    const SFX(tctx) *x = (const SFX(tctx) *)vctx;
+    const int64_t n = x->n, L = x->L, K = x->K, T = x->T;
+    const uint8_t *tok = x->tok + r * n * L, *yy = x->y + r * n;
+    REAL *V = x->V + r * K * K, *a = x->a + r * K, *c = x->c + r * (L + 1);
+    const REAL lr = x->lr[r], eps = x->eps[r], w = x->w[r];
+    REAL *alpha = (REAL *)scratch, *beta = alpha + K, *H = beta + L, *psi = H + K, *E = psi + n * K;
+    REAL *dV = E + L, *G = dV + K * K, *Ep = G + K;
+    REAL bq;
+    x->bad_step[r] = -1;
+    for (int64_t t = 0; t < T; t++) {
+        SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+        memset(dV, 0, sizeof(REAL) * K * K);
+        memset(G, 0, sizeof(REAL) * K);
+        REAL DN = 0;
+        double lsum = 0;
+        for (int64_t b = 0; b < n; b++) {
+            const uint8_t *s = tok + b * L;
+            memset(H, 0, sizeof(REAL) * K);
+            for (int64_t j = 0; j < L; j++) H[s[j]] += beta[j]; /* scatter_add_ order */
+            REAL Z = alpha[0] * H[0];
+            for (int64_t k = 1; k < K; k++) Z += alpha[k] * H[k];
+            Z = Z + bq;
+            const REAL *om = V + (int64_t)yy[b] * K;
+            REAL F = 0;
+            for (int64_t k = 0; k < K; k++) {
+                REAL h = alpha[k] * H[k] / Z;
+                F = (k == 0) ? om[0] * h : F + om[k] * h;
+            }
+            REAL Sq = bq / Z, xe = F + eps;
+            lsum += (double)LOG(xe);
+            REAL g = w / xe, gz = g / Z;
+            REAL *dv = dV + (int64_t)yy[b] * K, *ps = psi + b * K;
+            for (int64_t k = 0; k < K; k++) {
+                REAL h = alpha[k] * H[k] / Z, d = om[k] - F;
+                ps[k] = gz * alpha[k] * d;
+                G[k] += g * d * h;
+                dv[k] += g * h;
+            }
+            DN += g * Sq * F;
+        }
+        /* gather-sum, in chunks of samples (same order for every position j) */
+        memset(E, 0, sizeof(REAL) * L);
+        for (int64_t b0 = 0; b0 < n; b0 += GATHER_CHUNK) {
+            int64_t b1 = b0 + GATHER_CHUNK < n ? b0 + GATHER_CHUNK : n;
+            memset(Ep, 0, sizeof(REAL) * L);
+            for (int64_t b = b0; b < b1; b++) {
+                const uint8_t *s = tok + b * L;
+                const REAL *ps = psi + b * K;
+                for (int64_t j = 0; j < L; j++) Ep[j] += ps[s[j]];
+            }
+            for (int64_t j = 0; j < L; j++) E[j] += Ep[j];
+        }
+        x->loss[r * T + t] = (REAL)(-lsum / (double)n);
+        SFX(update)(K, L, lr, x->kappa, x->pp, x->nu_tok, x->nu_q, V, a, c, dV, G, beta, E, DN);
+        if (x->bad_step[r] < 0 && !(isfinite(x->loss[r * T + t]) && SFX(all_finite)(V, K * K) &&
+                                    SFX(all_finite)(a, K) && SFX(all_finite)(c, L + 1)))
+            x->bad_step[r] = (int32_t)t;
+    }
+}
+
+static size_t SFX(eval_generic_scratch)(int64_t n, int64_t L, int64_t K) {
+    return align64(sizeof(REAL) * (size_t)(K + L + 4 * K + n * K + n + L + n * K + 8));
+}
+
+static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
+    const SFX(ectx) *x = (const SFX(ectx) *)vctx;
+    const int64_t n = x->n, L = x->L, K = x->K;
+    const uint8_t *tok = x->tok + r * n * L, *yy = x->y + r * n;
+    const REAL *V = x->V + r * K * K, *a = x->a + r * K, *c = x->c + r * (L + 1), *Pr = x->P + r * n * K;
+    const REAL eps = x->eps[r];
+    REAL *alpha = (REAL *)scratch, *beta = alpha + K, *H = beta + L, *f = H + K, *q = f + K, *fn = q + K;
+    REAL *az = fn + K, *Zb = az + n * K, *E = Zb + n, *hs = E + L;
+    REAL bq;
+    SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+    REAL lsum = 0, asum = 0, klsum = 0, pdsum = 0, sqsum = 0;
+    for (int64_t b = 0; b < n; b++) {
+        const uint8_t *s = tok + b * L;
+        const REAL *P = Pr + b * K;
+        memset(H, 0, sizeof(REAL) * K);
+        for (int64_t j = 0; j < L; j++) H[s[j]] += beta[j];
+        REAL Z = alpha[0] * H[0];
+        for (int64_t k = 1; k < K; k++) Z += alpha[k] * H[k];
+        Z = Z + bq;
+        REAL *h = hs + b * K;
+        for (int64_t k = 0; k < K; k++) h[k] = alpha[k] * H[k] / Z;
+        for (int64_t o = 0; o < K; o++) {
+            REAL acc = h[0] * V[o * K];
+            for (int64_t i = 1; i < K; i++) acc += h[i] * V[o * K + i];
+            f[o] = acc;
+        }
+        int64_t yb = yy[b];
+        lsum += LOG(f[yb] + eps);
+        int64_t best = 0;
+        for (int64_t o = 1; o < K; o++)
+            if (f[o] > f[best] || (f[o] != f[o] && f[best] == f[best])) best = o;
+        asum += (best == yb) ? 1 : 0;
+        REAL qs = 0, fn2 = 0, P2 = 0;
+        for (int64_t k = 0; k < K; k++) {
+            q[k] = (f[k] > TINY || f[k] != f[k]) ? f[k] : TINY;
+            qs = (k == 0) ? q[0] : qs + q[k];
+            fn2 = (k == 0) ? f[0] * f[0] : fn2 + f[k] * f[k];
+            P2 = (k == 0) ? P[0] * P[0] : P2 + P[k] * P[k];
+        }
+        REAL kl = 0;
+        for (int64_t k = 0; k < K; k++) {
+            REAL term = 0;
+            if (P[k] > 0) term = P[k] * (LOG(P[k] > TINY ? P[k] : TINY) - LOG(q[k] / qs));
+            kl = (k == 0) ? term : kl + term;
+        }
+        klsum += kl;
+        REAL fnorm = SQRT(fn2), Pnorm = SQRT(P2);
+        fnorm = (fnorm > TINY || fnorm != fnorm) ? fnorm : TINY;
+        REAL d2 = 0;
+        for (int64_t k = 0; k < K; k++) {
+            REAL d = f[k] / fnorm - P[k] / Pnorm;
+            d2 = (k == 0) ? d * d : d2 + d * d;
+        }
+        pdsum += SQRT(d2);
+        sqsum += bq / Z;
+        Zb[b] = Z;
+        for (int64_t k = 0; k < K; k++) az[b * K + k] = alpha[k] / Z;
+    }
+    /* mean attention per position, and the spread max_b (max_j S_bj − min_j S_bj) */
+    memset(E, 0, sizeof(REAL) * L);
+    REAL spread = 0;
+    for (int64_t b = 0; b < n; b++) {
+        const uint8_t *s = tok + b * L;
+        const REAL *ab = az + b * K;
+        REAL mx = alpha[s[0]] * beta[0], mn = mx;
+        for (int64_t j = 0; j < L; j++) {
+            E[j] += ab[s[j]];
+            REAL v = alpha[s[j]] * beta[j];
+            mx = v > mx ? v : mx;
+            mn = v < mn ? v : mn;
+        }
+        REAL sp = mx / Zb[b] - mn / Zb[b];
+        spread = (b == 0 || sp > spread) ? sp : spread;
+    }
+    const REAL nn = (REAL)n;
+    x->loss[r] = -lsum / nn;
+    x->acc[r] = asum / nn;
+    x->kl[r] = klsum / nn;
+    x->pred_dist[r] = pdsum / nn;
+    x->spread[r] = spread;
+    REAL *att = x->attention + r * (L + 1);
+    for (int64_t j = 0; j < L; j++) att[j] = beta[j] * E[j] / nn;
+    att[L] = sqsum / nn;
+    for (int64_t k = 0; k < K; k++) {
+        x->h_example[r * K + k] = hs[k];
+        REAL mu = 0;
+        for (int64_t b = 0; b < n; b++) mu += hs[b * K + k];
+        mu = mu / nn;
+        REAL v = 0;
+        for (int64_t b = 0; b < n; b++) {
+            REAL d = hs[b * K + k] - mu;
+            v += d * d;
+        }
+        x->h_var[r * K + k] = v / nn;
+    }
+}
+
+/* =================================== AVX-512 implementation (K ≤ 8) =================================== */
+#if RW_AVX512
+
+#define PSTRIDE 8 /* one Ψ_b row (K ≤ 8 entries) per sample */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* masks[blk][j][k]: bit l set when sample blk·LANES + l has token k at position j */
+static void SFX(build_masks)(int64_t n, int64_t L, int64_t K, const uint8_t *tok, MASK *masks) {
+    int64_t nblk = (n + LANES - 1) / LANES;
+    memset(masks, 0, sizeof(MASK) * (size_t)(nblk * L * K));
+    for (int64_t b = 0; b < n; b++) {
+        MASK bit = (MASK)(1u << (b % LANES));
+        MASK *mb = masks + (b / LANES) * L * K;
+        const uint8_t *s = tok + b * L;
+        for (int64_t j = 0; j < L; j++) mb[j * K + s[j]] |= bit;
+    }
+}
+
+/* H[i·KMAX + k] (lanes = samples of block i) = Σ_{j: s = k} β_j in order of j, for NB consecutive blocks */
+ALWAYS_INLINE void SFX(hist)(const int K, const int NB, int64_t L, const MASK *mk, const REAL *beta, VEC *H) {
+#pragma GCC unroll 16
+    for (int i = 0; i < NB * KMAX_FAST; i++) H[i] = VZERO();
+    const MASK *mk1 = mk + L * K;
+    for (int64_t j = 0; j < L; j++) {
+        const VEC bj = VSET1(beta[j]);
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) {
+            H[k] = VMASK_ADD(H[k], mk[j * K + k], H[k], bj);
+            if (NB == 2) H[KMAX_FAST + k] = VMASK_ADD(H[KMAX_FAST + k], mk1[j * K + k], H[KMAX_FAST + k], bj);
+        }
+    }
+}
+
+ALWAYS_INLINE MASK SFX(valid)(int64_t b0, int64_t n) {
+    int64_t m = n - b0;
+    return m >= LANES ? (MASK)~(MASK)0 : (MASK)((1u << m) - 1u);
+}
+
+/* Σ_b Ψ_b[s_bj] for positions [v0·LANES, v0·LANES + NV·LANES) ∩ [0, L): positions in the lanes */
+ALWAYS_INLINE void SFX(gather_tile)(const int NV, int64_t n, int64_t L, int64_t v0, const uint8_t *tok,
+                                    const REAL *psiT, REAL *E) {
+    VEC acc[TILE_V], part[TILE_V];
+    uint32_t lm[TILE_V];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+        acc[v] = VZERO();
+        int64_t rem = L - (v0 + v) * LANES;
+        lm[v] = rem >= LANES ? (uint32_t)((1u << LANES) - 1u) : (uint32_t)((1u << rem) - 1u);
+    }
+    for (int64_t b0 = 0; b0 < n; b0 += GATHER_CHUNK) {
+        int64_t b1 = b0 + GATHER_CHUNK < n ? b0 + GATHER_CHUNK : n;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) part[v] = VZERO();
+        for (int64_t b = b0; b < b1; b++) {
+            const VEC tab = VTAB(psiT + b * PSTRIDE);
+            const uint8_t *s = tok + b * L + v0 * LANES;
+#pragma GCC unroll 8
+            for (int v = 0; v < NV; v++) part[v] = VADD(part[v], VPERM(VIDX(s + v * LANES, lm[v]), tab));
+        }
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) acc[v] = VADD(acc[v], part[v]);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) VMASK_STOREU(E + (v0 + v) * LANES, (MASK)lm[v], acc[v]);
+}
+
+static void SFX(gather_all)(int64_t n, int64_t L, const uint8_t *tok, const REAL *psiT, REAL *E) {
+    int64_t G = (L + LANES - 1) / LANES;
+    for (int64_t v0 = 0; v0 < G; v0 += TILE_V) {
+        int64_t nv = G - v0 < TILE_V ? G - v0 : TILE_V;
+        switch (nv) {
+        case 1: SFX(gather_tile)(1, n, L, v0, tok, psiT, E); break;
+        case 2: SFX(gather_tile)(2, n, L, v0, tok, psiT, E); break;
+        case 3: SFX(gather_tile)(3, n, L, v0, tok, psiT, E); break;
+        case 4: SFX(gather_tile)(4, n, L, v0, tok, psiT, E); break;
+        case 5: SFX(gather_tile)(5, n, L, v0, tok, psiT, E); break;
+        case 6: SFX(gather_tile)(6, n, L, v0, tok, psiT, E); break;
+        case 7: SFX(gather_tile)(7, n, L, v0, tok, psiT, E); break;
+        default: SFX(gather_tile)(8, n, L, v0, tok, psiT, E); break;
+        }
+    }
+}
+
+static size_t SFX(train_avx_scratch)(int64_t n, int64_t L, int64_t K) {
+    int64_t nblk = (n + LANES - 1) / LANES;
+    return align64(sizeof(MASK) * (size_t)(nblk * L * K)) +
+           align64(sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE)) +
+           align64(sizeof(REAL) * (size_t)(L + 64)) * 2 + align64(sizeof(REAL) * (size_t)(KMAX_FAST * KMAX_FAST * 3)) +
+           align64(sizeof(REAL) * (size_t)(4 * KMAX_FAST * LANES)) + 4096;
+}
+
+/* per-block chain of the training step: everything after the histogram, samples in the lanes */
+ALWAYS_INLINE void SFX(train_chain)(const int K, int64_t b0, int64_t n, const VEC *H, const uint8_t *yy,
+                                    const VEC *alphav, const REAL *Vcol, VEC vbq, VEC veps, VEC vw, VEC *Gacc,
+                                    VEC *DNacc, VEC *Lacc, double *lsum, REAL *psiT, REAL *dV, REAL *tmp) {
+    const MASK vm = SFX(valid)(b0, n);
+    const __m512i yi = VIDX(yy + b0, vm);
+    VEC h[KMAX_FAST], om[KMAX_FAST];
+    VEC Z = VMUL(alphav[0], H[0]);
+#pragma GCC unroll 8
+    for (int k = 1; k < K; k++) Z = VADD(Z, VMUL(alphav[k], H[k]));
+    Z = VADD(Z, vbq);
+    VEC F = VZERO();
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) {
+        h[k] = VDIV(VMUL(alphav[k], H[k]), Z);
+        om[k] = VPERM(yi, VTAB(Vcol + k * PSTRIDE));
+        F = (k == 0) ? VMUL(om[0], h[0]) : VADD(F, VMUL(om[k], h[k]));
+    }
+    const VEC Sq = VDIV(vbq, Z), xe = VADD(F, veps);
+#ifdef VLOG
+    *Lacc = VMASK_ADD(*Lacc, vm, *Lacc, VLOG(xe));
+    (void)lsum;
+#else
+    {
+        REAL xs[LANES];
+        VSTOREU(xs, xe);
+        for (int l = 0; l < LANES; l++)
+            if (vm & (1u << l)) *lsum += (double)LOG(xs[l]);
+        (void)Lacc;
+    }
+#endif
+    const VEC g = VDIV(vw, xe), gz = VDIV(g, Z);
+    *DNacc = VMASK_ADD(*DNacc, vm, *DNacc, VMUL(VMUL(g, Sq), F));
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) {
+        const VEC d = VSUB(om[k], F);
+        VSTOREU(tmp + k * LANES, VMUL(VMUL(gz, alphav[k]), d));
+        VSTOREU(tmp + (KMAX_FAST + k) * LANES, VMUL(g, h[k]));
+        Gacc[k] = VMASK_ADD(Gacc[k], vm, Gacc[k], VMUL(VMUL(g, d), h[k]));
+    }
+    const int nv = (int)(n - b0 < LANES ? n - b0 : LANES);
+    for (int l = 0; l < nv; l++) {
+        REAL *ps = psiT + (b0 + l) * PSTRIDE, *dv = dV + (int64_t)yy[b0 + l] * K;
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) {
+            ps[k] = tmp[k * LANES + l];
+            dv[k] += tmp[(KMAX_FAST + k) * LANES + l];
+        }
+    }
+}
+
+ALWAYS_INLINE void SFX(train_avx_body)(const int K, const SFX(tctx) *x, int64_t r, char *scratch) {
+    const int64_t n = x->n, L = x->L, T = x->T;
+    const int64_t nblk = (n + LANES - 1) / LANES;
+    const uint8_t *tok = x->tok + r * n * L, *yy = x->y + r * n;
+    REAL *V = x->V + r * K * K, *a = x->a + r * K, *c = x->c + r * (L + 1);
+    const REAL lr = x->lr[r], eps = x->eps[r], w = x->w[r];
+    char *p = scratch;
+    MASK *masks = (MASK *)p;
+    p += align64(sizeof(MASK) * (size_t)(nblk * L * K));
+    REAL *psiT = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
+    REAL *beta = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(L + 64));
+    REAL *E = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(L + 64));
+    REAL *Vcol = (REAL *)p, *dV = Vcol + KMAX_FAST * KMAX_FAST, *G = dV + KMAX_FAST * KMAX_FAST;
+    p += align64(sizeof(REAL) * (size_t)(KMAX_FAST * KMAX_FAST * 3));
+    REAL *tmp = (REAL *)p;
+    REAL alpha[KMAX_FAST], bq;
+    SFX(build_masks)(n, L, K, tok, masks);
+    memset(psiT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
+    memset(Vcol, 0, sizeof(REAL) * KMAX_FAST * KMAX_FAST);
+    x->bad_step[r] = -1;
+    for (int64_t t = 0; t < T; t++) {
+        SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+        VEC alphav[KMAX_FAST], Gacc[KMAX_FAST], DNacc = VZERO(), Lacc = VZERO();
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) {
+            alphav[k] = VSET1(alpha[k]);
+            Gacc[k] = VZERO();
+            for (int i = 0; i < K; i++) Vcol[k * PSTRIDE + i] = V[i * K + k];
+        }
+        memset(dV, 0, sizeof(REAL) * K * K);
+        const VEC vbq = VSET1(bq), veps = VSET1(eps), vw = VSET1(w);
+        double lsum = 0;
+        VEC H[2 * KMAX_FAST];
+        int64_t blk = 0;
+        for (; blk + 1 < nblk; blk += 2) {
+            SFX(hist)(K, 2, L, masks + blk * L * K, beta, H);
+            SFX(train_chain)(K, blk * LANES, n, H, yy, alphav, Vcol, vbq, veps, vw, Gacc, &DNacc, &Lacc, &lsum,
+                             psiT, dV, tmp);
+            SFX(train_chain)(K, (blk + 1) * LANES, n, H + KMAX_FAST, yy, alphav, Vcol, vbq, veps, vw, Gacc, &DNacc,
+                             &Lacc, &lsum, psiT, dV, tmp);
+        }
+        if (blk < nblk) {
+            SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);
+            SFX(train_chain)(K, blk * LANES, n, H, yy, alphav, Vcol, vbq, veps, vw, Gacc, &DNacc, &Lacc, &lsum,
+                             psiT, dV, tmp);
+        }
+        SFX(gather_all)(n, L, tok, psiT, E);
+#ifdef VLOG
+        lsum = (double)VRED_ADD(Lacc);
+#endif
+        for (int k = 0; k < K; k++) G[k] = VRED_ADD(Gacc[k]);
+        x->loss[r * T + t] = (REAL)(-lsum / (double)n);
+        SFX(update)(K, L, lr, x->kappa, x->pp, x->nu_tok, x->nu_q, V, a, c, dV, G, beta, E, VRED_ADD(DNacc));
+        if (x->bad_step[r] < 0 && !(isfinite(x->loss[r * T + t]) && SFX(all_finite)(V, K * K) &&
+                                    SFX(all_finite)(a, K) && SFX(all_finite)(c, L + 1)))
+            x->bad_step[r] = (int32_t)t;
+    }
+}
+
+#define RW_INST_TRAIN(KK) \
+    static void SFX(train_avx_##KK)(const void *x, int64_t r, char *s) { SFX(train_avx_body)(KK, (const SFX(tctx) *)x, r, s); }
+RW_INST_TRAIN(1)
+RW_INST_TRAIN(2)
+RW_INST_TRAIN(3)
+RW_INST_TRAIN(4)
+RW_INST_TRAIN(5)
+RW_INST_TRAIN(6)
+RW_INST_TRAIN(7)
+RW_INST_TRAIN(8)
+static const run_fn SFX(train_avx_fns)[9] = {NULL, SFX(train_avx_1), SFX(train_avx_2), SFX(train_avx_3),
+                                            SFX(train_avx_4), SFX(train_avx_5), SFX(train_avx_6),
+                                            SFX(train_avx_7), SFX(train_avx_8)};
+
+/* ---- evaluation ---- */
+static size_t SFX(eval_avx_scratch)(int64_t n, int64_t L, int64_t K) {
+    int64_t nblk = (n + LANES - 1) / LANES;
+    return align64(sizeof(MASK) * (size_t)(nblk * L * K)) +
+           align64(sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE)) * 2 +
+           align64(sizeof(REAL) * (size_t)(nblk * LANES)) * 3 + align64(sizeof(REAL) * (size_t)(L + 64)) * 2 +
+           align64(sizeof(REAL) * (size_t)(KMAX_FAST * KMAX_FAST)) + 4096;
+}
+
+typedef struct {
+    VEC L, A, KL, PD, SQ;
+} SFX(eacc);
+
+ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC *H, const uint8_t *yy,
+                                   const REAL *Pr, const VEC *alphav, const REAL *V, VEC vbq, VEC veps,
+                                   SFX(eacc) *acc, REAL *azT, REAL *hT, REAL *Zb) {
+    const MASK vm = SFX(valid)(b0, n);
+    const __m512i yi = VIDX(yy + b0, vm);
+    const VEC tiny = VSET1(TINY), one = VSET1((REAL)1), zero = VZERO();
+    VEC h[KMAX_FAST], f[KMAX_FAST], P[KMAX_FAST];
+    VEC Z = VMUL(alphav[0], H[0]);
+#pragma GCC unroll 8
+    for (int k = 1; k < K; k++) Z = VADD(Z, VMUL(alphav[k], H[k]));
+    Z = VADD(Z, vbq);
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) h[k] = VDIV(VMUL(alphav[k], H[k]), Z);
+#pragma GCC unroll 8
+    for (int o = 0; o < K; o++) {
+        VEC s = VMUL(h[0], VSET1(V[o * K]));
+#pragma GCC unroll 8
+        for (int i = 1; i < K; i++) s = VADD(s, VMUL(h[i], VSET1(V[o * K + i])));
+        f[o] = s;
+    }
+    /* F = f[y]; argmax with ties → first, NaN counts as the maximum (torch.argmax) */
+    VEC F = f[0], best = f[0];
+    __m512i bi = VISET1(0);
+#pragma GCC unroll 8
+    for (int o = 1; o < K; o++) {
+        F = VMASK_MOV(F, VIEQ(yi, VISET1(o)), f[o]);
+        MASK gt = VCMP(f[o], best, _CMP_GT_OQ) | (VCMP(f[o], f[o], _CMP_UNORD_Q) & VCMP(best, best, _CMP_ORD_Q));
+        best = VMASK_MOV(best, gt, f[o]);
+#if LANES == 8
+        bi = _mm512_mask_mov_epi64(bi, gt, VISET1(o));
+#else
+        bi = _mm512_mask_mov_epi32(bi, gt, VISET1(o));
+#endif
+    }
+    MASK hit = VIEQ(bi, yi) & vm;
+    acc->A = VMASK_ADD(acc->A, hit, acc->A, one);
+    /* true conditionals of the block's samples: P[k] lane l = Pr[(b0 + l)·K + k] */
+    const __m512i base = _mm512_mullo_epi32(VIOTA(), _mm512_set1_epi32(K));
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++)
+        P[k] = VGATHER(zero, vm, _mm512_add_epi32(base, _mm512_set1_epi32(k)), Pr + b0 * K);
+    /* KL(P ‖ q), q = max(f, tiny) / Σ; pred_dist = ‖f/max(‖f‖, tiny) − P/‖P‖‖ */
+    VEC q[KMAX_FAST], qs = zero, fn2 = zero, P2 = zero;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) {
+        q[k] = VMAX(tiny, f[k]); /* = f unless f < tiny; NaN stays NaN (clamp_min) */
+        qs = (k == 0) ? q[0] : VADD(qs, q[k]);
+        fn2 = (k == 0) ? VMUL(f[0], f[0]) : VADD(fn2, VMUL(f[k], f[k]));
+        P2 = (k == 0) ? VMUL(P[0], P[0]) : VADD(P2, VMUL(P[k], P[k]));
+    }
+    VEC kl = zero;
+#ifdef VLOG
+    acc->L = VMASK_ADD(acc->L, vm, acc->L, VLOG(VADD(F, veps)));
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) {
+        MASK pos = VCMP(P[k], zero, _CMP_GT_OQ);
+        VEC term = VMUL(P[k], VSUB(VLOG(VMAX(tiny, P[k])), VLOG(VDIV(q[k], qs))));
+        term = VMASK_MOV(zero, pos, term);
+        kl = (k == 0) ? term : VADD(kl, term);
+    }
+#else
+    {
+        REAL xs[LANES], Ps[LANES], qq[LANES], ss[LANES], ks[LANES] = {0};
+        VSTOREU(xs, VADD(F, veps));
+        VEC lv = zero;
+        REAL ls[LANES] = {0};
+        for (int l = 0; l < LANES; l++)
+            if (vm & (1u << l)) ls[l] = LOG(xs[l]);
+        lv = VLOADU(ls);
+        acc->L = VMASK_ADD(acc->L, vm, acc->L, lv);
+        VSTOREU(ss, qs);
+        for (int k = 0; k < K; k++) {
+            VSTOREU(Ps, P[k]);
+            VSTOREU(qq, q[k]);
+            for (int l = 0; l < LANES; l++) {
+                REAL term = 0;
+                if ((vm & (1u << l)) && Ps[l] > 0)
+                    term = Ps[l] * (LOG(Ps[l] > TINY ? Ps[l] : TINY) - LOG(qq[l] / ss[l]));
+                ks[l] = (k == 0) ? term : ks[l] + term;
+            }
+        }
+        kl = VLOADU(ks);
+    }
+#endif
+    acc->KL = VMASK_ADD(acc->KL, vm, acc->KL, kl);
+    VEC fnorm = VMAX(tiny, VSQRT(fn2)), Pnorm = VSQRT(P2), d2 = zero;
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) {
+        VEC d = VSUB(VDIV(f[k], fnorm), VDIV(P[k], Pnorm));
+        d2 = (k == 0) ? VMUL(d, d) : VADD(d2, VMUL(d, d));
+    }
+    acc->PD = VMASK_ADD(acc->PD, vm, acc->PD, VSQRT(d2));
+    acc->SQ = VMASK_ADD(acc->SQ, vm, acc->SQ, VDIV(vbq, Z));
+    /* per-sample rows for the gather pass (α/Z), the spread (Z) and h's mean and variance */
+    REAL tmp[2 * KMAX_FAST * LANES];
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) {
+        VSTOREU(tmp + k * LANES, VDIV(alphav[k], Z));
+        VSTOREU(tmp + (KMAX_FAST + k) * LANES, h[k]);
+    }
+    VSTOREU(Zb + b0, Z);
+    const int nv = (int)(n - b0 < LANES ? n - b0 : LANES);
+    for (int l = 0; l < nv; l++)
+        for (int k = 0; k < K; k++) {
+            azT[(b0 + l) * PSTRIDE + k] = tmp[k * LANES + l];
+            hT[(b0 + l) * PSTRIDE + k] = tmp[(KMAX_FAST + k) * LANES + l];
+        }
+}
+
+/* the eval gather pass: E_j = Σ_b (α/Z_b)[s_bj]; per sample the max and min over j of α[s_bj]·β_j */
+ALWAYS_INLINE void SFX(eval_tile)(const int NV, int64_t n, int64_t L, int64_t v0, const uint8_t *tok,
+                                  const REAL *azT, const VEC atab, const REAL *beta, REAL *E, REAL *mx, REAL *mn) {
+    VEC acc[TILE_V], bv[TILE_V];
+    uint32_t lm[TILE_V];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+        acc[v] = VZERO();
+        int64_t rem = L - (v0 + v) * LANES;
+        lm[v] = rem >= LANES ? (uint32_t)((1u << LANES) - 1u) : (uint32_t)((1u << rem) - 1u);
+        bv[v] = VLOADU(beta + (v0 + v) * LANES); /* beta is padded: lanes past L are never used */
+    }
+    for (int64_t b = 0; b < n; b++) {
+        const VEC tab = VTAB(azT + b * PSTRIDE);
+        const uint8_t *s = tok + b * L + v0 * LANES;
+        VEC vmax = VSET1(-INFINITY), vmin = VSET1(INFINITY);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) {
+            const __m512i idx = VIDX(s + v * LANES, lm[v]);
+            acc[v] = VADD(acc[v], VPERM(idx, tab));
+            const VEC xa = VMUL(VPERM(idx, atab), bv[v]);
+            vmax = VMASK_MAX(vmax, (MASK)lm[v], vmax, xa);
+            vmin = VMASK_MIN(vmin, (MASK)lm[v], vmin, xa);
+        }
+        const REAL tmx = VRED_MAX(vmax), tmn = VRED_MIN(vmin);
+        if (v0 == 0 || tmx > mx[b]) mx[b] = tmx;
+        if (v0 == 0 || tmn < mn[b]) mn[b] = tmn;
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) VMASK_STOREU(E + (v0 + v) * LANES, (MASK)lm[v], acc[v]);
+}
+
+ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r, char *scratch) {
+    const int64_t n = x->n, L = x->L;
+    const int64_t nblk = (n + LANES - 1) / LANES;
+    const uint8_t *tok = x->tok + r * n * L, *yy = x->y + r * n;
+    const REAL *V = x->V + r * K * K, *a = x->a + r * K, *c = x->c + r * (L + 1), *Pr = x->P + r * n * K;
+    char *p = scratch;
+    MASK *masks = (MASK *)p;
+    p += align64(sizeof(MASK) * (size_t)(nblk * L * K));
+    REAL *azT = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
+    REAL *hT = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
+    REAL *Zb = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(nblk * LANES));
+    REAL *mx = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(nblk * LANES));
+    REAL *mn = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(nblk * LANES));
+    REAL *beta = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(L + 64));
+    REAL *E = (REAL *)p;
+    REAL alpha[KMAX_FAST] = {0}, bq;
+    SFX(build_masks)(n, L, K, tok, masks);
+    memset(azT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
+    memset(beta, 0, sizeof(REAL) * (size_t)(L + 64));
+    SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+    VEC alphav[KMAX_FAST];
+#pragma GCC unroll 8
+    for (int k = 0; k < K; k++) alphav[k] = VSET1(alpha[k]);
+    const VEC vbq = VSET1(bq), veps = VSET1(x->eps[r]);
+    SFX(eacc) acc = {VZERO(), VZERO(), VZERO(), VZERO(), VZERO()};
+    VEC H[2 * KMAX_FAST];
+    int64_t blk = 0;
+    for (; blk + 1 < nblk; blk += 2) {
+        SFX(hist)(K, 2, L, masks + blk * L * K, beta, H);
+        SFX(eval_chain)(K, blk * LANES, n, H, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+        SFX(eval_chain)(K, (blk + 1) * LANES, n, H + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+    }
+    if (blk < nblk) {
+        SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);
+        SFX(eval_chain)(K, blk * LANES, n, H, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+    }
+    REAL atab_s[PSTRIDE] = {0};
+    for (int k = 0; k < K; k++) atab_s[k] = alpha[k];
+    const VEC atab = VTAB(atab_s);
+    int64_t G = (L + LANES - 1) / LANES;
+    for (int64_t v0 = 0; v0 < G; v0 += TILE_V) {
+        int64_t nv = G - v0 < TILE_V ? G - v0 : TILE_V;
+        switch (nv) {
+        case 1: SFX(eval_tile)(1, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 2: SFX(eval_tile)(2, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 3: SFX(eval_tile)(3, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 4: SFX(eval_tile)(4, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 5: SFX(eval_tile)(5, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 6: SFX(eval_tile)(6, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 7: SFX(eval_tile)(7, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        default: SFX(eval_tile)(8, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        }
+    }
+    REAL spread = 0;
+    for (int64_t b = 0; b < n; b++) {
+        REAL sp = mx[b] / Zb[b] - mn[b] / Zb[b];
+        spread = (b == 0 || sp > spread) ? sp : spread;
+    }
+    const REAL nn = (REAL)n;
+    x->loss[r] = -VRED_ADD(acc.L) / nn;
+    x->acc[r] = VRED_ADD(acc.A) / nn;
+    x->kl[r] = VRED_ADD(acc.KL) / nn;
+    x->pred_dist[r] = VRED_ADD(acc.PD) / nn;
+    x->spread[r] = spread;
+    REAL *att = x->attention + r * (L + 1);
+    for (int64_t j = 0; j < L; j++) att[j] = beta[j] * E[j] / nn;
+    att[L] = VRED_ADD(acc.SQ) / nn;
+    for (int k = 0; k < K; k++) {
+        x->h_example[r * K + k] = hT[k];
+        REAL mu = 0;
+        for (int64_t b = 0; b < n; b++) mu += hT[b * PSTRIDE + k];
+        mu = mu / nn;
+        REAL v = 0;
+        for (int64_t b = 0; b < n; b++) {
+            REAL d = hT[b * PSTRIDE + k] - mu;
+            v += d * d;
+        }
+        x->h_var[r * K + k] = v / nn;
+    }
+}
+
+#define RW_INST_EVAL(KK) \
+    static void SFX(eval_avx_##KK)(const void *x, int64_t r, char *s) { SFX(eval_avx_body)(KK, (const SFX(ectx) *)x, r, s); }
+RW_INST_EVAL(1)
+RW_INST_EVAL(2)
+RW_INST_EVAL(3)
+RW_INST_EVAL(4)
+RW_INST_EVAL(5)
+RW_INST_EVAL(6)
+RW_INST_EVAL(7)
+RW_INST_EVAL(8)
+static const run_fn SFX(eval_avx_fns)[9] = {NULL, SFX(eval_avx_1), SFX(eval_avx_2), SFX(eval_avx_3),
+                                           SFX(eval_avx_4), SFX(eval_avx_5), SFX(eval_avx_6),
+                                           SFX(eval_avx_7), SFX(eval_avx_8)};
+#undef PSTRIDE
+#undef ALWAYS_INLINE
+#endif /* RW_AVX512 */
+
+/* ============================================ entry points ============================================ */
+
+/* impl: 0 = the fastest available, 1 = generic. Returns 0 on success, 2 on bad arguments, 1 on failure. */
+int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const uint8_t *tok, const uint8_t *y,
+                  REAL *V, REAL *a, REAL *c, const REAL *lr, const REAL *eps, const REAL *w, double kappa,
+                  double pp, double nu_tok, double nu_q, REAL *loss, int32_t *bad_step, int nthreads, int impl) {
+    if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127 || T < 0) return 2;
+    if (R == 0 || T == 0) {
+        for (int64_t r = 0; r < R; r++) bad_step[r] = -1;
+        return 0;
+    }
+    SFX(tctx) x = {R, n, L, K, T, tok, y, V, a, c, lr, eps, w, (REAL)kappa, (REAL)pp, (REAL)nu_tok, (REAL)nu_q,
+                   loss, bad_step};
+#if RW_AVX512
+    if (impl == 0 && K <= KMAX_FAST)
+        return parallel_runs(SFX(train_avx_fns)[K], &x, R, SFX(train_avx_scratch)(n, L, K), nthreads);
+#endif
+    (void)impl;
+    return parallel_runs(SFX(train_generic), &x, R, SFX(train_generic_scratch)(n, L, K), nthreads);
+}
+
+int SFX(rw_eval)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, const uint8_t *y, const REAL *P,
+                 const REAL *V, const REAL *a, const REAL *c, const REAL *eps, double nu_tok, double nu_q,
+                 REAL *loss, REAL *acc, REAL *kl, REAL *pred_dist, REAL *attention, REAL *spread, REAL *h_example,
+                 REAL *h_var, int nthreads, int impl) {
+    if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127) return 2;
+    if (R == 0) return 0;
+    SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_q,
+                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var};
+#if RW_AVX512
+    if (impl == 0 && K <= KMAX_FAST)
+        return parallel_runs(SFX(eval_avx_fns)[K], &x, R, SFX(eval_avx_scratch)(n, L, K), nthreads);
+#endif
+    (void)impl;
+    return parallel_runs(SFX(eval_generic), &x, R, SFX(eval_generic_scratch)(n, L, K), nthreads);
+}
+
+#endif /* RW_PASS */

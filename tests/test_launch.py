@@ -1,0 +1,93 @@
+"""The front door end to end: real Hydra processes, real run folders, real offline wandb files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from .conftest import SMALL, launch, summaries
+from .wandb_files import read_run
+
+SUMMARY_KEYS = {"status", "error", "test_acc", "opt_acc", "test_kl", "parent_attention", "v_pi_cosine",
+                "attention_spread", "symmetry_break_step", "train_loss", "steps", "wall_s", "p", "K", "N", "M",
+                "init", "sigma", "lr", "eps", "seed", "precision"}
+HISTORY_KEYS = {"step", "train_loss", "test_loss", "test_acc", "test_kl", "parent_attention", "attention_spread",
+                "v_pi_cosine", "pred_dist"}
+
+
+def test_the_default_run_prints_one_line(tmp_path):
+    r = launch(f"hydra.run.dir={tmp_path / 'run'}", "wandb.mode=disabled", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("done:")]
+    assert len(lines) == 1 and "p=0.5" in lines[0] and "init=zero" in lines[0]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["status"] == "done" and abs(s["test_acc"] - 0.5) < 0.05 and s["parent_attention"] > 0.99
+    assert f"test_acc={s['test_acc']:.4f}" in lines[0]
+
+
+def test_the_8_run_grid_writes_the_results_contract_and_wandb_files(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = launch("-m", "data.p=0,0.1,0.5,1", "init=zero,gaussian", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"sweep {sweep}: 8 runs: 8 done, 0 skipped, 0 failed, 0 diverged" in r.stdout
+    runs = summaries(sweep)
+    assert sorted(runs) == [str(i) for i in range(8)]
+    assert (sweep / "multirun.yaml").exists()
+    grid = {(s["p"], s["init"]) for s in runs.values()}
+    assert grid == {(p, i) for p in (0.0, 0.1, 0.5, 1.0) for i in ("zero", "gaussian")}
+    for name, s in runs.items():
+        run_dir = sweep / name
+        assert SUMMARY_KEYS <= set(s) and s["status"] == "done" and s["error"] is None
+        assert s["opt_acc"] == max(s["p"], 1 - s["p"]) and s["steps"] == 10
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert cfg["data"]["p"] == s["p"] and cfg["init"]["name"] == s["init"] and cfg["optim"]["steps"] == 10
+        hist = [json.loads(ln) for ln in (run_dir / "history.jsonl").read_text().splitlines()]
+        assert [h["step"] for h in hist] == list(range(11)) and HISTORY_KEYS <= set(hist[0])
+        assert hist[-1]["test_acc"] == s["test_acc"]
+        snaps = [json.loads(ln) for ln in (run_dir / "snapshots.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in snaps] == [0, 1, 2, 5, 10]
+        assert len(snaps[-1]["V"]) == 6 and len(snaps[-1]["attention"]) == 97 and len(snaps[-1]["h_var"]) == 6
+        assert not list(run_dir.glob(".*.tmp"))  # atomic writes leave no temporaries
+        # one real offline wandb run per training run
+        wb = read_run(run_dir)
+        assert wb["id"] == s["run_id"] and wb["job_type"] == "train" and wb["group"] == "/".join(sweep.parts[-2:])
+        assert wb["config"]["data"]["p"] == s["p"] and wb["config"]["init"]["name"] == s["init"]
+        assert len(wb["history"]) == 11 and wb["summary"]["status"] == "done"
+        assert abs(wb["summary"]["test_acc"] - s["test_acc"]) < 1e-12
+    # the theory, visible already at this small size: zero init fails at p ∈ {0, 1}, learns at p = 0.1, 0.5
+    zero = {s["p"]: s for s in runs.values() if s["init"] == "zero"}
+    assert zero[1.0]["symmetry_break_step"] is None and zero[1.0]["attention_spread"] == 0.0
+    assert zero[0.0]["symmetry_break_step"] is None and zero[0.0]["test_acc"] < 0.4
+    assert zero[0.5]["parent_attention"] > 0.99 and zero[0.1]["parent_attention"] > 0.99
+
+
+def test_rerunning_a_sweep_skips_finished_runs(tmp_path):
+    sweep = tmp_path / "s"
+    args = ["-m", "data.p=0.3,0.7", *SMALL, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]
+    assert launch(*args, cwd=tmp_path).returncode == 0
+    before = {k: v["wall_s"] for k, v in summaries(sweep).items()}
+    r = launch(*args, cwd=tmp_path)
+    assert r.returncode == 0 and "2 runs: 0 done, 2 skipped, 0 failed, 0 diverged" in r.stdout
+    assert {k: v["wall_s"] for k, v in summaries(sweep).items()} == before  # untouched
+    # a changed config in the same folder is not "done": it is trained again
+    r = launch("-m", "data.p=0.3,0.9", *SMALL, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert "2 runs: 1 done, 1 skipped" in r.stdout
+    assert summaries(sweep)["1"]["p"] == 0.9
+
+
+def test_failed_and_diverged_runs_do_not_stop_the_sweep(tmp_path):
+    sweep = tmp_path / "s"
+    # cuda:99 fails at run time (no such device); sigma=1 makes f_y + eps negative: the loss is not finite
+    r = launch("-m", "device=cpu,cuda:99", "init=gaussian", "init.sigma=0.01,1", *SMALL, "wandb.mode=disabled",
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "4 runs: 1 done, 0 skipped, 2 failed, 1 diverged" in r.stdout, r.stdout
+    by = {v["status"]: v for v in summaries(sweep).values()}
+    assert by["done"]["sigma"] == 0.01 and by["diverged"]["sigma"] == 1.0
+    assert "step 0" in by["diverged"]["error"]
+    diverged_dir = next(sweep / k for k, v in summaries(sweep).items() if v["status"] == "diverged")
+    assert (diverged_dir / "history.jsonl").read_text().count("\n") == 1  # its history is kept
+    failed = [v for v in summaries(sweep).values() if v["status"] == "failed"]
+    assert len(failed) == 2 and all("cuda" in v["error"].lower() or "device" in v["error"].lower() for v in failed)
+    assert len(summaries(sweep)) == 4

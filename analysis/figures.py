@@ -22,7 +22,7 @@ import pandas as pd               # noqa: E402
 import seaborn as sns             # noqa: E402
 
 from .load import load_history, load_snapshots   # noqa: E402
-from .phase import _fmt, annotate, swept_keys             # noqa: E402
+from .phase import _fmt, annotate, drawless, swept_keys             # noqa: E402
 
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")
@@ -208,8 +208,9 @@ def _matrix(ax, M, title, vmin=None, vmax=None):
         return _empty(ax, "no snapshot")
     M = np.asarray(M)
     ticks = np.arange(1, M.shape[1] + 1)
-    sns.heatmap(M, ax=ax, cmap="Blues", vmin=vmin, vmax=vmax, square=True, cbar=True,
-                xticklabels=ticks, yticklabels=np.arange(1, M.shape[0] + 1))
+    with drawless(ax.figure):
+        sns.heatmap(M, ax=ax, cmap="Blues", vmin=vmin, vmax=vmax, square=True, cbar=True,
+                    xticklabels=ticks, yticklabels=np.arange(1, M.shape[0] + 1))
     if M.shape[0] <= 8:   # K = 6: the numbers are readable, and V ≈ Πᵀ is judged by them
         annotate(ax, M, [[f"{v:.2f}" for v in line] for line in M], "Blues",
                  M.min() if vmin is None else vmin, M.max() if vmax is None else vmax, 6)

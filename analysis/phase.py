@@ -32,8 +32,8 @@ LOG_KEYS = {"init.sigma", "optim.lr"}   # swept geometrically: labelled in power
 UNIT_METRICS = {"success", "acc_norm", "test_acc", "parent_attention", "v_pi_cosine"}
 STEP_METRICS = {"symmetry_break_step", "success_step"}
 # the axes a reader expects first; other swept keys follow by name
-PREFERRED = ["data.p", "init.sigma", "optim.lr", "data.K", "data.N", "model.M", "init",
-             "data.name", "model.name", "optim.eps", "optim.steps", "data.n_train"]
+PREFERRED = ["data.p", "init.sigma", "optim.lr", "data.name", "data.K", "data.N", "model.M",
+             "init", "model.name", "optim.eps", "optim.steps", "data.n_train"]
 LABELS = {"data.p": "p", "init.sigma": "σ", "optim.lr": "lr (η)", "optim.eps": "ε",
           "data.K": "K", "data.N": "N", "model.M": "M"}
 
@@ -138,7 +138,7 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
             ax.set_title(facet, fontsize=10)
     fig.set_layout_engine("constrained")
     fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(vmin, vmax), cmap),
-                 ax=axes, label=_metric_label(metric), shrink=0.9, aspect=30)
+                 ax=axes, label=metric, shrink=0.9, aspect=30)
     n = table["n"]
     per_cell = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
     fig.suptitle(title or f"{_metric_label(metric)} ({per_cell} runs per cell)", fontsize=11)

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))
 
-from _fake_runs import write_run          # noqa: E402
+from tests._fake_runs import write_run    # noqa: E402
 from analysis.load import CACHE_NAME, load_runs   # noqa: E402
 
 

@@ -68,6 +68,8 @@ class WandbConfig:
     project: str = "rw-sweeps"
     group: Optional[str] = None  # the sweep; filled in from Hydra's sweep folder when left null
     tags: list = field(default_factory=list)
+    granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
+    per_run_limit: int = 32  # auto: per-run wandb runs for batches up to this size
 
 
 @dataclass
@@ -164,6 +166,7 @@ def validate(c: RunConfig) -> RunConfig:
     if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isdigit())):
         raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
     _choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
+    _choice("wandb.granularity", c.wandb.granularity, ("auto", "run", "job"))
     if not 0.0 <= d.p <= 1.0:
         raise ConfigError("data.p", d.p, "must be in [0, 1]")
     if d.K < 3:

@@ -147,7 +147,7 @@ __m512d _ZGVeN8v_log(__m512d);
 #define VLOG(x) _ZGVeN8v_log(x)
 #endif
 #endif
-#include __FILE__
+#include "fused.c" /* itself, once per dtype */
 #undef RW_PASS
 #undef REAL
 #undef SFX
@@ -232,7 +232,7 @@ __m512 _ZGVeN16v_logf(__m512);
 #define VLOG(x) _ZGVeN16v_logf(x)
 #endif
 #endif
-#include __FILE__
+#include "fused.c" /* itself, once per dtype */
 
 #else /* RW_PASS: everything below is compiled once per dtype */
 
@@ -833,6 +833,27 @@ ALWAYS_INLINE void SFX(eval_tile)(const int NV, int64_t n, int64_t L, int64_t v0
     for (int v = 0; v < NV; v++) VMASK_STOREU(E + (v0 + v) * LANES, (MASK)lm[v], acc[v]);
 }
 
+static __attribute__((noinline)) void SFX(eval_tiles)(int K, int64_t n, int64_t L, const uint8_t *tok, const REAL *azT,
+                                                     const REAL *alpha, const REAL *beta, REAL *E, REAL *mx, REAL *mn) {
+    REAL atab_s[PSTRIDE] = {0};
+    for (int k = 0; k < K; k++) atab_s[k] = alpha[k];
+    const VEC atab = VTAB(atab_s);
+    int64_t G = (L + LANES - 1) / LANES;
+    for (int64_t v0 = 0; v0 < G; v0 += TILE_V) {
+        int64_t nv = G - v0 < TILE_V ? G - v0 : TILE_V;
+        switch (nv) {
+        case 1: SFX(eval_tile)(1, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 2: SFX(eval_tile)(2, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 3: SFX(eval_tile)(3, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 4: SFX(eval_tile)(4, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 5: SFX(eval_tile)(5, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 6: SFX(eval_tile)(6, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        case 7: SFX(eval_tile)(7, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        default: SFX(eval_tile)(8, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
+        }
+    }
+}
+
 ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r, char *scratch) {
     const int64_t n = x->n, L = x->L;
     const int64_t nblk = (n + LANES - 1) / LANES;
@@ -875,23 +896,7 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
         SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);
         SFX(eval_chain)(K, blk * LANES, n, H, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
     }
-    REAL atab_s[PSTRIDE] = {0};
-    for (int k = 0; k < K; k++) atab_s[k] = alpha[k];
-    const VEC atab = VTAB(atab_s);
-    int64_t G = (L + LANES - 1) / LANES;
-    for (int64_t v0 = 0; v0 < G; v0 += TILE_V) {
-        int64_t nv = G - v0 < TILE_V ? G - v0 : TILE_V;
-        switch (nv) {
-        case 1: SFX(eval_tile)(1, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        case 2: SFX(eval_tile)(2, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        case 3: SFX(eval_tile)(3, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        case 4: SFX(eval_tile)(4, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        case 5: SFX(eval_tile)(5, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        case 6: SFX(eval_tile)(6, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        case 7: SFX(eval_tile)(7, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        default: SFX(eval_tile)(8, n, L, v0, tok, azT, atab, beta, E, mx, mn); break;
-        }
-    }
+    SFX(eval_tiles)(K, n, L, tok, azT, alpha, beta, E, mx, mn);
     REAL spread = 0;
     for (int64_t b = 0; b < n; b++) {
         REAL sp = mx[b] / Zb[b] - mn[b] / Zb[b];

@@ -69,3 +69,10 @@ def read_config(run_dir: Path) -> dict | None:
         return yaml.safe_load((Path(run_dir) / CONFIG).read_text())
     except (OSError, yaml.YAMLError):
         return None
+
+
+def same_run(a: dict | None, b: dict | None) -> bool:
+    """Two configs train the same run: equal but for where they are logged (wandb settings)."""
+    if a is None or b is None:
+        return False
+    return {k: v for k, v in a.items() if k != "wandb"} == {k: v for k, v in b.items() if k != "wandb"}

@@ -82,18 +82,26 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         traceback.print_exc(file=sys.stderr)
         records = [rec]
     wall = (time.time() - t0) / len(cfgs)
-    out = []
+    out, entries = [], []
     for rec in records:
         summary = _summary(rec, wall)
         cfg_dict = rec.cfg.to_dict()
         results.write_run(rec.run_dir, cfg_dict, summary, rec.history, rec.snapshots)
-        try:
-            tracking.log_run(cfg_dict, rec.run_dir, summary["run_id"], rec.history, summary)
-        except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
-            print(f"warning: wandb logging failed for {rec.run_dir}: {_one_line(exc)}", file=sys.stderr)
         (rec.run_dir / CHECKPOINT).unlink(missing_ok=True)  # the finished results supersede it
+        entries.append({"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"],
+                        "history": rec.history, "summary": summary})
         out.append(summary)
+    try:
+        tracking.log_runs(entries)
+    except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
+        print(f"warning: wandb logging failed: {_one_line(exc)}", file=sys.stderr)
     return out
+
+
+def is_done(c: RunConfig, run_dir: Path) -> bool:
+    """A run folder holds a `done` summary for exactly this config."""
+    s = results.read_summary(run_dir)
+    return s is not None and s.get("status") == "done" and results.same_run(results.read_config(run_dir), c.to_dict())
 
 
 def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
@@ -101,9 +109,8 @@ def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None =
     `done` summary for the same config, and trains the rest (resume after a crash or a kill)."""
     todo, out = [], {}
     for i, (c, d) in enumerate(zip(cfgs, run_dirs)):
-        s = results.read_summary(d)
-        if s is not None and s.get("status") == "done" and results.read_config(d) == c.to_dict():
-            out[i] = {**s, "skipped": True}
+        if is_done(c, d):
+            out[i] = {**results.read_summary(d), "skipped": True}
         else:
             todo.append(i)
     groups: dict[tuple, list[int]] = {}
@@ -174,7 +181,7 @@ def load_checkpoint(c: RunConfig, run_dir: Path) -> dict | None:
         blob = torch.load(path, map_location="cpu", weights_only=False)
     except Exception:  # noqa: BLE001 - a torn or foreign file: start over
         return None
-    return blob if blob.get("config") == c.to_dict() else None
+    return blob if results.same_run(blob.get("config"), c.to_dict()) else None
 
 
 def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None,

@@ -1,0 +1,360 @@
+"""The fused training step: `engine.train_step` / `engine.evaluate` for eq. 2.1 as one compiled C loop.
+
+Same math, same State / Batch / Probe objects, same results (to ~1e-15 in float64; Thm 4.1's symmetric point
+stays exact, bit for bit), 10–20× faster: `fused.c` runs run → step → sample so a run's int8 tokens stay
+in L2 for all its steps, with the two O(n·N) passes of the factorised softmax (token histogram and
+gather-sum) in AVX-512 (performance-notes §1, §4).
+
+The kernel is compiled by gcc on first use and cached under ~/.cache/rw_sweeps (or $RW_SWEEPS_CACHE), one
+shared object per (source, flags, compiler, CPU). It covers model=transformer with the exact Gram, float64
+and float32, K ≤ 127 (AVX-512 for K ≤ 8, plain C otherwise or on CPUs without AVX-512). Everything else —
+the FFN model, gram=numeric, other devices, no compiler — runs `engine`'s PyTorch code, which stays the
+specification. `RW_SWEEPS_BACKEND=torch|fused|auto` (default auto) forces a path; `fused` raises where the
+kernel cannot run. `RW_SWEEPS_THREADS` sets the threads (default: torch.get_num_threads()).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import weakref
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from . import engine
+from .model import Geometry
+
+SOURCE = Path(__file__).with_name("fused.c")
+CC = os.environ.get("CC", "gcc")  # the compiler; tests point it somewhere absent to check the fallback
+ABI = 3  # must match RW_ABI in fused.c
+BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
+# Build attempts per variant, best first: native ISA with glibc's vector log (libmvec), native ISA, and a
+# portable build with no ISA extensions at all (plain C paths only).
+VARIANTS = {
+    "native": [["-march=native", "-DRW_MVEC"], ["-march=native"], []],
+    "generic": [["-DRW_NO_AVX512"]],
+}
+MAX_K = 127  # tokens travel as bytes
+
+_lock = threading.Lock()
+_libs: dict[str, Optional[ctypes.CDLL]] = {}
+_errors: dict[str, str] = {}
+
+
+# ----------------------------------------------------------------------------------------------- building
+def backend() -> str:
+    b = os.environ.get("RW_SWEEPS_BACKEND", "auto").strip().lower() or "auto"
+    if b not in ("auto", "torch", "fused"):
+        raise ValueError(f"RW_SWEEPS_BACKEND={b!r}: must be auto, torch or fused")
+    return b
+
+
+def _variant() -> str:
+    v = os.environ.get("RW_SWEEPS_FUSED_ISA", "native").strip().lower() or "native"
+    if v not in VARIANTS:
+        raise ValueError(f"RW_SWEEPS_FUSED_ISA={v!r}: must be one of {', '.join(VARIANTS)}")
+    return v
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("RW_SWEEPS_CACHE")
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rw_sweeps"
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the machine, the CPU model and its flags."""
+    sig = [platform.machine()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("model name", "flags", "Features", "CPU part", "CPU implementer"):
+                    sig.append(line.strip())
+                if line.strip() == "":  # first processor only
+                    break
+    except OSError:
+        sig.append(platform.processor())
+    return "\n".join(sig)
+
+
+def _compiler_version(cc: str) -> Optional[str]:
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else None
+
+
+def _build(cc: str, flags: list[str], version: str) -> Path:
+    """Compile (once per key) and return the shared object; raises on failure. Concurrent processes (SLURM
+    array jobs) each compile to a private temp file and rename it into place, so nobody ever loads a
+    half-written file."""
+    src = SOURCE.read_bytes()
+    libs = ["-lm"] + (["-lmvec"] if "-DRW_MVEC" in flags else [])
+    cmd_flags = BASE_FLAGS + flags + libs
+    key = hashlib.sha256(b"\0".join([src, " ".join(cmd_flags).encode(), version.encode(),
+                                     _cpu_signature().encode(), str(ABI).encode()])).hexdigest()[:20]
+    out_dir = cache_dir()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError:  # read-only home: a per-user temp folder instead
+        out_dir = Path(tempfile.gettempdir()) / f"rw_sweeps-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"fused-{key}.so"
+    if target.exists():
+        return target
+    fd, tmp = tempfile.mkstemp(prefix=f".fused-{key}-", suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        # compile the file in place: it includes itself (#include "fused.c") once per dtype
+        cmd = [cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, *libs]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)  # atomic: readers see nothing or the whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, i32, dbl, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
+    for sfx in ("f64", "f32"):
+        f = getattr(lib, f"rw_train_{sfx}")
+        f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 4 + [vp, vp, i32, i32]
+        f.restype = i32
+        f = getattr(lib, f"rw_eval_{sfx}")
+        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [i32, i32]
+        f.restype = i32
+    for name in ("rw_abi", "rw_isa", "rw_mvec"):
+        getattr(lib, name).restype = ctypes.c_int
+
+
+def library(variant: Optional[str] = None) -> Optional[ctypes.CDLL]:
+    """The loaded kernel, compiling it on first use; None when no build works (reason: `last_error()`)."""
+    variant = variant or _variant()
+    with _lock:
+        if variant in _libs:
+            return _libs[variant]
+        lib, errors = None, []
+        cc = shutil.which(CC) if CC else None
+        version = _compiler_version(cc) if cc else None
+        if cc is None or version is None:
+            errors.append(f"no working C compiler {CC!r} (set CC)")
+        else:
+            for flags in VARIANTS[variant]:
+                try:
+                    lib = ctypes.CDLL(str(_build(cc, flags, version)))
+                    _declare(lib)
+                    if lib.rw_abi() != ABI:
+                        raise RuntimeError(f"ABI {lib.rw_abi()} != {ABI}")
+                    break
+                except Exception as exc:  # noqa: BLE001 - try the next, more portable build
+                    errors.append(f"{flags}: {exc}")
+                    lib = None
+        _libs[variant] = lib
+        _errors[variant] = "\n".join(errors)
+        if lib is None and backend() != "torch":
+            print(f"rw_sweeps.fused: no compiled kernel, using PyTorch ({errors[-1].splitlines()[0]})",
+                  file=sys.stderr)
+        return lib
+
+
+def last_error(variant: Optional[str] = None) -> str:
+    return _errors.get(variant or _variant(), "")
+
+
+def reset() -> None:
+    """Forget loaded kernels (tests: after changing CC, RW_SWEEPS_CACHE or RW_SWEEPS_FUSED_ISA)."""
+    with _lock:
+        _libs.clear()
+        _errors.clear()
+
+
+def info() -> dict:
+    lib = library()
+    return {"available": lib is not None, "variant": _variant(), "avx512": bool(lib and lib.rw_isa()),
+            "vector_log": bool(lib and lib.rw_mvec()), "threads": _threads(1 << 30), "error": last_error()}
+
+
+# ------------------------------------------------------------------------------------------- dispatching
+def _shape_ok(K: Optional[int], model: str, gram: str, precision: str) -> bool:
+    return (model == "transformer" and gram == "exact" and precision in ("float64", "float32")
+            and (K is None or 1 <= K <= MAX_K))
+
+
+def available(cfg=None, *, K: Optional[int] = None, model: str = "transformer", gram: str = "exact",
+              precision: str = "float64") -> bool:
+    """Whether `train_step` / `evaluate` run the compiled kernel for runs of this shape (a RunConfig, or
+    the keywords): False for the FFN model, gram=numeric, K > 127, RW_SWEEPS_BACKEND=torch, or no build."""
+    if cfg is not None:
+        K, model, gram, precision = cfg.data.K, cfg.model.name, cfg.model.gram, cfg.precision
+    if backend() == "torch" or not _shape_ok(K, model, gram, precision):
+        return False
+    return library() is not None
+
+
+def _kernel_for(state: engine.State, data: engine.Batch, geo: Geometry) -> Optional[ctypes.CDLL]:
+    """The library if the kernel can run these tensors, else None (torch path), or raise if forced."""
+    b = backend()
+    if b == "torch":
+        return None
+    V = state.params["V"]
+    why = None
+    if "A" in state.params:
+        why = "the FFN model (F.1)"
+    elif geo.gram is not None:
+        why = "gram=numeric"
+    elif V.dtype not in (torch.float64, torch.float32):
+        why = f"dtype {V.dtype}"
+    elif any(t.device.type != "cpu" for t in (V, state.a, state.c, data.tokens)):
+        why = "a non-CPU device"
+    elif V.dim() != 3 or V.shape[1] != V.shape[2] or not 1 <= V.shape[2] <= MAX_K:
+        why = f"V of shape {tuple(V.shape)}"
+    elif data.tokens.dim() != 3 or data.tokens.shape[2] + 1 != state.c.shape[1] or data.tokens.shape[1] < 1:
+        why = "token shape"
+    lib = None if why else library()
+    if lib is None and why is None:
+        why = "no compiled kernel: " + last_error().splitlines()[-1] if last_error() else "no compiled kernel"
+    if why is not None and b == "fused":
+        raise RuntimeError(f"RW_SWEEPS_BACKEND=fused, but the fused kernel cannot run this batch: {why}")
+    return lib
+
+
+def _threads(R: int) -> int:
+    n = int(os.environ.get("RW_SWEEPS_THREADS", "0") or 0) or torch.get_num_threads()
+    return max(1, min(n, R))
+
+
+_bytes_cache: dict[int, tuple] = {}
+
+
+def _as_bytes(t: torch.Tensor, K: int) -> torch.Tensor:
+    """Token ids as uint8, converted once per tensor (and version); checks 0 ≤ id < K, which the kernel
+    relies on for memory safety."""
+    key = id(t)
+    hit = _bytes_cache.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version and hit[2] <= K:
+        return hit[3]
+    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= K):
+        raise ValueError(f"token ids must lie in [0, {K})")
+    u8 = t.detach().to(torch.uint8).contiguous()
+    kmax = int(t.max()) + 1 if t.numel() else 0
+    if len(_bytes_cache) >= 32:
+        _bytes_cache.pop(next(iter(_bytes_cache)))
+    try:
+        _bytes_cache[key] = (weakref.ref(t), t._version, kmax, u8)
+    except TypeError:
+        pass
+    return u8
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def _vec(x: torch.Tensor, R: int, dtype) -> torch.Tensor:
+    return x.detach().to(dtype).reshape(R).contiguous()
+
+
+def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: torch.Tensor, w: torch.Tensor,
+                geo: Geometry, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`steps` GD steps on every run, in place (V is replaced by a new tensor, as engine.train_step does).
+
+    Returns (loss, bad): loss (R, steps) is each run's training loss before each step; bad (R,) int64 is
+    the first step t whose loss or updated parameters are not all finite, or −1 (what run._train's
+    divergence check needs when it hands the kernel several steps at once)."""
+    lib = _kernel_for(state, data, geo)
+    if lib is None:
+        return _train_steps_torch(state, data, lr, eps, w, geo, steps)
+    V0 = state.params["V"]
+    dtype = V0.dtype
+    R, K = V0.shape[0], V0.shape[2]
+    n, L = data.tokens.shape[1], data.tokens.shape[2]
+    tok, y = _as_bytes(data.tokens, K), _as_bytes(data.y, K)
+    V = V0.detach().to(dtype).contiguous().clone()
+    a = state.a if state.a.is_contiguous() and state.a.dtype == dtype else state.a.detach().to(dtype).contiguous()
+    c = state.c if state.c.is_contiguous() and state.c.dtype == dtype else state.c.detach().to(dtype).contiguous()
+    lr_, eps_, w_ = _vec(lr, R, dtype), _vec(eps, R, dtype), _vec(w, R, dtype)
+    loss = torch.empty(R, steps, dtype=dtype)
+    bad = torch.empty(R, dtype=torch.int32)
+    fn = lib.rw_train_f64 if dtype == torch.float64 else lib.rw_train_f32
+    with torch.no_grad():
+        rc = fn(R, n, L, K, steps, _ptr(tok), _ptr(y), _ptr(V), _ptr(a), _ptr(c), _ptr(lr_), _ptr(eps_), _ptr(w_),
+                float(geo.kappa), float(geo.pp), float(geo.nu_tok), float(geo.nu_q), _ptr(loss), _ptr(bad),
+                _threads(R), 0)
+        if rc != 0:
+            raise RuntimeError(f"fused kernel rw_train failed (code {rc})")
+        if a is not state.a:
+            state.a.copy_(a)
+        if c is not state.c:
+            state.c.copy_(c)
+    state.params["V"] = V
+    state.step += steps
+    return loss, bad.to(torch.int64)
+
+
+def _train_steps_torch(state, data, lr, eps, w, geo, steps):
+    R = state.a.shape[0]
+    losses, bad = [], torch.full((R,), -1, dtype=torch.int64)
+    for t in range(steps):
+        loss = engine.train_step(state, data, lr, eps, w, geo)
+        finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
+        for v in state.params.values():
+            finite &= torch.isfinite(v).flatten(1).all(1)
+        bad = torch.where((bad < 0) & ~finite, torch.full_like(bad, t), bad)
+        losses.append(loss)
+    return (torch.stack(losses, 1) if losses else torch.empty(R, 0, dtype=state.a.dtype)), bad
+
+
+def train_step(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: torch.Tensor, w: torch.Tensor,
+               geo: Geometry, steps: Optional[int] = None) -> torch.Tensor:
+    """engine.train_step, fused: one GD step on every run, in place, returning each run's training loss
+    before the step (R,). With `steps=T`, T steps in one call (a run's data stay in cache across its
+    steps), returning the losses before each step (R, T)."""
+    if steps is None:
+        if _kernel_for(state, data, geo) is None:
+            return engine.train_step(state, data, lr, eps, w, geo)
+        return train_steps(state, data, lr, eps, w, geo, 1)[0][:, 0]
+    return train_steps(state, data, lr, eps, w, geo, steps)[0]
+
+
+def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Geometry) -> engine.Probe:
+    """engine.evaluate, fused: the forward pass and every metric of engine.Probe."""
+    lib = _kernel_for(state, data, geo)
+    if lib is None:
+        return engine.evaluate(state, data, eps, geo)
+    V = state.params["V"]
+    dtype = V.dtype
+    R, K = V.shape[0], V.shape[2]
+    n, L = data.tokens.shape[1], data.tokens.shape[2]
+    tok, y = _as_bytes(data.tokens, K), _as_bytes(data.y, K)
+    Vc, a, c = (t.detach().to(dtype).contiguous() for t in (V, state.a, state.c))
+    P = data.P_true.detach().to(dtype).contiguous()
+    eps_ = _vec(eps, R, dtype)
+    out = {k: torch.empty(R, dtype=dtype) for k in ("loss", "acc", "kl", "pred_dist", "spread")}
+    att = torch.empty(R, L + 1, dtype=dtype)
+    hx, hv = torch.empty(R, K, dtype=dtype), torch.empty(R, K, dtype=dtype)
+    fn = lib.rw_eval_f64 if dtype == torch.float64 else lib.rw_eval_f32
+    rc = fn(R, n, L, K, _ptr(tok), _ptr(y), _ptr(P), _ptr(Vc), _ptr(a), _ptr(c), _ptr(eps_), float(geo.nu_tok),
+            float(geo.nu_q), _ptr(out["loss"]), _ptr(out["acc"]), _ptr(out["kl"]), _ptr(out["pred_dist"]),
+            _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _threads(R), 0)
+    if rc != 0:
+        raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
+    return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv)

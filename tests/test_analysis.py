@@ -1,0 +1,293 @@
+"""analysis end to end, on real small sweeps made by launch.py (issue 3's tests).
+
+Each sweep is made once per session. Expected values are computed here straight from the run
+files (config.yaml, summary.json, history.jsonl, snapshots.jsonl), not through `analysis`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from analysis import figures, load_runs
+from analysis.phase import add_success, phase_diagram
+
+from .conftest import ROOT, launch
+from .wandb_files import read_run
+
+TOL = 0.02
+# a few seconds per sweep; with n_train < 1000 some p = 0.5 seeds fail, which the phase cells
+# are meant to show anyway
+TINY = ["data.n_train=200", "data.n_test=200", "optim.steps=10", "model.M=200",
+        "wandb.mode=disabled"]
+PAPER_PNGS = {"fig2_pi_K6", "fig2_pi_K20", "fig4_run0", "fig5_run0", "fig8_run0", "fig9_run0",
+              "fig6_curves", "fig7_curves", "fig10_curves", "fig11", "fig12", "fig13"}
+
+
+def sweep(tmp_path_factory, name, *overrides):
+    d = tmp_path_factory.mktemp("sweeps") / name
+    r = launch("-m", *overrides, f"hydra.sweep.dir={d}", cwd=d.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d
+
+
+def analyse(*args, env=None):
+    """The CLI as users run it: a real process."""
+    e = {**os.environ, "WANDB_SILENT": "true", "MPLBACKEND": "Agg", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "analysis", *map(str, args)], cwd=ROOT, env=e,
+                          text=True, capture_output=True, timeout=600)
+
+
+def run_files(sweep_dir):
+    """{run folder: (config, summary)} read by hand."""
+    out = {}
+    for d in sorted(Path(sweep_dir).iterdir()):
+        if (d / "summary.json").exists():
+            out[d] = (yaml.safe_load((d / "config.yaml").read_text()),
+                      json.loads((d / "summary.json").read_text()))
+    return out
+
+
+def succeeded(summary):
+    acc = summary["test_acc"]
+    return summary["status"] == "done" and acc is not None and acc >= summary["opt_acc"] - TOL
+
+
+def html_tables(page: str) -> list[list[list[str]]]:
+    return [[re.findall(r"<t[dh]>(.*?)</t[dh]>", tr) for tr in re.findall(r"<tr>(.*?)</tr>", t)]
+            for t in re.findall(r"<table>(.*?)</table>", page, flags=re.S)]
+
+
+# ---------------------------------------------------------------------------------------------
+# sweeps, made once
+
+@pytest.fixture(scope="session")
+def done_when(tmp_path_factory):
+    """The issue's own command (paper-size data, 10 steps)."""
+    return sweep(tmp_path_factory, "done_when", "data.p=0,0.1,0.5,1", "init=zero", "seed=0,1",
+                 "optim.steps=10", "wandb.mode=disabled")
+
+
+@pytest.fixture(scope="session")
+def done_when_report(done_when, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports") / "done_when"
+    r = analyse(done_when, "--out", out, "--wandb")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def grid(tmp_path_factory):
+    """p × (zero init, σ ∈ {0.01, 0.1}) × 3 seeds = 36 runs: mixed success rates, and some
+    diverged runs (σ = 0.1 without normalisation)."""
+    return sweep(tmp_path_factory, "grid", "data.p=0,0.5,1", "init=zero,gaussian",
+                 "init.sigma=0.01,0.1", "seed=0,1,2", *TINY)
+
+
+@pytest.fixture(scope="session")
+def experiments(tmp_path_factory):
+    """Every experiment preset, shrunk: fig4/5/8/9 as one sweep, fig6, fig7, fig10."""
+    return [sweep(tmp_path_factory, "fig4589", "experiment=fig4,fig5,fig8,fig9", *TINY),
+            *(sweep(tmp_path_factory, e, f"experiment={e}", *TINY)
+              for e in ("fig6", "fig7", "fig10"))]
+
+
+@pytest.fixture(scope="session")
+def paper_report(experiments, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports") / "paper"
+    r = analyse(*experiments, "--out", out, "--paper")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+def test_the_table_has_one_row_per_run_and_every_config_and_summary_field(grid):
+    files = run_files(grid)
+    df = load_runs(grid, progress=False)
+    assert len(df) == len(files) == 36 and df["path"].is_unique
+    config, summary = next(iter(files.values()))
+
+    def dotted(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from dotted(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    expected = {"init" if k == "init.name" else k for k in dotted(config)} | set(summary) | {"path"}
+    assert expected <= set(df.columns), expected - set(df.columns)
+    rows = df.set_index("path")
+    for d, (cfg, s) in files.items():
+        row = rows.loc[str(d)]
+        assert (row["data.p"], row["init"], row["init.sigma"], row["seed"]) == (
+            cfg["data"]["p"], cfg["init"]["name"], cfg["init"]["sigma"], cfg["seed"])
+        assert row["status"] == s["status"] and row["run_id"] == s["run_id"]
+        assert (np.isnan(row["test_acc"]) if s["test_acc"] is None
+                else row["test_acc"] == s["test_acc"])
+
+
+def test_phase_cells_equal_the_success_rates_computed_by_hand(grid):
+    by_hand: dict[tuple, list[bool]] = {}
+    for cfg, s in run_files(grid).values():
+        sigma = "zero" if cfg["init"]["name"] == "zero" else cfg["init"]["sigma"]
+        by_hand.setdefault((cfg["data"]["p"], sigma), []).append(succeeded(s))
+    rates = {k: np.mean(v) for k, v in by_hand.items()}
+    assert 0 < np.mean(list(rates.values())) < 1      # the grid really mixes success and failure
+
+    df = add_success(load_runs(grid, progress=False), TOL)
+    fig, table = phase_diagram(df, "data.p", "init.sigma")
+    got = {(r["data.p"], r["init.sigma"]): r["value"] for _, r in table.iterrows()}
+    assert got.keys() == rates.keys()
+    assert all(got[k] == pytest.approx(rates[k]) for k in rates)
+    assert dict(zip(zip(table["data.p"], table["init.sigma"]), table["n"])) == {
+        k: len(v) for k, v in by_hand.items()}
+
+    # ...and the numbers printed in the drawn cells are the same
+    ax = fig.axes[0]
+    xs = [t.get_text() for t in ax.get_xticklabels()]
+    ys = [t.get_text() for t in ax.get_yticklabels()]
+    label = {0.01: "1e-2", 0.1: "1e-1", "zero": "zero"}
+    printed = {(xs[int(t.get_position()[0])], ys[int(t.get_position()[1])]): t.get_text()
+               for t in ax.texts}
+    assert printed == {(f"{p:g}", label[s]): f"{r:.2f}" for (p, s), r in rates.items()}
+    # theory: the two zero-init cells at p ∈ {0, 1} are outlined (Thm 4.1), no others
+    outlined = sorted((xs[int(r.get_x())], ys[int(r.get_y())]) for r in ax.patches
+                      if r.get_linestyle() == "--")
+    assert outlined == [("0", "zero"), ("1", "zero")]
+
+
+def test_the_issue_command_gives_zero_init_success_inside_and_failure_on_the_edge(
+        done_when, done_when_report):
+    runs = pd.read_parquet(done_when_report / "runs.parquet")
+    assert len(runs) == 8
+    ok = runs.groupby("data.p")["success"].agg(["all", "any"])
+    assert ok.loc[[0.1, 0.5], "all"].all() and not ok.loc[[0.0, 1.0], "any"].any()
+    assert (runs["success"] == [succeeded(s) for _, s in
+                                (run_files(done_when)[Path(p)] for p in runs["path"])]).all()
+    assert {"phase_success.png", "phase_symmetry_break_step.png", "phase_success_step.png",
+            "index.html"} <= {f.name for f in done_when_report.iterdir()}
+
+
+def test_corrupt_and_missing_summaries_are_skipped_and_counted(grid, tmp_path):
+    partial = tmp_path / "partial"
+    shutil.copytree(grid, partial)
+    expected = [s for d, (_, s) in run_files(partial).items() if d.name not in ("0", "1")]
+    (partial / "0" / "summary.json").write_text('{"status": "done", "test_acc": 0.')
+    (partial / "1" / "summary.json").unlink()
+    r = analyse(partial, "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    assert len(pd.read_parquet(tmp_path / "out" / "runs.parquet")) == 34
+
+    page = (tmp_path / "out" / "index.html").read_text()
+    head, row = html_tables(page)[0]
+    counts = dict(zip(head, row))
+    assert counts["runs"] == "34" and counts["unfinished"] == "1" and counts["corrupt"] == "1"
+    for status in ("done", "failed", "diverged"):
+        assert counts[status] == str(sum(s["status"] == status for s in expected)), status
+    assert int(counts["diverged"]) > 0                 # σ = 0.1 without normalisation diverges
+    assert str(partial / "0") in page and str(partial / "1") in page
+    assert "runs 34, done" in r.stdout and "unfinished 1, corrupt 1" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# the paper's figures
+
+def test_every_paper_figure_renders_from_the_experiment_sweeps(paper_report):
+    pngs = {p.stem: p for p in paper_report.glob("*.png")}
+    assert PAPER_PNGS <= set(pngs), PAPER_PNGS - set(pngs)
+    page = (paper_report / "index.html").read_text()
+    for name in PAPER_PNGS:
+        img = mpimg.imread(pngs[name])
+        assert img.shape[0] > 200 and img.shape[1] > 300 and img[..., :3].std() > 0.05, name
+        assert f"src='{name}.png'" in page
+
+
+def test_the_per_run_figure_shows_the_stored_V_and_Pi_transposed(experiments):
+    df = load_runs(experiments[0], progress=False)
+    run = df[df["experiment"] == "fig4"].iloc[0]
+    snaps = [json.loads(line) for line in open(Path(run["path"]) / "snapshots.jsonl")]
+    fig = figures.fig_run(run)
+    V_panel, Pi_panel = (np.asarray(ax.collections[0].get_array()).reshape(6, 6)
+                         for ax in fig.axes if ax.get_title().startswith(("(b)", "Πᵀ")))
+    assert np.allclose(V_panel, snaps[-1]["V"])
+    p = run["data.p"]
+    Pi_T = np.zeros((6, 6))
+    for i in range(6):                           # π_{i,i+1} = p, π_{i,i−1} = 1 − p, cyclic
+        Pi_T[(i + 1) % 6, i] += p
+        Pi_T[(i - 1) % 6, i] += 1 - p
+    assert np.allclose(Pi_panel, Pi_T)
+
+
+def test_the_curves_are_the_mean_and_range_over_seeds(experiments):
+    df = load_runs(experiments[2], progress=False)      # fig7: two QA tasks × 3 seeds
+    fig = figures.fig_curves(df, ["data.name"])
+    acc_axes = [ax for ax in fig.axes if ax.get_title().startswith("test accuracy")]
+    assert len(acc_axes) == 2
+    for ax in acc_axes:
+        task = re.search(r"data.name = (\w+)", ax.get_title()).group(1)
+        hists = [[json.loads(line)["test_acc"] for line in open(Path(p) / "history.jsonl")]
+                 for p in df.loc[df["data.name"] == task, "path"]]
+        assert len(hists) == 3
+        line = ax.get_lines()[0]
+        assert np.allclose(line.get_ydata(), np.mean(hists, axis=0))
+        band = ax.collections[0].get_paths()[0].vertices[:, 1]
+        assert np.isclose(band.min(), np.min(hists)) and np.isclose(band.max(), np.max(hists))
+
+
+# ---------------------------------------------------------------------------------------------
+# the report, in a real browser; wandb
+
+@pytest.mark.parametrize("report", ["done_when_report", "paper_report"])
+def test_the_report_opens_in_headless_chromium_and_every_image_loads(report, request, tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (apt-get install -y chromium)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    out = request.getfixturevalue(report)
+    page = (out / "index.html").read_text()
+    n_figures = len(list(out.glob("*.png")))
+    # the same page, plus a script that reports each image once the page has loaded
+    probe = out / "_probe.html"
+    probe.write_text(page.replace("</body>", """<script>
+window.addEventListener('load', () => {
+  const imgs = [...document.images];
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
+  document.body.insertAdjacentHTML('beforeend', `<pre id=probe>IMAGES ${ok}/${imgs.length}</pre>`);
+});</script></body>"""))
+    try:
+        r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                            "--disable-quic", "--no-first-run", "--disable-background-networking",
+                            "--disable-component-update", "--disable-sync",
+                            f"--user-data-dir={tmp_path / 'profile'}",
+                            "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        probe.unlink()
+    m = re.search(r"IMAGES (\d+)/(\d+)", r.stdout)
+    assert m, f"no probe result; chromium said: {r.stderr[-2000:]}"
+    assert int(m.group(1)) == int(m.group(2)) == n_figures > 0
+
+
+def test_wandb_gets_the_figures_in_an_analysis_run_of_the_sweeps_group(done_when,
+                                                                      done_when_report):
+    wb = read_run(done_when_report)
+    group = yaml.safe_load((done_when / "0" / "config.yaml").read_text())["wandb"]["group"]
+    assert wb["job_type"] == "analysis" and wb["group"] == group
+    logged = {k.split("/")[0] for h in wb["history"] for k in h}   # images: "name/path", ...
+    assert {p.stem for p in done_when_report.glob("*.png")} <= logged
+    assert wb["summary"]["runs_done"] == 8
+    media = list(done_when_report.glob("wandb/offline-run-*/files/media/images/*.png"))
+    assert len(media) == len(list(done_when_report.glob("*.png")))

@@ -1,0 +1,91 @@
+"""Packed sweeps: grouping by shape, chunking by memory, isolation inside a chunk, memory per run."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from rw_sweeps import packing, run
+from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+
+from .conftest import ROOT, SMALL, launch, summaries
+
+OFF = dataclasses.replace(RunConfig().wandb, mode="disabled")
+
+
+def mk(**kw) -> RunConfig:
+    return validate(RunConfig(wandb=OFF, **kw))
+
+
+def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
+    cfgs = ([mk(data=DataConfig(p=p), seed=s) for p in (0.1, 0.5) for s in range(3)]  # one shape, 6 runs
+            + [mk(data=DataConfig(K=20, N=101, p=0.5))]  # another K, N
+            + [mk(precision="float32"), mk(optim=OptimConfig(steps=20)), mk(model=ModelConfig(M=500))]
+            + [mk(init=InitConfig("gaussian", 0.01), optim=OptimConfig(lr=0.3))])  # same shape as the first 6
+    runs = [packing.Run(c, tmp_path / str(i), [], i) for i, c in enumerate(cfgs)]
+    groups = packing.chunks(runs, memory_gb=100)
+    assert sorted(sorted(r.num for r in g) for g in groups) == [[0, 1, 2, 3, 4, 5, 10], [6], [7], [8], [9]]
+    # memory caps a chunk; chunks of a group are balanced
+    small = packing.chunks(runs[:6], memory_gb=3 * packing.bytes_per_run(cfgs[0]) / 2**30)
+    assert [len(g) for g in small] == [3, 3]
+    assert [len(g) for g in packing.chunks(runs[:6], memory_gb=100, max_runs=4)] == [3, 3]
+
+
+def test_a_diverging_run_does_not_disturb_its_chunk(tmp_path):
+    good = [mk(data=DataConfig(p=p, n_test=200), optim=OptimConfig(steps=10)) for p in (0.3, 0.5)]
+    bad = mk(data=DataConfig(p=0.5, n_test=200), optim=OptimConfig(steps=10), init=InitConfig("gaussian", 1.0))
+    bad_and_good = run.run_batch([good[0], bad, good[1]], [tmp_path / "a", tmp_path / "b", tmp_path / "c"])
+    alone = run.run_batch(good, [tmp_path / "x", tmp_path / "y"])
+    assert [s["status"] for s in bad_and_good] == ["done", "diverged", "done"]
+    for s, t in zip([bad_and_good[0], bad_and_good[2]], alone):
+        assert abs(s["test_acc"] - t["test_acc"]) < 1e-12 and abs(s["train_loss"] - t["train_loss"]) < 1e-12
+    hist = (tmp_path / "b" / "history.jsonl").read_text().splitlines()
+    assert len(hist) == 1 and json.loads(hist[0])["train_loss"] is None  # kept, up to the divergence
+
+
+def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
+    args = ["-m", "data.p=0,0.3,0.5,1", "init=zero,gaussian", *SMALL, "wandb.mode=disabled"]
+    a = launch(*args, "hydra/launcher=packed", f"hydra.sweep.dir={tmp_path / 'packed'}", cwd=tmp_path)
+    b = launch(*args, "hydra/launcher=local", f"hydra.sweep.dir={tmp_path / 'local'}", cwd=tmp_path)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    pa, pb = summaries(tmp_path / "packed"), summaries(tmp_path / "local")
+    assert sorted(pa) == sorted(pb) == [str(i) for i in range(8)]
+    for k in pa:
+        ca, cb = (yaml.safe_load((tmp_path / d / k / "config.yaml").read_text()) for d in ("packed", "local"))
+        assert ca["wandb"].pop("group").endswith("packed") and cb["wandb"].pop("group").endswith("local")
+        assert ca == cb
+        for key in ("test_acc", "train_loss", "test_kl", "parent_attention", "attention_spread", "pred_dist"):
+            assert abs(pa[k][key] - pb[k][key]) < 1e-8, (k, key)
+        ha = [json.loads(x) for x in (tmp_path / "packed" / k / "history.jsonl").read_text().splitlines()]
+        hb = [json.loads(x) for x in (tmp_path / "local" / k / "history.jsonl").read_text().splitlines()]
+        assert len(ha) == len(hb) == 11
+        assert max(abs(x["test_loss"] - y["test_loss"]) for x, y in zip(ha, hb)) < 1e-8
+        assert (tmp_path / "packed" / k / ".hydra" / "overrides.yaml").exists()
+
+
+MEASURE = """
+import dataclasses, resource, sys, tempfile
+from rw_sweeps import run
+from rw_sweeps.config import RunConfig, validate
+R = int(sys.argv[1])
+base = validate(RunConfig(wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"), eval_every=10))
+d = tempfile.mkdtemp()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+run.run_batch([dataclasses.replace(base, seed=i) for i in range(R)], [f"{d}/{i}" for i in range(R)], progress=False)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / R)
+"""
+
+
+def test_memory_per_run_is_bounded():
+    # §5 shape (K=6, N=97, M=1000, 1000 + 1000 sequences): the dense formulation needs X̃ of
+    # n·(K+M)·N·8 B ≈ 0.78 GB per 1000 sequences; the compact engine needs a few MB per run.
+    per_run = float(subprocess.run([sys.executable, "-c", MEASURE, "32"], cwd=ROOT, capture_output=True, text=True,
+                                   check=True).stdout.strip())
+    c = RunConfig()
+    dense = c.data.n_train * (c.data.K + c.model.M) * c.data.N * 8
+    assert per_run <= packing.bytes_per_run(c), (per_run, packing.bytes_per_run(c))
+    assert per_run < dense / 100

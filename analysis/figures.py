@@ -11,7 +11,7 @@ Figs. 11–13   Fig. 6's runs: V and attention of the random walk (11); V over s
 """
 from __future__ import annotations
 
-import warnings
+from functools import partial
 
 import matplotlib
 
@@ -22,7 +22,7 @@ import pandas as pd               # noqa: E402
 import seaborn as sns             # noqa: E402
 
 from .load import load_history, load_snapshots   # noqa: E402
-from .phase import _fmt, annotate, drawless, swept_keys             # noqa: E402
+from .phase import _fmt, drawless, swept_keys             # noqa: E402
 
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")
@@ -57,11 +57,11 @@ def fig_run(run: pd.Series, title: str = ""):
     snaps = load_snapshots([run["path"]])
     K = int(run.get("data.K", run.get("K")))
     fig = plt.figure(figsize=(17, 3.6))
-    gs = fig.add_gridspec(1, 5, width_ratios=[1.2, 1, 1, 1.4, 0.9], wspace=0.35)
+    gs = fig.add_gridspec(1, 5, width_ratios=[1.2, 1, 1, 1.4, 0.9], wspace=0.5)
     ax = fig.add_subplot(gs[0])
     _curve(ax, hist, "test_acc", run)
     ax.set_title("(a) test accuracy")
-    last = snaps.iloc[-1] if len(snaps) else None
+    last = snaps.loc[snaps["step"].idxmax()] if len(snaps) else None
     V = last["V"] if last is not None else None
     _matrix(fig.add_subplot(gs[1]), V, f"(b) V at step {_step(last)}")
     ax = fig.add_subplot(gs[2])
@@ -103,7 +103,7 @@ def fig_curves(runs: pd.DataFrame, by: list[str], title: str = ""):
 
 
 def fig_v_steps(run: pd.Series, steps=PAPER_STEPS, title: str = ""):
-    """Fig. 12 (and 11a): V at chosen snapshot steps (the nearest stored ones)."""
+    """Fig. 12: V at chosen snapshot steps (the paper's, else four spread over the run)."""
     snaps = _pick_steps(load_snapshots([run["path"]]), steps)
     fig, axes = plt.subplots(1, max(len(snaps), 1), figsize=(3.2 * max(len(snaps), 1), 3),
                              squeeze=False)
@@ -143,7 +143,7 @@ def fig_h_steps(run: pd.Series, steps=PAPER_STEPS, title: str = ""):
 def fig_11(run: pd.Series, title: str = ""):
     """Fig. 11: the random-walk run of Fig. 6: final V beside Πᵀ, and attention by position."""
     snaps = load_snapshots([run["path"]])
-    last = snaps.iloc[-1] if len(snaps) else None
+    last = snaps.loc[snaps["step"].idxmax()] if len(snaps) else None
     K = int(run.get("data.K", run.get("K")))
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), gridspec_kw={"width_ratios": [1, 1, 1.6]})
     _matrix(axes[0], last["V"] if last is not None else None, f"(a) V at step {_step(last)}")
@@ -155,17 +155,19 @@ def fig_11(run: pd.Series, title: str = ""):
     return fig
 
 
-def paper_figures(runs: pd.DataFrame, max_runs: int = 8):
-    """Yield (name, caption, figure) for every paper figure a sweep of experiment presets
-    supports, choosing the figure by the preset's name (config `experiment`)."""
+def paper_figures(runs: pd.DataFrame, notes: list[str] | None = None, max_runs: int = 8):
+    """Yield (name, caption, draw) for every paper figure the runs' experiment presets
+    (config `experiment`) call for; `draw()` makes the figure, so that a caller can go on
+    past one that fails. What cannot be drawn is said in `notes`."""
+    notes = [] if notes is None else notes
     if "experiment" not in runs.columns or runs["experiment"].isna().all():
-        warnings.warn("no run used an experiment preset (config `experiment` is null): "
-                      "--paper draws nothing")
+        notes.append("no run used an experiment preset (config `experiment` is null): "
+                     "--paper draws nothing")
         return
-    walks = runs[runs.apply(_is_walk, axis=1)]
-    for K in sorted(walks.get("data.K", pd.Series(dtype=int)).dropna().unique()):
+    walks = runs[runs["data.name"] == "random_walk"] if "data.name" in runs else runs
+    for K in sorted(walks["data.K"].dropna().unique()) if "data.K" in walks else []:
         yield (f"fig2_pi_K{int(K)}", f"Fig. 2: Π for p = 0.5, 0.7, 1 with K = {int(K)}.",
-               fig_pi(int(K)))
+               partial(fig_pi, int(K)))
     for exp, sub in runs.dropna(subset=["experiment"]).groupby("experiment", sort=True):
         sub = _sorted(sub)
         n = f"Fig. {exp[3:]}"
@@ -173,31 +175,33 @@ def paper_figures(runs: pd.DataFrame, max_runs: int = 8):
             for i, (_, run) in enumerate(_one_per_setting(sub).head(max_runs).iterrows()):
                 yield (f"{exp}_run{i}", f"{n}: accuracy, V beside Πᵀ, mean attention by "
                        f"position and its last {ZOOM} positions — {_describe(run)}",
-                       fig_run(run, f"{n} — {_describe(run)}"))
+                       partial(fig_run, run, f"{n} — {_describe(run)}"))
         elif exp in CURVES:
             by = swept_keys(sub)
             yield (f"{exp}_curves", f"{n}: test accuracy and KL over steps, mean and min–max "
                    f"over seeds, by {', '.join(by) or 'nothing (one setting)'}.",
-                   fig_curves(sub, by, f"{n}: {len(sub)} runs"))
+                   partial(fig_curves, sub, by, f"{n}: {len(sub)} runs"))
             if exp == "fig6":
                 yield from _figs_11_to_13(sub)
         else:
-            warnings.warn(f"experiment {exp!r} has no paper figure here")
+            notes.append(f"experiment {exp!r} has no paper figure here")
 
 
 def _figs_11_to_13(sub: pd.DataFrame):
+    """Fig. 11 from the random walk of Fig. 6 (0 < p < 1), Figs. 12-13 from the deterministic
+    one (p in {0, 1})."""
     p = pd.to_numeric(sub.get("data.p"), errors="coerce")
     rw, det = sub[~p.isin([0.0, 1.0])], sub[p.isin([0.0, 1.0])]
     if len(rw):
         run = rw.iloc[0]
         yield ("fig11", f"Fig. 11: the random walk of Fig. 6 — {_describe(run)}: V recovers Πᵀ, "
-               "attention on the parent.", fig_11(run))
+               "attention on the parent.", partial(fig_11, run))
     run = det.iloc[0] if len(det) else sub.iloc[0]
     yield ("fig12", f"Fig. 12: V at the snapshot steps nearest {list(PAPER_STEPS)} — "
-           f"{_describe(run)}.", fig_v_steps(run, title=f"Fig. 12 — {_describe(run)}"))
+           f"{_describe(run)}.", partial(fig_v_steps, run, title=f"Fig. 12 — {_describe(run)}"))
     yield ("fig13", "Fig. 13: the weighted-average token X·S of one test sequence, and the "
            f"variance of its entries across test sequences — {_describe(run)}.",
-           fig_h_steps(run, title=f"Fig. 13 — {_describe(run)}"))
+           partial(fig_h_steps, run, title=f"Fig. 13 — {_describe(run)}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,11 +213,10 @@ def _matrix(ax, M, title, vmin=None, vmax=None):
     M = np.asarray(M)
     ticks = np.arange(1, M.shape[1] + 1)
     with drawless(ax.figure):
+        # K = 6: the numbers are readable, and V ≈ Πᵀ is judged by them
         sns.heatmap(M, ax=ax, cmap="Blues", vmin=vmin, vmax=vmax, square=True, cbar=True,
-                    xticklabels=ticks, yticklabels=np.arange(1, M.shape[0] + 1))
-    if M.shape[0] <= 8:   # K = 6: the numbers are readable, and V ≈ Πᵀ is judged by them
-        annotate(ax, M, [[f"{v:.2f}" for v in line] for line in M], "Blues",
-                 M.min() if vmin is None else vmin, M.max() if vmax is None else vmax, 6)
+                    xticklabels=ticks, yticklabels=np.arange(1, M.shape[0] + 1),
+                    annot=M.shape[0] <= 8, fmt=".2f", annot_kws={"fontsize": 6})
     ax.set_title(title, fontsize=9)
     ax.tick_params(labelsize=7)
 
@@ -256,6 +259,8 @@ def _band(ax, hist, metric):
     ax.plot(mean.index, mean, lw=1.5, label="mean")
     ax.fill_between(mean.index, lo, hi, alpha=0.25, label="min–max over seeds")
     ax.set_xlabel("step")
+    if lo.min() > 0 and hi.max() > 100 * lo.min():   # KL from a random init spans decades
+        ax.set_yscale("log")
 
 
 def _empty(ax, text):

@@ -7,11 +7,9 @@ refreshed from the mtimes of its runs' files, so a warm load of 10,000 runs is a
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import sys
 import warnings
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +19,11 @@ import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
+from .fastyaml import load_yaml
+
 CACHE_NAME = "runs.parquet"
 CACHE_VERSION = 1   # bump when the row format changes: old caches are then rebuilt
 _META_KEY = b"rw_sweeps.analysis"
-_YAML = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml: ~10x faster on 10k configs
 _BOOK = ["_run", "_cfg_mtime", "_cfg_size", "_sum_mtime", "_sum_size"]   # cache-only columns
 
 
@@ -126,10 +125,9 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
             todo.append((entry, stats))
 
     new_rows, config_keys = [], set(meta.get("config_keys", []))
-    read = _read_many([Path(e.path) for e, _ in todo])
-    bar = tqdm(read, total=len(todo), desc=f"reading {sweep.name}", unit="run",
-               disable=_quiet(progress, len(todo)))
-    for (entry, stats), (row, cfg_keys, problem) in zip(todo, bar):
+    bar = tqdm(todo, desc=f"reading {sweep.name}", unit="run", disable=_quiet(progress, len(todo)))
+    for entry, stats in bar:
+        row, cfg_keys, problem = _read_run(Path(entry.path))
         if problem:
             skipped.append(problem)
             continue
@@ -153,17 +151,6 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
         df["run"] = df.pop("_run")
         df = df.drop(columns=[c for c in _BOOK if c in df.columns])
     return df, skipped, config_keys
-
-
-def _read_many(paths):
-    """_read_run over many folders; YAML parsing is CPU-bound, so a cold load of a large sweep
-    uses every core (fork: the workers need nothing but this module)."""
-    workers = min(4, os.cpu_count() or 1)
-    if len(paths) < 1000 or workers < 2 or "fork" not in mp.get_all_start_methods():
-        yield from map(_read_run, paths)
-        return
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
-        yield from pool.map(_read_run, paths, chunksize=250)
 
 
 def _run_entries(sweep: Path):
@@ -246,11 +233,11 @@ def _read_run(path: Path):
     if not isinstance(summary, dict):
         return None, None, _skip(path, "corrupt", "summary.json is not a JSON object")
     try:
-        with open(path / "config.yaml", "rb") as f:
-            config = yaml.load(f, Loader=_YAML)
+        with open(path / "config.yaml", encoding="utf-8") as f:
+            config = load_yaml(f.read())
     except FileNotFoundError:
         return None, None, _skip(path, "corrupt", "no config.yaml")
-    except (yaml.YAMLError, OSError) as e:
+    except (yaml.YAMLError, OSError, ValueError) as e:
         return None, None, _skip(path, "corrupt", f"config.yaml: {_short(e)}")
     if not isinstance(config, dict):
         return None, None, _skip(path, "corrupt", "config.yaml is not a mapping")
@@ -325,9 +312,9 @@ def _short(e: Exception) -> str:
     return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
 
 
-def _quiet(progress, n) -> bool | None:
-    if progress is None:                   # tqdm's own rule: no bar unless on a terminal
-        return None if n >= 100 and sys.stderr.isatty() else True
+def _quiet(progress, n) -> bool:
+    if progress is None:                   # a bar only for long reads, and only on a terminal
+        return not (n >= 100 and sys.stderr.isatty())
     return not progress
 
 

@@ -11,7 +11,6 @@ import itertools
 import json
 import math
 from contextlib import contextmanager
-import warnings
 from pathlib import Path
 
 import matplotlib
@@ -93,6 +92,8 @@ def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "s
     runs: for `success` that is the success rate over seeds), `n` runs, `n_valid` runs with a
     value, and `theory_fail` (every run in the cell is a Thm 4.1 failure)."""
     keys = [k for k in (row, col, y, x) if k]
+    if len(set(keys)) < len(keys):
+        raise ValueError(f"x, y, row and col must be different keys, got {keys}")
     for k in keys + [metric]:
         if k not in df.columns:
             raise KeyError(k)
@@ -157,8 +158,8 @@ def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, vmin, vmax):
     values = np.array([[c["value"] if c else np.nan for c in line] for line in cells])
     texts = [[_annot(c, metric) for c in line] for line in cells]
     sns.heatmap(pd.DataFrame(values, index=y_names, columns=[_fmt(x, v) for v in xs]), ax=ax,
-                vmin=vmin, vmax=vmax, cmap=cmap, cbar=False, linewidths=0.5, linecolor="white")
-    annotate(ax, values, texts, cmap, vmin, vmax)
+                vmin=vmin, vmax=vmax, cmap=cmap, cbar=False, linewidths=0.5, linecolor="white",
+                annot=np.array(texts), fmt="", annot_kws={"fontsize": 8})
     for (yi, xi), c in np.ndenumerate(np.array(cells, dtype=object)):
         if c and c["n_valid"] == 0:       # runs, but no value (e.g. never broke): grey, say so
             ax.add_patch(Rectangle((xi, yi), 1, 1, color="0.88"))
@@ -188,19 +189,6 @@ def drawless(fig):
         yield fig
     finally:
         fig.set_canvas(canvas)
-
-
-def annotate(ax, values, texts, cmap, vmin, vmax, fontsize=8):
-    """Print each cell's text in a colour that reads on the cell. (seaborn's annot=True does
-    the same but redraws the whole figure per heatmap: minutes for a faceted grid.)"""
-    norm = plt.Normalize(vmin, vmax)
-    cmap = plt.get_cmap(cmap)
-    for (i, j), v in np.ndenumerate(values):
-        if v == v and texts[i][j]:
-            r, g, b, _ = cmap(norm(v))
-            dark = 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.408   # seaborn's rule
-            ax.text(j + 0.5, i + 0.5, texts[i][j], ha="center", va="center",
-                    fontsize=fontsize, color="white" if dark else "black")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,8 +269,10 @@ def _axis_label(key):
 def _metric_label(metric):
     return {"success": "success rate over seeds",
             "acc_norm": "normalised accuracy (acc − 1/K)/(OPT − 1/K)",
-            "symmetry_break_step": "symmetry-break step (mean over runs that broke)",
-            "success_step": "first step at success (mean over runs that got there)",
+            "symmetry_break_step": "symmetry-break step (mean over runs that broke; k/n: "
+                                   "how many did)",
+            "success_step": "first step at success (mean over runs that got there; k/n: "
+                            "how many did)",
             }.get(metric, f"mean {metric}")
 
 
@@ -308,5 +298,5 @@ def _first_step_at(history: Path, threshold: float) -> float:
                 if acc is not None and acc >= threshold:
                     return float(r["step"])
     except FileNotFoundError:
-        warnings.warn(f"no history in {history.parent}")
+        pass
     return math.nan

@@ -54,7 +54,8 @@ def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: li
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
          f"<style>{CSS}</style></head><body><h1>{_e(title)}</h1>"]
     h += [f"<p class='note'>{_e(n)}</p>" for n in notes]
-    h.append("<h2>Runs</h2>" + _table(counts(runs, skipped)))
+    h.append("<h2>Runs</h2>" + _table(counts(runs, skipped))
+             + "<p>One row per run: <a href='runs.parquet'>runs.parquet</a></p>")
     sections = list(dict.fromkeys(f["section"] for f in figures))
     for sec in sections:
         h.append(f"<h2>{_e(sec)}</h2>")

@@ -38,13 +38,17 @@ def main():
         df = load_runs(sweep, progress=False)
         print(f"{label:>22}: {time.perf_counter() - t:6.2f} s  ({len(df)} rows)")
 
-    for i in range(args.runs, args.runs + 100):
-        write_run(sweep / str(i), p=0.5, seed=i, light=True)
+    added = [write_run(sweep / str(i), p=0.5, seed=i, light=True)
+             for i in range(args.runs, args.runs + 100)]
     t = time.perf_counter()
     df = load_runs(sweep, progress=False)
     print(f"{'100 runs added':>22}: {time.perf_counter() - t:6.2f} s  ({len(df)} rows)")
     if args.dir is None:
         shutil.rmtree(sweep)
+    else:                       # leave --dir as it was, ready for the next measurement
+        for run in added:
+            shutil.rmtree(run)
+        load_runs(sweep, progress=False)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
 
+/* RW_ONLY=64 or 32 compiles one dtype (the build runs both at once, one per core, and links them) */
+#if !defined(RW_ONLY) || RW_ONLY == 64
 int rw_abi(void) { return RW_ABI; }
 int rw_isa(void) { return RW_AVX512; }
 int rw_mvec(void) {
@@ -50,6 +52,7 @@ int rw_mvec(void) {
     return 0;
 #endif
 }
+#endif
 
 /* ---- a parallel-for over runs: nthreads − 1 helper threads plus the caller, dynamic scheduling ---- */
 typedef void (*run_fn)(const void *ctx, int64_t r, char *scratch);
@@ -104,6 +107,7 @@ static int parallel_runs(run_fn fn, const void *ctx, int64_t R, size_t scratch, 
 static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 /* ---- the two dtypes ---- */
+#if !defined(RW_ONLY) || RW_ONLY == 64
 #define RW_PASS 1
 #define REAL double
 #define SFX(name) name##_f64
@@ -142,6 +146,13 @@ static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 #define VRED_MIN _mm512_reduce_min_pd
 #define VGATHER(src, m, idx32, base) _mm512_mask_i32gather_pd(src, m, _mm512_castsi512_si256(idx32), base, 8)
 #define VIOTA() _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 7, 6, 5, 4, 3, 2, 1, 0)
+/* kmovb k, m8 is a pure load; gcc's own choice (movzbl + kmovb k, r32) spends a port-5 µop per mask */
+static inline __mmask8 rw_kload8(const __mmask8 *p) {
+    __mmask8 m;
+    __asm__("kmovb %1, %0" : "=k"(m) : "m"(*p));
+    return m;
+}
+#define KLOAD(p) rw_kload8(p)
 #ifdef RW_MVEC
 __m512d _ZGVeN8v_log(__m512d);
 #define VLOG(x) _ZGVeN8v_log(x)
@@ -186,9 +197,12 @@ __m512d _ZGVeN8v_log(__m512d);
 #undef VRED_MIN
 #undef VGATHER
 #undef VIOTA
+#undef KLOAD
 #undef VLOG
 #endif
+#endif /* f64 */
 
+#if !defined(RW_ONLY) || RW_ONLY == 32
 #define RW_PASS 2
 #define REAL float
 #define SFX(name) name##_f32
@@ -227,12 +241,19 @@ __m512d _ZGVeN8v_log(__m512d);
 #define VRED_MIN _mm512_reduce_min_ps
 #define VGATHER(src, m, idx32, base) _mm512_mask_i32gather_ps(src, m, idx32, base, 4)
 #define VIOTA() _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+static inline __mmask16 rw_kload16(const __mmask16 *p) {
+    __mmask16 m;
+    __asm__("kmovw %1, %0" : "=k"(m) : "m"(*p));
+    return m;
+}
+#define KLOAD(p) rw_kload16(p)
 #ifdef RW_MVEC
 __m512 _ZGVeN16v_logf(__m512);
 #define VLOG(x) _ZGVeN16v_logf(x)
 #endif
 #endif
 #include "fused.c" /* itself, once per dtype */
+#endif /* f32 */
 
 #else /* RW_PASS: everything below is compiled once per dtype */
 
@@ -488,8 +509,8 @@ ALWAYS_INLINE void SFX(hist)(const int K, const int NB, int64_t L, const MASK *m
         const VEC bj = VSET1(beta[j]);
 #pragma GCC unroll 8
         for (int k = 0; k < K; k++) {
-            H[k] = VMASK_ADD(H[k], mk[j * K + k], H[k], bj);
-            if (NB == 2) H[KMAX_FAST + k] = VMASK_ADD(H[KMAX_FAST + k], mk1[j * K + k], H[KMAX_FAST + k], bj);
+            H[k] = VMASK_ADD(H[k], KLOAD(mk + j * K + k), H[k], bj);
+            if (NB == 2) H[KMAX_FAST + k] = VMASK_ADD(H[KMAX_FAST + k], KLOAD(mk1 + j * K + k), H[KMAX_FAST + k], bj);
         }
     }
 }
@@ -563,6 +584,8 @@ ALWAYS_INLINE void SFX(train_chain)(const int K, int64_t b0, int64_t n, const VE
 #pragma GCC unroll 8
     for (int k = 1; k < K; k++) Z = VADD(Z, VMUL(alphav[k], H[k]));
     Z = VADD(Z, vbq);
+    /* torch's divisions, not a reciprocal: where F + ε nears 0 (Gaussian init) g = w/(F + ε) magnifies
+       every rounding of h, and α∘H·(1/Z) is 3× worse there than α∘H/Z in float32 */
     VEC F = VZERO();
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) {
@@ -667,15 +690,14 @@ ALWAYS_INLINE void SFX(train_avx_body)(const int K, const SFX(tctx) *x, int64_t 
 
 #define RW_INST_TRAIN(KK) \
     static void SFX(train_avx_##KK)(const void *x, int64_t r, char *s) { SFX(train_avx_body)(KK, (const SFX(tctx) *)x, r, s); }
-RW_INST_TRAIN(1)
-RW_INST_TRAIN(2)
 RW_INST_TRAIN(3)
 RW_INST_TRAIN(4)
 RW_INST_TRAIN(5)
 RW_INST_TRAIN(6)
 RW_INST_TRAIN(7)
 RW_INST_TRAIN(8)
-static const run_fn SFX(train_avx_fns)[9] = {NULL, SFX(train_avx_1), SFX(train_avx_2), SFX(train_avx_3),
+/* config.py requires K ≥ 3; K < 3 takes the generic path */
+static const run_fn SFX(train_avx_fns)[9] = {NULL, NULL, NULL, SFX(train_avx_3),
                                             SFX(train_avx_4), SFX(train_avx_5), SFX(train_avx_6),
                                             SFX(train_avx_7), SFX(train_avx_8)};
 
@@ -927,15 +949,13 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
 
 #define RW_INST_EVAL(KK) \
     static void SFX(eval_avx_##KK)(const void *x, int64_t r, char *s) { SFX(eval_avx_body)(KK, (const SFX(ectx) *)x, r, s); }
-RW_INST_EVAL(1)
-RW_INST_EVAL(2)
 RW_INST_EVAL(3)
 RW_INST_EVAL(4)
 RW_INST_EVAL(5)
 RW_INST_EVAL(6)
 RW_INST_EVAL(7)
 RW_INST_EVAL(8)
-static const run_fn SFX(eval_avx_fns)[9] = {NULL, SFX(eval_avx_1), SFX(eval_avx_2), SFX(eval_avx_3),
+static const run_fn SFX(eval_avx_fns)[9] = {NULL, NULL, NULL, SFX(eval_avx_3),
                                            SFX(eval_avx_4), SFX(eval_avx_5), SFX(eval_avx_6),
                                            SFX(eval_avx_7), SFX(eval_avx_8)};
 #undef PSTRIDE
@@ -956,7 +976,7 @@ int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const u
     SFX(tctx) x = {R, n, L, K, T, tok, y, V, a, c, lr, eps, w, (REAL)kappa, (REAL)pp, (REAL)nu_tok, (REAL)nu_q,
                    loss, bad_step};
 #if RW_AVX512
-    if (impl == 0 && K <= KMAX_FAST)
+    if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(train_avx_fns)[K], &x, R, SFX(train_avx_scratch)(n, L, K), nthreads);
 #endif
     (void)impl;
@@ -972,7 +992,7 @@ int SFX(rw_eval)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok,
     SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_q,
                    loss, acc, kl, pred_dist, attention, spread, h_example, h_var};
 #if RW_AVX512
-    if (impl == 0 && K <= KMAX_FAST)
+    if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(eval_avx_fns)[K], &x, R, SFX(eval_avx_scratch)(n, L, K), nthreads);
 #endif
     (void)impl;

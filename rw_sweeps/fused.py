@@ -35,7 +35,7 @@ from .model import Geometry
 SOURCE = Path(__file__).with_name("fused.c")
 CC = os.environ.get("CC", "gcc")  # the compiler; tests point it somewhere absent to check the fallback
 ABI = 3  # must match RW_ABI in fused.c
-BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
+BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 # Build attempts per variant, best first: native ISA with glibc's vector log (libmvec), native ISA, and a
 # portable build with no ISA extensions at all (plain C paths only).
 VARIANTS = {
@@ -102,7 +102,7 @@ def _build(cc: str, flags: list[str], version: str) -> Path:
     half-written file."""
     src = SOURCE.read_bytes()
     libs = ["-lm"] + (["-lmvec"] if "-DRW_MVEC" in flags else [])
-    cmd_flags = BASE_FLAGS + flags + libs
+    cmd_flags = BASE_FLAGS + flags + ["-shared"] + libs
     key = hashlib.sha256(b"\0".join([src, " ".join(cmd_flags).encode(), version.encode(),
                                      _cpu_signature().encode(), str(ABI).encode()])).hexdigest()[:20]
     out_dir = cache_dir()
@@ -117,19 +117,25 @@ def _build(cc: str, flags: list[str], version: str) -> Path:
     target = out_dir / f"fused-{key}.so"
     if target.exists():
         return target
-    fd, tmp = tempfile.mkstemp(prefix=f".fused-{key}-", suffix=".so", dir=out_dir)
-    os.close(fd)
+    tmpdir = tempfile.mkdtemp(prefix=f".fused-{key}-", dir=out_dir)
+    tmp = os.path.join(tmpdir, "fused.so")
     try:
-        # compile the file in place: it includes itself (#include "fused.c") once per dtype
-        cmd = [cc, *BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, *libs]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        # one translation unit per dtype, compiled side by side (the file includes itself once per dtype)
+        cmds = [[cc, *BASE_FLAGS, *flags, f"-DRW_ONLY={bits}", "-c", str(SOURCE), "-o", os.path.join(tmpdir, f"{bits}.o")]
+                for bits in (64, 32)]
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+        errs = [p.communicate(timeout=600)[1] for p in procs]
+        for c, p, e in zip(cmds, procs, errs):
+            if p.returncode != 0:
+                raise RuntimeError(f"{' '.join(c)} failed:\n{e[-2000:]}")
+        link = [cc, "-shared", "-pthread", os.path.join(tmpdir, "64.o"), os.path.join(tmpdir, "32.o"), "-o", tmp, *libs]
+        res = subprocess.run(link, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-2000:]}")
+            raise RuntimeError(f"{' '.join(link)} failed:\n{res.stderr[-2000:]}")
         os.chmod(tmp, 0o755)
-        os.replace(tmp, target)  # atomic: readers see nothing or the whole file
+        os.replace(tmp, target)  # atomic: other processes see no file or the whole file
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(tmpdir, ignore_errors=True)
     return target
 
 

@@ -34,8 +34,9 @@ def forward(theta: dict, X: torch.Tensor, Xt: torch.Tensor) -> tuple[torch.Tenso
     return out, S
 
 
-def train(cfg: RunConfig, steps: int | None = None, record=None):
-    """Train one run literally; returns the list of (step, V, mean attention (N,), theta) after each step."""
+def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
+    """Train one run literally; returns the list of (step, V, mean attention (N,), theta) after each step
+    (only the last one without `trajectory`)."""
     dtype = getattr(torch, cfg.precision)
     train_set, _ = data_mod.make(cfg.data, cfg.seed)
     K, N = cfg.data.K, cfg.data.N
@@ -57,8 +58,10 @@ def train(cfg: RunConfig, steps: int | None = None, record=None):
         with torch.no_grad():
             for p_, g_ in zip(theta.values(), grads):
                 p_ -= cfg.optim.lr * g_
-            _, S = forward(theta, X, Xt)
-        out.append((t + 1, theta["V"].detach().clone(), S.mean(0).detach(), {k: v.detach().clone() for k, v in theta.items()}))
+            if trajectory or t + 1 == (steps if steps is not None else cfg.optim.steps):
+                _, S = forward(theta, X, Xt)
+                out.append((t + 1, theta["V"].detach().clone(), S.mean(0).detach(),
+                            {k: v.detach().clone() for k, v in theta.items()}))
     return out
 
 
@@ -74,3 +77,35 @@ def initial(cfg: RunConfig, dtype) -> dict:
     from .run import init_generator  # the engine's own seeding, so both start from the same draw
 
     return model.init_dense(cfg.model, K, cfg.init.sigma, init_generator(cfg.seed), dtype)
+
+
+def main(argv: list[str]) -> None:
+    """`python -m rw_sweeps.oracle key=value …`: one dense run, as a one-run-per-process baseline."""
+    import json
+    import resource
+    import time
+
+    from omegaconf import OmegaConf
+
+    from .config import from_dict
+
+    cfg = from_dict(OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RunConfig()),
+                                                           OmegaConf.from_dotlist(argv))))
+    t0 = time.perf_counter()
+    *_, (_, _, _, theta) = train(cfg, trajectory=False)
+    _, test_set = data_mod.make(cfg.data, cfg.seed)
+    dtype = getattr(torch, cfg.precision)
+    Xt = embed(test_set.tokens, model.positions(cfg.model, cfg.data.N, dtype), cfg.data.K, cfg.model.normalize)
+    X = Xt.new_zeros(test_set.tokens.shape[0], cfg.data.K, cfg.data.N)
+    X[:, :, :-1] = torch.nn.functional.one_hot(test_set.tokens, cfg.data.K).transpose(1, 2).to(dtype)
+    with torch.no_grad():
+        f, S = forward(theta, X, Xt)
+    acc = (f.argmax(1) == test_set.y).double().mean().item()
+    print(json.dumps({"test_acc": acc, "parent_attention": S[:, -2].mean().item(), "wall_s": time.perf_counter() - t0}))
+    print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

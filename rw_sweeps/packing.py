@@ -61,11 +61,19 @@ class RunsFailed(RuntimeError):
 
 
 class ChunkJob:
-    """Train one chunk (picklable; submitit requeues it as is after a preemption or a time limit, and
-    the runs continue from their checkpoints, skipping those already done)."""
+    """Train one chunk (picklable). Wherever it is started again (a SLURM requeue after a preemption, a
+    time limit or `scontrol requeue`; the same sweep run again) it skips the runs already done and
+    continues the others from their checkpoints; a job with a failed run ends with an error, so that a
+    scheduler records it as failed."""
 
     def __call__(self, cfgs: list[dict], run_dirs: list[str], fail_job_on_failed_run: bool = True) -> list[dict]:
-        summaries = run.execute([from_dict(c) for c in cfgs], [Path(d) for d in run_dirs])
+        configs = [from_dict(c) for c in cfgs]
+        for c, d in zip(configs, run_dirs):
+            if (Path(d) / run.CHECKPOINT).exists() and not run.is_done(c, Path(d)):
+                blob = run.load_checkpoint(c, Path(d))
+                if blob is not None:
+                    print(f"resuming {d} from its checkpoint at step {blob['state']['step']}", flush=True)
+        summaries = run.execute(configs, [Path(d) for d in run_dirs])
         failed = [d for d, s in zip(run_dirs, summaries) if s["status"] == "failed"]
         for s in summaries:
             print(run.one_line(s), flush=True)
@@ -74,6 +82,8 @@ class ChunkJob:
         return summaries
 
     def checkpoint(self, *args, **kwargs):
+        """submitit calls this on its timeout/preemption signal: requeue the same job; the runs' own
+        checkpoints (every `checkpoint_every` steps) carry the progress."""
         import submitit
 
         print(f"rw_sweeps: job interrupted, requeued (pid {os.getpid()})", file=sys.stderr, flush=True)

@@ -27,3 +27,29 @@ def summaries(sweep_dir: Path) -> dict[str, dict]:
 @pytest.fixture
 def launch_fn():
     return launch
+
+
+def start_launch(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.Popen:
+    """`launch.py` in the background (to kill it, or to act on its jobs while it runs)."""
+    e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args], cwd=cwd, env=e, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def status_cmd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m rw_sweeps.status ...` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "rw_sweeps.status", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def wait_until(predicate, timeout: float, what: str, poll: float = 0.05):
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from analysis import figures, load_runs
+from analysis.fastyaml import _block_yaml
 from analysis.phase import add_success, phase_diagram
 
 from .conftest import ROOT, launch
@@ -130,6 +131,7 @@ def test_the_table_has_one_row_per_run_and_every_config_and_summary_field(grid):
     assert expected <= set(df.columns), expected - set(df.columns)
     rows = df.set_index("path")
     for d, (cfg, s) in files.items():
+        assert _block_yaml((d / "config.yaml").read_text()) == cfg   # the fast path, no fallback
         row = rows.loc[str(d)]
         assert (row["data.p"], row["init"], row["init.sigma"], row["seed"]) == (
             cfg["data"]["p"], cfg["init"]["name"], cfg["init"]["sigma"], cfg["seed"])

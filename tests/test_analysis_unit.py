@@ -200,3 +200,21 @@ def test_cli_on_a_sweep_with_no_finished_run_says_so(tmp_path, capsys):
     assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 1
     assert "no finished runs" in capsys.readouterr().err
     assert "unfinished" in (tmp_path / "out" / "index.html").read_text()
+
+
+@pytest.mark.parametrize("text", [
+    "a: 1\nb:\n  c: x\n  d:\n  - 1\n  - -2.5\n  e: null\nf: []\ng: {}\nh:\n",
+    "a:\n  b:\n    c: 1.0e-05\n  d: 0.001\ne: M\nf: true\ng: ~\nh: 1e-3\n",
+    "seed: 0\nsnapshot_steps:\n- 0\n- 1000\nwandb:\n  tags: []\n  group: tmp/x\n",
+    "a: 'quoted'\n", "a: [1, 2]\n", "a:\n- b: 1\n", "a: x # comment\n", "a: -x\n",
+    "a: 2025-01-01\n", "- 1\n- 2\n",
+])
+def test_fast_config_reader_agrees_with_pyyaml(text):
+    from analysis.fastyaml import load_yaml
+    assert load_yaml(text) == yaml.safe_load(text)
+
+
+def test_fast_config_reader_agrees_with_pyyaml_on_every_fake_config(sweep):
+    from analysis.fastyaml import _block_yaml
+    for f in sweep.glob("*/config.yaml"):
+        assert _block_yaml(f.read_text()) == yaml.safe_load(f.read_text())   # no fallback

@@ -55,6 +55,7 @@ def status_of_summary(s: dict) -> str:
 class RwSweeper(BasicSweeper):
     def sweep(self, arguments: List[str]) -> Any:
         from rw_sweeps.config import ConfigError
+        from rw_sweeps.status import summary_line
         from rw_sweeps.sweep import Planner
 
         params_conf = self._parse_config() + list(arguments)
@@ -71,24 +72,27 @@ class RwSweeper(BasicSweeper):
         self.launcher.plans = {tuple(p.overrides): p.cfg for p in plans}
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        if not OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         counts: Counter = Counter()
-        returns, idx = [], 0
+        returns, idx, detached = [], 0, False
         while not self.is_done():
             batch = self.get_job_batch()
             results = self.launcher.launch(batch, initial_job_idx=idx)
-            if results is None:  # a detached launcher: nothing to wait for
-                return None
+            idx += len(batch)
+            if results is None:  # submitted and detached (or a dry run): nothing to count here
+                detached = True
+                continue
             for r in results:
                 st = status_of(r)
                 counts.update(st if isinstance(st, list) else [st])
-            idx += len(batch)
+                if st == "failed" and isinstance(getattr(r, "_return_value", None), dict):
+                    print(f"failed {r.working_dir}: {r._return_value.get('error')}", file=sys.stderr, flush=True)
             returns.append(results)
-        total = sum(counts.values())
-        line = (f"sweep {sweep_dir}: {total} runs: {counts['done']} done, {counts['skipped']} skipped, "
-                f"{counts['failed']} failed, {counts['diverged']} diverged")
-        print(line, flush=True)
+        if detached:
+            return None
+        print(summary_line(str(sweep_dir), counts), flush=True)
         if counts["failed"]:
             sys.exit(1)
         return returns

@@ -1,0 +1,328 @@
+"""`python -m rw_sweeps.status SWEEP_DIR [--wait] [--interval S]`: where a sweep stands.
+
+The run folders are the source of truth for finished runs (`summary.json`: done, failed or diverged); the
+launcher's record `<sweep>/.rw_sweep.json` says which runs the sweep expects, which were already done when
+it was submitted (skipped), and which job trains which run; SLURM's accounting (`sacct`, or `squeue` where
+accounting is off) says whether an unfinished run's job is pending, running or gone. A run whose job ended
+without writing its summary (cancelled, killed at its time limit, out of memory, a dead node) is failed.
+
+`--wait` follows the sweep until every run is finished and every job has ended, then prints exactly the
+line a blocking sweep prints (`sweep DIR: N runs: a done, b skipped, c failed, d diverged`) and exits 1 if
+a run failed. The blocking SLURM launcher waits through the same code, so the two lines always agree.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import results
+
+STATE = ".rw_sweep.json"
+FINAL = ("done", "skipped", "failed", "diverged")
+# SLURM job states (sacct/squeue). A requeued or preempted job comes back: it is waiting, not gone.
+PENDING = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SUSPENDED", "PREEMPTED",
+           "RESIZING", "UNKNOWN"}
+RUNNING = {"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT"}
+# Anything else (COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL…) has ended.
+GRACE_S = 15.0  # how long an ended job's summaries may take to show up (shared file systems cache lookups)
+
+
+def summary_line(label: str, counts: Counter) -> str:
+    """The one line that ends every sweep, blocking or followed."""
+    return (f"sweep {label}: {sum(counts[k] for k in FINAL)} runs: {counts['done']} done, "
+            f"{counts['skipped']} skipped, {counts['failed']} failed, {counts['diverged']} diverged")
+
+
+def fingerprint(run_dir: Path) -> list | None:
+    """Identifies one written summary.json (files are replaced, never rewritten: a new write is a new inode)."""
+    try:
+        st = (Path(run_dir) / results.SUMMARY).stat()
+    except OSError:
+        return None
+    return [st.st_ino, st.st_mtime_ns]
+
+
+# ------------------------------------------------------------------------------------------ the record
+def new_record(label: str, backend: str, detached: bool = False) -> dict:
+    """What a launcher writes to `<sweep>/.rw_sweep.json` (and keeps adding to, batch after batch)."""
+    rec = {"version": 1, "sweep": label, "backend": backend, "detached": detached, "submitted": time.time(),
+           "runs": [], "skipped": [], "stale": {}, "jobs": {}, "arrays": []}
+    if backend != "slurm":  # jobs run under this process: when it is gone, so are they
+        rec.update(host=socket.gethostname(), pid=os.getpid())
+    return rec
+
+
+def write_record(sweep_dir: Path, rec: dict) -> None:
+    results.atomic_write(Path(sweep_dir) / STATE, json.dumps(rec, indent=1))
+
+
+def read_record(sweep_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(sweep_dir) / STATE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ SLURM
+def expand_ids(job_id: str) -> list[str]:
+    """sacct/squeue ids → array task ids: `12_[0-3,7%2]` → 12_0 … 12_3, 12_7; `12_5` and `12` stay."""
+    m = re.fullmatch(r"(\d+)_\[([^\]]*)\]", job_id)
+    if not m:
+        return [job_id]
+    out = []
+    for part in m.group(2).split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit():
+            out += [f"{m.group(1)}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+def parse_states(text: str) -> dict[str, str]:
+    """`JobID|State` lines (sacct --parsable2 -n, squeue -o '%i|%T') → {job id: state}; job steps ignored."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 2 or not parts[0] or "." in parts[0]:
+            continue
+        state = (parts[1].split() or ["UNKNOWN"])[0].upper()  # "CANCELLED by 0" → CANCELLED
+        for j in expand_ids(parts[0]):
+            out[j] = state
+    return out
+
+
+def slurm_states(arrays: list[str]) -> dict[str, str] | None:
+    """The state of every job of these arrays, or None when SLURM cannot be asked from here.
+    Jobs accounting has not seen yet are missing (they count as pending)."""
+    if not arrays:
+        return {}
+    ids = ",".join(arrays)
+    try:
+        r = subprocess.run(["sacct", "-j", ids, "--parsable2", "-n", "-o", "JobID,State"], capture_output=True,
+                           text=True, timeout=60)
+        if r.returncode == 0:
+            return parse_states(r.stdout)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:  # no accounting: squeue knows the jobs that have not ended; the others have
+        r = subprocess.run(["squeue", "-h", "-r", "-j", ids, "-o", "%i|%T"], capture_output=True, text=True,
+                           timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode != 0 and "invalid job id" not in r.stderr.lower():
+        return None
+    live = parse_states(r.stdout) if r.returncode == 0 else {}
+    return _Ended(live)
+
+
+class _Ended(dict):
+    """squeue's answer: a job it does not list has ended."""
+
+    def get(self, key, default=None):
+        return super().get(key, "ENDED")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+# ------------------------------------------------------------------------------------------ the sweep
+@dataclass
+class Snapshot:
+    states: dict  # run name → done | skipped | failed | diverged | running | pending
+    errors: dict  # run name → why it failed
+    jobs: dict  # job id → SLURM state (or ENDED / LIVE for a local sweep); {} when unknown
+    finished: bool
+    counts: Counter = field(default_factory=Counter)
+
+    def __post_init__(self):
+        self.counts = Counter(self.states.values())
+
+
+class Sweep:
+    """A sweep folder, its record and its jobs; `poll()` classifies every run."""
+
+    def __init__(self, sweep_dir: Path, record: dict | None = None, grace_s: float = GRACE_S):
+        self.dir = Path(sweep_dir)
+        self.record = record if record is not None else read_record(self.dir)
+        self.grace_s = grace_s
+        self.ended_at: dict[str, float] = {}  # job id → when it was first seen ended
+        if self.record is None:  # Hydra's own launcher: no record; the folders are all we know
+            names = sorted({p.parent.relative_to(self.dir).as_posix()
+                            for pat in ("*/summary.json", "*/.hydra", "*/config.yaml") for p in self.dir.glob(pat)},
+                           key=lambda s: (len(s), s))
+            self.record = {"sweep": str(sweep_dir), "backend": None, "runs": names, "skipped": [], "stale": {},
+                           "jobs": {}, "arrays": []}
+            self.recorded = False
+        else:
+            self.recorded = True
+        self.label = self.record["sweep"]
+        self.runs = list(self.record["runs"])
+        self.skipped = set(self.record["skipped"])
+        self.job_of = {r: j for j, rs in self.record["jobs"].items() for r in rs}
+
+    def summary(self, name: str) -> dict | None:
+        """The run's summary if it was written by this sweep (not one left over from an earlier one)."""
+        run_dir = self.dir / name
+        stale = self.record["stale"].get(name)
+        if stale is not None and fingerprint(run_dir) == stale:
+            return None
+        return results.read_summary(run_dir)
+
+    def job_states(self) -> dict | None:
+        rec = self.record
+        if rec.get("backend") == "slurm":
+            return slurm_states(rec["arrays"])
+        if rec.get("pid") and rec.get("host") == socket.gethostname():
+            state = "LIVE" if _alive(rec["pid"]) else "ENDED"
+            return _Const(state)
+        return None
+
+    def poll(self, ask_slurm: bool = True, states: dict | None = None) -> Snapshot:
+        """Classify every run; `states` (job id → state) saves asking SLURM again."""
+        jobs = states if states is not None else self.job_states() if ask_slurm else None
+        now = time.time()
+        out, errors = {}, {}
+        for name in self.runs:
+            if name in self.skipped:
+                out[name] = "skipped"
+                continue
+            s = self.summary(name)
+            if s is not None:
+                out[name] = s.get("status") if s.get("status") in ("done", "failed", "diverged") else "failed"
+                if out[name] == "failed":
+                    errors[name] = s.get("error") or "failed"
+                continue
+            job = self.job_of.get(name)
+            state = jobs.get(job, "UNKNOWN") if jobs is not None and job is not None else None
+            if state is not None and (state in RUNNING | PENDING or state == "LIVE"):
+                self.ended_at.pop(job, None)  # (back) in the queue: a requeued job may end again later
+            if state is None:  # nothing to ask: a checkpoint means it is being trained
+                out[name] = "running" if (self.dir / name / "checkpoint.pt").exists() else "pending"
+            elif state in RUNNING:
+                out[name] = "running"
+            elif state == "LIVE":  # a local sweep's process: the run with a checkpoint is the one training
+                out[name] = "running" if (self.dir / name / "checkpoint.pt").exists() else "pending"
+            elif state in PENDING:
+                out[name] = "pending"
+            else:  # the job has ended and this run has no summary (yet?)
+                since = self.ended_at.setdefault(job, now)
+                if now - since >= self.grace_s:
+                    out[name] = "failed"
+                    errors[name] = f"job {job} ended ({state}) without writing this run's summary"
+                else:
+                    out[name] = "running"
+        all_final = all(st in FINAL for st in out.values())
+        if jobs is None or not self.job_of:
+            finished = all_final
+        else:
+            finished = all_final and all(
+                jobs.get(j, "UNKNOWN") not in RUNNING | PENDING | {"LIVE"} for j in self.record["jobs"])
+        job_states = {j: jobs.get(j, "UNKNOWN") for j in self.record["jobs"]} if jobs is not None else {}
+        return Snapshot(out, errors, job_states, finished)
+
+    def follow(self, interval: float = 5.0, progress: bool | None = None, quiet: bool = False) -> Snapshot:
+        """Poll until the sweep has finished; a progress bar on a terminal, a line per change otherwise."""
+        if progress is None:
+            progress = sys.stderr.isatty() and not os.environ.get("CI")
+        bar, last_line, last_print = None, None, 0.0
+        if progress and not quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(self.runs), unit="run", desc=f"sweep {self.dir.name}", file=sys.stderr)
+        last_ask, snap, states = float("-inf"), None, None
+        try:
+            while True:
+                now = time.time()
+                # SLURM is asked every `interval` s, and every second once every run has its summary
+                near_end = snap is not None and all(st in FINAL for st in snap.states.values())
+                if now - last_ask >= (min(1.0, interval) if near_end else interval):
+                    states, last_ask = self.job_states(), now
+                snap = self.poll(ask_slurm=False, states=states)
+                n_final = sum(snap.counts[k] for k in FINAL)
+                if bar is not None:
+                    bar.n = n_final
+                    bar.set_postfix_str(_progress_text(snap.counts), refresh=False)
+                    bar.refresh()
+                elif not quiet:
+                    line = _progress_text(snap.counts)
+                    if line != last_line and (snap.finished or now - last_print >= 10):
+                        print(f"[status] {n_final}/{len(self.runs)} finished: {line}", file=sys.stderr, flush=True)
+                        last_line, last_print = line, now
+                if snap.finished:
+                    return snap
+                time.sleep(min(1.0, interval))
+        finally:
+            if bar is not None:
+                bar.close()
+
+
+class _Const(dict):
+    def __init__(self, state: str):
+        super().__init__()
+        self.state = state
+
+    def get(self, key, default=None):
+        return self.state
+
+
+def _progress_text(c: Counter) -> str:
+    return (f"{c['done']} done, {c['skipped']} skipped, {c['failed']} failed, {c['diverged']} diverged, "
+            f"{c['running']} running, {c['pending']} pending")
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rw_sweeps.status", description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweep_dir", type=Path)
+    ap.add_argument("--wait", action="store_true", help="follow the sweep to its end, then print its summary line")
+    ap.add_argument("--interval", type=float, default=10.0, help="seconds between questions to SLURM (10)")
+    ap.add_argument("--grace", type=float, default=GRACE_S,
+                    help=f"seconds an ended job's summaries may take to appear before its runs are failed ({GRACE_S:g})")
+    args = ap.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        print(f"error: no sweep folder {args.sweep_dir}", file=sys.stderr)
+        return 2
+    sweep = Sweep(args.sweep_dir, grace_s=args.grace)
+    if not sweep.recorded:
+        print(f"note: {args.sweep_dir} has no {STATE} (Hydra's own launcher): runs counted from its folders",
+              file=sys.stderr)
+        if args.wait and not sweep.runs:
+            print("error: nothing to follow", file=sys.stderr)
+            return 2
+    if args.wait:
+        snap = sweep.follow(interval=args.interval)
+    else:
+        sweep.grace_s = 0.0
+        snap = sweep.poll()
+    for name, err in snap.errors.items():
+        print(f"failed {sweep.dir / name}: {err}", file=sys.stderr)
+    if args.wait:
+        print(summary_line(sweep.label, snap.counts), flush=True)
+    else:
+        jobs = Counter(snap.jobs.values())
+        print(f"sweep {sweep.label}: {len(sweep.runs)} runs: {_progress_text(snap.counts)}"
+              + (f"; jobs: {', '.join(f'{n} {s}' for s, n in sorted(jobs.items()))}" if jobs else ""), flush=True)
+    return 1 if snap.counts["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The fused C kernel (rw_sweeps/fused.py) against the PyTorch engine it replaces, and its fallback.
+
+Tolerances: float64 to 1e-12 of each tensor's scale (max |x|, at least 1): without unit-normalisation
+c_j moves by lr·κ·‖p‖² = 2.5e5 times its gradient and reaches |c| ~ 1e3, where one rounding of D_j is
+already ~1e-12 absolute. float32: within 1e-4 of the scale of torch's float32 trajectory, and as accurate
+as it — at most 2× as far from the float64 trajectory — since after 50 such steps torch's own float32 is
+~2e-5 of the scale away from float64. Thm 4.1's symmetric point is held exactly, in both precisions.
+Small shapes (K=6, N=25 or 97, n≈200) keep the file fast; the first run compiles the kernel (~10–30 s,
+then cached under ~/.cache/rw_sweeps).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rw_sweeps import data as data_mod
+from rw_sweeps import engine, fused, model
+from rw_sweeps.config import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 50
+
+
+def _cfg(seed, p=0.5, init="zero", sigma=0.0, lr=1.0, normalize=False, K=6, N=25, n=200, precision="float64",
+         name="transformer", gram="exact"):
+    c = RunConfig(seed=seed, precision=precision)
+    c.data.K, c.data.N, c.data.p, c.data.n_train, c.data.n_test = K, N, p, n, n
+    c.init.name, c.init.sigma, c.optim.lr = init, sigma, lr
+    c.model.name, c.model.normalize, c.model.gram = name, normalize, gram
+    if name == "transformer_ffn":
+        c.model.m = 7
+    return c
+
+
+def _batch(cfgs):
+    """Train/test Batches, initial State, lr, eps, w and Geometry of runs of one shape (as run._train does)."""
+    c0 = cfgs[0]
+    dtype, K, N = getattr(torch, c0.precision), c0.data.K, c0.data.N
+    geo = model.geometry(c0.model, N)
+    splits = [data_mod.make(c.data, c.seed) for c in cfgs]
+
+    def stack(ss):
+        return engine.Batch(torch.stack([s.tokens for s in ss]), torch.stack([s.y for s in ss]),
+                            torch.stack([s.P_true for s in ss]).to(dtype))
+
+    params, ac = [], []
+    for c in cfgs:
+        if c.init.name == "zero":
+            p = {"V": torch.zeros(K, K, dtype=dtype)}
+            if c.model.name == "transformer_ffn":
+                p = {"A": torch.zeros(K, c.model.m, dtype=dtype), "V": torch.zeros(c.model.m, K, dtype=dtype)}
+            params.append(p)
+            ac.append((torch.zeros(K, dtype=dtype), torch.zeros(N, dtype=dtype)))
+        else:
+            p = model.init_dense(c.model, K, c.init.sigma, torch.Generator().manual_seed(c.seed + 2**32), dtype)
+            W = p.pop("W")
+            params.append(p)
+            ac.append(model.compact(W, c.model, K, N, geo))
+    state = engine.init_state(params, ac)
+    lr = torch.tensor([c.optim.lr for c in cfgs], dtype=dtype)
+    eps = torch.tensor([c.optim.eps for c in cfgs], dtype=dtype)
+    w = torch.tensor([1.0 / c.data.n_train for c in cfgs], dtype=dtype)
+    return stack([s[0] for s in splits]), stack([s[1] for s in splits]), state, lr, eps, w, geo
+
+
+def _clone(s: engine.State) -> engine.State:
+    return engine.State({k: v.clone() for k, v in s.params.items()}, s.a.clone(), s.c.clone(), s.step)
+
+
+def _close(name, ref, got, rtol):
+    """|got − ref| ≤ rtol·max(1, max |ref|), with NaNs in the same places."""
+    assert got.shape == ref.shape and got.dtype == ref.dtype, name
+    nan = torch.isnan(ref)
+    assert torch.equal(nan, torch.isnan(got)), f"{name}: NaN pattern differs"
+    r, g = ref[~nan], got[~nan]
+    if r.numel() == 0:
+        return
+    scale = max(1.0, r.abs().max().item())
+    err = (r - g).abs().max().item()
+    assert err <= rtol * scale, f"{name}: max |Δ| = {err:.3e} > {rtol:.0e} × {scale:.3g}"
+
+
+PROBE_FIELDS = ("loss", "acc", "kl", "pred_dist", "attention", "spread", "h_example", "h_var")
+
+
+F32 = 1e-4  # float32 tolerance against torch's float32 (see the module docstring)
+
+
+def _as_accurate(name, exact, ref, got, floor):
+    """float32: the kernel's distance to the float64 result is at most twice torch's float32 distance."""
+    e_ref = (ref.double() - exact).abs().nan_to_num(0).max().item()
+    e_got = (got.double() - exact).abs().nan_to_num(0).max().item()
+    assert e_got <= 2 * e_ref + floor, f"{name}: kernel f32 {e_got:.2e} from f64, torch f32 {e_ref:.2e}"
+
+
+def _compare(cfgs, rtol, steps=T):
+    """Train the same runs with engine.train_step and with the kernel; compare trajectory, state, probes.
+    In float32 also against the float64 trajectory of the same runs (accuracy, not just agreement)."""
+    train, test, state, lr, eps, w, geo = _batch(cfgs)
+    ref, got = _clone(state), _clone(state)
+    for name in PROBE_FIELDS:  # evaluation at the initial point
+        _close(f"eval@0 {name}", getattr(engine.evaluate(ref, test, eps, geo), name),
+               getattr(fused.evaluate(got, test, eps, geo), name), rtol)
+    loss_ref = torch.stack([engine.train_step(ref, train, lr, eps, w, geo) for _ in range(steps)], 1)
+    loss_got = fused.train_step(got, train, lr, eps, w, geo, steps=steps)
+    _close("train loss", loss_ref, loss_got, rtol)
+    _close("V", ref.params["V"], got.params["V"], rtol)
+    _close("a", ref.a, got.a, rtol)
+    _close("c", ref.c, got.c, rtol)
+    assert got.step == ref.step == steps
+    for data_set, tag in ((test, "test"), (train, "train")):
+        p_ref, p_got = engine.evaluate(ref, data_set, eps, geo), fused.evaluate(got, data_set, eps, geo)
+        for name in PROBE_FIELDS:
+            _close(f"eval {tag} {name}", getattr(p_ref, name), getattr(p_got, name), rtol)
+    if state.a.dtype == torch.float32:  # the same f32 initial point, trained in float64
+        ex = engine.State({"V": state.params["V"].double()}, state.a.double(), state.c.double())
+        tr64 = engine.Batch(train.tokens, train.y, train.P_true.double())
+        l64 = torch.stack([engine.train_step(ex, tr64, lr.double(), eps.double(), w.double(), geo)
+                           for _ in range(steps)], 1)
+        scale = lambda x: 1e-6 * max(1.0, x.abs().nan_to_num(0).max().item())  # noqa: E731
+        for name, e, r, g in (("loss", l64, loss_ref, loss_got), ("V", ex.params["V"], ref.params["V"], got.params["V"]),
+                              ("a", ex.a, ref.a, got.a), ("c", ex.c, ref.c, got.c)):
+            _as_accurate(name, e, r, g, scale(e))
+    return ref, got
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    """The compiled kernel (native ISA), or skip: the fallback tests below run everywhere."""
+    os.environ.pop("RW_SWEEPS_BACKEND", None)
+    if not fused.available(K=6):
+        pytest.skip(f"no compiled kernel here: {fused.last_error()}")
+    return fused.info()
+
+
+# every (p, init, lr) of the brief: p ∈ {0.3, 0.5, 0.7} × {zero, N(0, 0.01²), N(0, 0.05²)} × lr ∈ {1, 0.3}
+GRID = [dict(p=p, init=i, sigma=s, lr=lr) for p, (i, s), lr in
+        itertools.product((0.3, 0.5, 0.7), (("zero", 0.0), ("gaussian", 0.01), ("gaussian", 0.05)), (1.0, 0.3))]
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("precision,rtol", [("float64", 1e-12), ("float32", F32)])
+def test_kernel_matches_torch(kernel, normalize, precision, rtol):
+    """All 18 runs of the grid in one batch (each its own seed), 50 steps: state, losses and every metric."""
+    cfgs = [_cfg(seed, normalize=normalize, precision=precision, **kw) for seed, kw in enumerate(GRID)]
+    _compare(cfgs, rtol)
+
+
+@pytest.mark.parametrize("precision,rtol", [("float64", 1e-12), ("float32", F32)])
+def test_kernel_matches_torch_ragged_shapes(kernel, precision, rtol):
+    """§5's N = 97 (several position tiles), n not a multiple of the SIMD width, one run, and K = 19 (the QA
+    vocabulary, beyond the AVX-512 path's K ≤ 8: the plain C path of the same library)."""
+    _compare([_cfg(s, p=0.5, N=97, n=203, precision=precision) for s in range(3)], rtol)
+    _compare([_cfg(7, p=0.7, init="gaussian", sigma=0.01, N=97, n=37, precision=precision)], rtol)
+    _compare([_cfg(s, p=0.6, K=19, N=30, n=61, precision=precision) for s in range(2)], rtol)
+
+
+def test_portable_build_matches_torch(kernel, monkeypatch, tmp_path):
+    """The build for CPUs without AVX-512 (plain C) gives the same results."""
+    monkeypatch.setenv("RW_SWEEPS_FUSED_ISA", "generic")
+    monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path))
+    fused.reset()
+    try:
+        assert fused.available(K=6) and not fused.info()["avx512"]
+        cfgs = [_cfg(seed, **kw) for seed, kw in enumerate(GRID[::3])]
+        _compare(cfgs, 1e-12)
+        _compare([_cfg(s, p=0.5, N=97, n=203, precision="float32") for s in range(2)], F32)
+        _symmetric_point("float64", N=25)
+    finally:
+        monkeypatch.undo()
+        fused.reset()
+
+
+def _symmetric_point(precision, N):
+    """Thm 4.1: p = 1, zero init, N = rK + 1 → uniform attention for ever, bit for bit."""
+    cfgs = [_cfg(s, p=1.0, N=N, precision=precision) for s in range(3)]
+    train, test, state, lr, eps, w, geo = _batch(cfgs)
+    L = N - 1
+    for chunk in range(5):
+        fused.train_step(state, train, lr, eps, w, geo, steps=T // 5)
+        probe = fused.evaluate(state, test, eps, geo)
+        assert (probe.spread == 0.0).all(), f"spread {probe.spread.tolist()} after {state.step} steps"
+        assert torch.equal(state.c[:, :L], state.c[:, :1].expand(-1, L)), "c_j not identical"
+        assert torch.equal(probe.attention[:, :L], probe.attention[:, :1].expand(-1, L))
+        assert torch.equal(state.a, state.a[:, :1].expand_as(state.a))
+    assert state.step == T and state.c[:, 0].abs().min() > 0  # it did move, symmetrically
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize("N", [25, 97])
+def test_symmetric_point_exact(kernel, precision, N):
+    _symmetric_point(precision, N)
+
+
+def test_one_step_api_and_divergence(kernel, monkeypatch):
+    """steps=None behaves as engine.train_step (loss (R,)); train_steps reports the first non-finite step
+    exactly as run._train's check would (loss before the step, parameters after it)."""
+    cfgs = [_cfg(s, p=0.5) for s in range(3)]
+    train, test, state, lr, eps, w, geo = _batch(cfgs)
+    a, b = _clone(state), _clone(state)
+    l1 = fused.train_step(a, train, lr, eps, w, geo)
+    l2 = fused.train_step(b, train, lr, eps, w, geo, steps=1)
+    assert l1.shape == (3,) and l2.shape == (3, 1) and torch.equal(l1, l2[:, 0]) and a.step == b.step == 1
+    assert torch.equal(a.params["V"], b.params["V"]) and torch.equal(a.c, b.c)
+    # run 1 diverges: a negative ε makes F + ε cross 0
+    eps2 = eps.clone()
+    eps2[1] = -0.5
+    k_state, t_state = _clone(state), _clone(state)
+    loss_k, bad_k = fused.train_steps(k_state, train, lr, eps2, w, geo, 10)
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "torch")
+    loss_t, bad_t = fused.train_steps(t_state, train, lr, eps2, w, geo, 10)
+    assert bad_t.tolist()[0] == -1 and bad_t.tolist()[2] == -1 and bad_t[1] >= 0
+    assert torch.equal(bad_k, bad_t)
+    _close("loss", loss_t[[0, 2]], loss_k[[0, 2]], 1e-12)
+
+
+def test_unsupported_models_fall_back(kernel):
+    """FFN (F.1) and gram=numeric are not in the kernel: available() is False and the calls are the
+    torch path, bit for bit."""
+    for kw in (dict(name="transformer_ffn"), dict(gram="numeric")):
+        cfgs = [_cfg(s, p=0.5, init="gaussian", sigma=0.01, **kw) for s in range(2)]
+        assert not fused.available(cfgs[0])
+        train, test, state, lr, eps, w, geo = _batch(cfgs)
+        a, b = _clone(state), _clone(state)
+        for _ in range(3):
+            assert torch.equal(engine.train_step(a, train, lr, eps, w, geo), fused.train_step(b, train, lr, eps, w, geo))
+        for k in a.params:
+            assert torch.equal(a.params[k], b.params[k])
+        pa, pb = engine.evaluate(a, test, eps, geo), fused.evaluate(b, test, eps, geo)
+        assert all(torch.equal(getattr(pa, f), getattr(pb, f)) for f in PROBE_FIELDS)
+    assert not fused.available(K=128) and not fused.available(K=6, model="transformer_ffn")
+    assert fused.available(K=127)
+
+
+def test_backend_env(kernel, monkeypatch):
+    cfgs = [_cfg(s, p=0.5) for s in range(2)]
+    train, test, state, lr, eps, w, geo = _batch(cfgs)
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "torch")
+    assert not fused.available(cfgs[0])
+    a, b = _clone(state), _clone(state)
+    assert torch.equal(engine.train_step(a, train, lr, eps, w, geo), fused.train_step(b, train, lr, eps, w, geo))
+    assert torch.equal(a.c, b.c)
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+    assert fused.available(cfgs[0])
+    ffn = [_cfg(s, name="transformer_ffn") for s in range(2)]
+    tr2, _, st2, lr2, eps2, w2, geo2 = _batch(ffn)
+    with pytest.raises(RuntimeError, match="fused kernel cannot run"):
+        fused.train_step(st2, tr2, lr2, eps2, w2, geo2)
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "cuda")
+    with pytest.raises(ValueError):
+        fused.available(cfgs[0])
+
+
+def test_fallback_without_compiler(monkeypatch, tmp_path):
+    """No compiler (or any failed build): available() is False and the engine's calls still run, on torch."""
+    monkeypatch.setattr(fused, "CC", str(tmp_path / "no-such-gcc"))
+    monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("RW_SWEEPS_BACKEND", raising=False)
+    fused.reset()
+    try:
+        assert fused.library() is None and not fused.available(K=6)
+        assert "no-such-gcc" in fused.last_error()
+        cfgs = [_cfg(s, p=0.5) for s in range(2)]
+        train, test, state, lr, eps, w, geo = _batch(cfgs)
+        a, b = _clone(state), _clone(state)
+        la = torch.stack([engine.train_step(a, train, lr, eps, w, geo) for _ in range(3)], 1)
+        lb = fused.train_step(b, train, lr, eps, w, geo, steps=3)
+        assert torch.equal(la, lb) and torch.equal(a.params["V"], b.params["V"]) and b.step == 3
+        pa, pb = engine.evaluate(a, test, eps, geo), fused.evaluate(b, test, eps, geo)
+        assert all(torch.equal(getattr(pa, f), getattr(pb, f)) for f in PROBE_FIELDS)
+        monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+        with pytest.raises(RuntimeError, match="no compiled kernel"):
+            fused.train_step(b, train, lr, eps, w, geo)
+    finally:
+        monkeypatch.undo()
+        fused.reset()
+
+
+def test_concurrent_first_use(kernel, tmp_path):
+    """Processes compiling at once into one empty cache (SLURM array jobs) all load a complete library,
+    and leave one file behind."""
+    code = ("import sys; from rw_sweeps import fused; i = fused.info(); "
+            "sys.exit(0 if i['available'] else 1)")
+    env = {**os.environ, "RW_SWEEPS_CACHE": str(tmp_path), "RW_SWEEPS_FUSED_ISA": "generic",
+           "PYTHONPATH": str(ROOT)}
+    env.pop("RW_SWEEPS_BACKEND", None)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT) for _ in range(3)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    left = sorted(q.name for q in tmp_path.iterdir())
+    assert len(left) == 1 and left[0].startswith("fused-") and left[0].endswith(".so"), left

@@ -1,0 +1,317 @@
+"""Sweeps on a real SLURM cluster (`make slurm-up`, or `.ci/run`): real sbatch, real job arrays, real
+faults (`scontrol requeue`, a run that raises, `scancel`), real accounting.
+
+Without a reachable cluster the cluster tests skip and say why, unless RW_REQUIRE_SLURM=1 (set by
+`.ci/run`), which turns the skip into a failure. The sbatch-script and parsing tests need no cluster.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from rw_sweeps import status
+
+from .conftest import SMALL, launch, start_launch, status_cmd, summaries, wait_until
+from .wandb_files import read_run
+
+QUIET = [*SMALL, "wandb.mode=disabled"]
+GRID16 = ["data.p=0,0.1,0.5,1", "init=zero,gaussian", "seed=0,1"]  # 16 runs
+
+
+def _cluster_problem() -> str | None:
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return "no SLURM client (sinfo/sbatch) on PATH: start a local cluster with `make slurm-up`"
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%a %t"], capture_output=True, text=True, timeout=20)
+    except subprocess.SubprocessError as exc:
+        return f"sinfo did not answer: {exc}"
+    if r.returncode != 0:
+        return f"the SLURM cluster is down (sinfo: {r.stderr.strip() or r.returncode}): `make slurm-up`"
+    if not any(ln.split()[:1] == ["up"] and ln.split()[1].rstrip("*~#") in ("idle", "mix", "alloc", "comp")
+               for ln in r.stdout.splitlines() if len(ln.split()) == 2):
+        return f"no SLURM node is up and usable: sinfo says {r.stdout.strip()!r}"
+    r = subprocess.run(["sacct", "-n", "-X", "-S", "now"], capture_output=True, text=True, timeout=20)
+    if r.returncode != 0:
+        return f"SLURM accounting is off (sacct: {r.stderr.strip()})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    problem = _cluster_problem()
+    if problem:
+        if os.environ.get("RW_REQUIRE_SLURM") == "1":
+            pytest.fail(f"RW_REQUIRE_SLURM=1 but {problem}")
+        pytest.skip(problem)
+
+
+@pytest.fixture
+def sweep_dir(tmp_path, cluster):
+    """A sweep folder; whatever the test leaves queued or running there is cancelled afterwards."""
+    yield tmp_path / "sweep"
+    for rec in tmp_path.rglob(status.STATE):
+        arrays = json.loads(rec.read_text()).get("arrays", [])
+        if arrays:
+            subprocess.run(["scancel", *arrays], capture_output=True)
+
+
+def record(sweep: Path) -> dict:
+    return json.loads((sweep / status.STATE).read_text())
+
+
+def sacct(arrays: list[str], *fields: str, duplicates: bool = False) -> dict[str, list[str]]:
+    """Job id → the requested sacct fields (job steps left out); every record with `duplicates`."""
+    cmd = ["sacct", "-j", ",".join(arrays), "--parsable2", "-n", "-o", ",".join(["JobID", *fields])]
+    out = subprocess.run(cmd + (["-D"] if duplicates else []), capture_output=True, text=True, check=True).stdout
+    rows = [ln.split("|") for ln in out.splitlines() if ln and "." not in ln.split("|")[0]]
+    if duplicates:
+        res: dict[str, list[str]] = {}
+        for r in rows:
+            res.setdefault(r[0], []).append(r[1])
+        return res
+    return {r[0]: r[1:] for r in rows}
+
+
+def line(sweep: Path, n: int, done: int, skipped: int, failed: int, diverged: int) -> str:
+    return f"sweep {sweep}: {n} runs: {done} done, {skipped} skipped, {failed} failed, {diverged} diverged"
+
+
+# ------------------------------------------------------------------------------------------ (a)
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory):
+    """The 16-run grid trained in this process (the laptop default): what every cluster run must equal."""
+    sweep = tmp_path_factory.mktemp("ref") / "sweep"
+    r = launch("-m", *GRID16, *QUIET, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    return {(s["p"], s["init"], s["seed"]): s for s in summaries(sweep).values()}
+
+
+@pytest.mark.parametrize("preset", ["slurm", "packed_slurm"])
+def test_a_16_run_sweep_through_slurm_gives_every_run_its_results(preset, sweep_dir, local_reference, capsys):
+    extra = ["hydra.launcher.max_runs_per_job=2"] if preset == "packed_slurm" else [
+        # what a user asks of the `slurm` preset, with values this one-node cluster accepts (see also (e))
+        "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=7", "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=1", "hydra.launcher.array_parallelism=2",
+        "hydra.launcher.setup=[echo rw-setup-ran]", "+hydra.launcher.additional_parameters.comment=rw-test"]
+    t0 = time.monotonic()
+    r = launch("-m", f"hydra/launcher={preset}", *extra, *GRID16, *QUIET, "hydra.launcher.poll_s=2",
+               f"hydra.sweep.dir={sweep_dir}")
+    wall = time.monotonic() - t0
+    with capsys.disabled():
+        print(f"\n[timing] 16-run sweep through hydra/launcher={preset}: {wall:.1f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == line(sweep_dir, 16, 16, 0, 0, 0)
+
+    runs = summaries(sweep_dir)
+    assert sorted(runs, key=int) == [str(i) for i in range(16)]
+    for name, s in runs.items():
+        assert s["status"] == "done" and s["error"] is None and s["steps"] == 10
+        ref = local_reference[(s["p"], s["init"], s["seed"])]
+        for k in ("test_acc", "train_loss", "test_loss", "parent_attention", "test_kl", "attention_spread"):
+            assert abs(s[k] - ref[k]) <= 1e-8, (name, k, s[k], ref[k])
+        assert s["symmetry_break_step"] == ref["symmetry_break_step"]
+        assert (sweep_dir / name / "history.jsonl").read_text().count("\n") == 11
+        assert not (sweep_dir / name / "checkpoint.pt").exists()
+    zero = {(s["p"], s["seed"]): s for s in runs.values() if s["init"] == "zero"}
+    assert zero[(1.0, 0)]["attention_spread"] == 0.0 and zero[(0.5, 0)]["parent_attention"] > 0.99
+
+    rec = record(sweep_dir)
+    n_jobs = 16 if preset == "slurm" else 8
+    assert len(rec["jobs"]) == n_jobs and len(rec["arrays"]) == 1
+    assert sorted(len(v) for v in rec["jobs"].values()) == [16 // n_jobs] * n_jobs
+    states = sacct(rec["arrays"], "State")
+    assert sorted(states) == sorted(rec["jobs"]) and all(v == ["COMPLETED"] for v in states.values()), states
+    for job, names in rec["jobs"].items():  # every array task trained its own runs
+        out = next((sweep_dir / ".submitit" / job).glob("*_log.out")).read_text()
+        assert out.count("done: p=") == len(names)
+        if preset == "slurm":
+            assert "rw-setup-ran" in out  # the setup line ran in the job
+    if preset == "slurm":  # (e) what SLURM itself recorded for the jobs
+        acct = sacct(rec["arrays"], "Partition", "Timelimit", "ReqCPUS")
+        assert all(v == ["debug", "00:07:00", "1"] for v in acct.values()), acct
+        script = next((sweep_dir / ".submitit").glob("*/*_submission.sh")).read_text()
+        for flag in ("--partition=debug", "--time=7", "--cpus-per-task=1", "--mem=1GB", "--array=0-15%2",
+                     "--comment=rw-test", "--requeue"):
+            assert f"#SBATCH {flag}\n" in script, flag
+
+
+# ------------------------------------------------------------------------------------------ (b)
+def test_b_a_requeued_job_resumes_from_its_checkpoint_and_ends_as_if_uninterrupted(sweep_dir, tmp_path, capsys):
+    args = ["data.p=0.5", "data.n_test=200", "optim.steps=500", "checkpoint_every=20", "wandb.mode=offline"]
+    t0 = time.monotonic()
+    ref = start_launch("-m", *args, f"hydra.sweep.dir={tmp_path / 'ref'}")  # uninterrupted, in this process
+    job = start_launch("-m", "hydra/launcher=slurm", *args, "hydra.launcher.poll_s=1", f"hydra.sweep.dir={sweep_dir}")
+    run_dir = sweep_dir / "0"
+    wait_until(lambda: (run_dir / "checkpoint.pt").exists(), 120, "the SLURM job's first checkpoint")
+    assert not (run_dir / "summary.json").exists()
+    job_id = next(iter(record(sweep_dir)["jobs"]))
+    subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
+    out, err = job.communicate(timeout=300)
+    wall = time.monotonic() - t0
+    with capsys.disabled():
+        print(f"\n[timing] requeue test (500 steps, requeued once): {wall:.1f} s")
+    assert ref.wait(timeout=300) == 0
+    assert job.returncode == 0, out + err
+    assert out.strip().splitlines()[-1] == line(sweep_dir, 1, 1, 0, 0, 0)
+
+    # it really was requeued, and the second start continued from a checkpoint mid-run
+    records = sacct([job_id.split("_")[0]], "State", duplicates=True)[job_id]
+    assert records[0] == "REQUEUED" and records[-1] == "COMPLETED", records
+    log = next((sweep_dir / ".submitit" / job_id).glob("*_log.out")).read_text()
+    assert log.count("Starting with JobEnvironment") == 2
+    step = int(re.search(r"resuming .* from its checkpoint at step (\d+)", log).group(1))
+    assert 0 < step < 500, f"the run was not caught mid-run (resumed at step {step}): make it longer"
+
+    # bit-identical to the uninterrupted run (CPU, float64): summary, history, snapshots
+    a, b = summaries(tmp_path / "ref")["0"], summaries(sweep_dir)["0"]
+    differ = {k for k in a if a[k] != b[k]}
+    assert differ <= {"wall_s", "run_id"}, {k: (a[k], b[k]) for k in differ}
+    for f in ("history.jsonl", "snapshots.jsonl"):
+        assert (run_dir / f).read_text() == (tmp_path / "ref" / "0" / f).read_text(), f
+    assert not (run_dir / "checkpoint.pt").exists()
+
+    # one wandb run, with the run folder's id, holding every step exactly once
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
+    wb = read_run(run_dir)
+    assert wb["id"] == b["run_id"] and wb["summary"]["status"] == "done"
+    assert sorted(h["step"] for h in wb["history"]) == list(range(501))
+    assert wb["summary"]["test_acc"] == b["test_acc"]
+
+
+# ------------------------------------------------------------------------------------------ (c)
+def test_c_a_run_that_raises_is_failed_in_the_sweep_and_in_slurm(sweep_dir):
+    # cuda:99 passes validation and fails at run time (no such device)
+    r = launch("-m", "hydra/launcher=slurm", "device=cpu,cuda:99", *QUIET, "hydra.launcher.poll_s=1",
+               f"hydra.sweep.dir={sweep_dir}")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == line(sweep_dir, 2, 1, 0, 1, 0)
+    runs = summaries(sweep_dir)
+    assert runs["0"]["status"] == "done" and runs["0"]["test_acc"] > 0.3
+    assert runs["1"]["status"] == "failed" and "cuda" in runs["1"]["error"].lower()
+    assert f"failed {sweep_dir / '1'}: " in r.stderr  # and it says why
+    rec = record(sweep_dir)
+    by_run = {names[0]: job for job, names in rec["jobs"].items()}
+    states = sacct(rec["arrays"], "State", "ExitCode")
+    assert states[by_run["0"]] == ["COMPLETED", "0:0"]
+    assert states[by_run["1"]][0] == "FAILED" and states[by_run["1"]][1] != "0:0", states
+
+    # the status command reads the same thing from the folder and the accounting
+    st = status_cmd(str(sweep_dir), "--wait", "--interval", "1")
+    assert st.returncode == 1 and st.stdout.strip().splitlines()[-1] == line(sweep_dir, 2, 1, 0, 1, 0)
+    assert "cuda" in st.stderr.lower()
+
+
+def test_c_a_job_killed_without_writing_its_summary_makes_its_run_failed(sweep_dir):
+    r = launch("-m", "hydra/launcher=slurm", "hydra.launcher.detach=true", "optim.steps=10,5000", "data.n_test=200",
+               "checkpoint_every=10", "wandb.mode=disabled", f"hydra.sweep.dir={sweep_dir}")
+    assert r.returncode == 0, r.stderr
+    long_job = next(job for job, names in record(sweep_dir)["jobs"].items() if names == ["1"])
+    wait_until(lambda: (sweep_dir / "1" / "checkpoint.pt").exists(), 120, "the 5000-step run to train")
+    subprocess.run(["scancel", long_job], check=True)
+    st = status_cmd(str(sweep_dir), "--wait", "--interval", "1", "--grace", "2")
+    assert st.returncode == 1, st.stderr
+    assert st.stdout.strip().splitlines()[-1] == line(sweep_dir, 2, 1, 0, 1, 0)
+    assert f"job {long_job} ended (CANCELLED) without writing this run's summary" in st.stderr
+    assert not (sweep_dir / "1" / "summary.json").exists() and summaries(sweep_dir)["0"]["status"] == "done"
+
+
+# ------------------------------------------------------------------------------------------ (d)
+def test_d_a_detached_sweep_returns_at_once_and_status_follows_it_to_the_end(sweep_dir):
+    args = ["-m", "hydra/launcher=slurm", "hydra.launcher.detach=true", "data.p=0.2,0.5,0.8", "optim.steps=150",
+            "data.n_test=200", "checkpoint_every=10", "wandb.mode=disabled", f"hydra.sweep.dir={sweep_dir}"]
+    r = launch(*args)
+    returned = time.time()
+    assert r.returncode == 0, r.stderr
+    rec = record(sweep_dir)
+    assert len(rec["jobs"]) == 3 and rec["detached"]
+    assert f"sweep folder: {sweep_dir}" in r.stdout and f"{rec['arrays'][0]}_[0-2]" in r.stdout
+    assert f"python -m rw_sweeps.status {sweep_dir} --wait" in r.stdout
+    assert not re.search(r"^sweep .*: \d+ runs: ", r.stdout, re.M)  # no summary line: nothing has ended
+    assert len(summaries(sweep_dir)) < 3
+
+    now = status_cmd(str(sweep_dir))
+    assert now.returncode == 0 and re.search(r": 3 runs: \d done, 0 skipped, 0 failed, 0 diverged, \d running, "
+                                             r"\d pending", now.stdout), now.stdout
+    st = status_cmd(str(sweep_dir), "--wait", "--interval", "1")
+    assert st.returncode == 0, st.stderr
+    assert st.stdout.strip().splitlines()[-1] == line(sweep_dir, 3, 3, 0, 0, 0)
+    assert "[status]" in st.stderr  # it showed progress on the way
+    ended = max((sweep_dir / n / "summary.json").stat().st_mtime for n in ("0", "1", "2"))
+    assert ended - returned > 3, "the detached launch did not return well before its jobs ended"
+    assert all(s["status"] == "done" and s["steps"] == 150 for s in summaries(sweep_dir).values())
+
+    # the same command again: nothing to submit, and status says every run was skipped
+    again = launch(*args)
+    assert again.returncode == 0 and "submitted 0 run(s) (3 already done)" in again.stdout
+    st = status_cmd(str(sweep_dir), "--wait", "--interval", "1")
+    assert st.returncode == 0 and st.stdout.strip().splitlines()[-1] == line(sweep_dir, 3, 0, 3, 0, 0)
+
+
+# ------------------------------------------------------------------------------------------ (e)
+def dry_run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return launch("-m", "hydra/launcher=slurm", "hydra.launcher.dry_run=true", "data.p=0.1,0.2,0.3", *QUIET,
+                  f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides)
+
+
+def test_e_the_sbatch_script_carries_what_the_user_asked_for(tmp_path):  # no cluster needed
+    r = dry_run(tmp_path, "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=90",
+                "hydra.launcher.cpus_per_task=4", "hydra.launcher.gres=gpu:1", "hydra.launcher.mem_gb=16",
+                "hydra.launcher.array_parallelism=2", "hydra.launcher.account=lab", "hydra.launcher.qos=high",
+                "hydra.launcher.max_array_size=1001",
+                "hydra.launcher.setup=[module load cuda/12.4,source /opt/rw/.venv/bin/activate]",
+                "+hydra.launcher.additional_parameters.constraint=a100")
+    assert r.returncode == 0, r.stderr
+    script = r.stdout[r.stdout.index("#!/bin/bash"):]
+    flags = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
+    for flag in ("--partition=gpu", "--time=90", "--cpus-per-task=4", "--gres=gpu:1", "--mem=16GB",
+                 "--array=0-2%2", "--account=lab", "--qos=high", "--constraint=a100", "--requeue",
+                 "--signal=USR2@60", "--job-name=launch", "--nodes=1"):
+        assert f"#SBATCH {flag}" in flags, flag
+    assert not any("gpus-per-node" in f for f in flags)
+    body = script.splitlines()
+    srun = next(i for i, ln in enumerate(body) if ln.startswith("srun "))
+    assert body.index("module load cuda/12.4") < body.index("source /opt/rw/.venv/bin/activate") < srun
+    assert "-m submitit.core._submit" in body[srun]
+    assert not (tmp_path / "sweep").exists()  # a dry run writes nothing and submits nothing
+
+    # defaults of the preset, and the alternatives
+    r = dry_run(tmp_path, "hydra.launcher.gpus_per_node=2", "+hydra.launcher.additional_parameters.requeue=false",
+                "hydra.launcher.max_array_size=2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("#!/bin/bash") == 2 and "#SBATCH --array=0-1%2" in r.stdout  # 3 jobs, arrays of ≤ 2
+    assert "#SBATCH --gpus-per-node=2" in r.stdout and "#SBATCH --no-requeue" in r.stdout
+    assert "#SBATCH --requeue" not in r.stdout and "#SBATCH --time=60" in r.stdout
+    assert "#SBATCH --cpus-per-task=1" in r.stdout and "--partition" not in r.stdout
+    r = dry_run(tmp_path, "hydra.launcher.gpus_per_node=1", "hydra.launcher.gres=gpu:1")
+    assert r.returncode != 0 and "set gres or gpus_per_node, not both" in r.stderr
+
+
+# ------------------------------------------------------------------------------------------ (f)
+def test_f_a_grid_larger_than_the_max_array_size_is_split_into_several_arrays(sweep_dir):
+    r = launch("-m", "hydra/launcher=slurm", "hydra.launcher.max_array_size=3", "seed=range(0,7)", *QUIET,
+               "hydra.launcher.poll_s=1", f"hydra.sweep.dir={sweep_dir}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == line(sweep_dir, 7, 7, 0, 0, 0)
+    rec = record(sweep_dir)
+    assert len(rec["arrays"]) == 3 and len(rec["jobs"]) == 7
+    sizes = sorted(sum(1 for j in rec["jobs"] if j.split("_")[0] == a) for a in rec["arrays"])
+    assert sizes == [1, 3, 3]
+    scripts = sorted(p.read_text() for p in (sweep_dir / ".submitit").glob("*/*_submission.sh"))
+    assert sum("#SBATCH --array=0-2%3" in s for s in scripts) == 2
+    assert all(v == ["COMPLETED"] for v in sacct(rec["arrays"], "State").values())
+    assert sorted(s["seed"] for s in summaries(sweep_dir).values()) == list(range(7))
+    assert all(s["status"] == "done" for s in summaries(sweep_dir).values())
+
+
+# ------------------------------------------------------------------------------------------ parsing
+def test_sacct_and_squeue_ids_are_expanded_to_array_tasks():  # no cluster needed
+    text = "12_[3-5,8%2]|PENDING\n12_0|RUNNING\n12_0.batch|RUNNING\n12_1|CANCELLED by 0\n13|COMPLETED\n13.0|FAILED\n"
+    assert status.parse_states(text) == {"12_3": "PENDING", "12_4": "PENDING", "12_5": "PENDING",
+                                         "12_8": "PENDING", "12_0": "RUNNING", "12_1": "CANCELLED", "13": "COMPLETED"}

@@ -9,7 +9,7 @@
  * Layout: run → step → sample, so a run's int8 tokens (n·(N−1) bytes) and its histogram masks stay in L2
  * for all T steps; runs are spread over threads (pthreads, dynamic). Two implementations per dtype:
  *   - generic: plain C, any K ≤ 127, any CPU;
- *   - AVX-512 (compiled in when -march=native has AVX512F/BW/VL/DQ), K ≤ 8:
+ *   - AVX-512 (compiled in when -march=native has AVX512F/BW/VL/DQ), 3 ≤ K ≤ 8:
  *       histogram with samples in the SIMD lanes: per position j, K masked adds of β_j (masks precomputed
  *       per run), so every H_bk is summed in position order exactly as torch's scatter_add_;
  *       gather-sum with positions in the lanes: one permutexvar of Ψ_b per 8 (f64) / 16 (f32) tokens.
@@ -37,7 +37,7 @@
 #define RW_AVX512 0
 #endif
 
-#define RW_ABI 3
+#define RW_ABI 4
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
 
@@ -266,6 +266,7 @@ typedef struct {
     REAL kappa, pp, nu_tok, nu_q;
     REAL *loss;         /* (R, T): training loss before each step */
     int32_t *bad_step;  /* (R,): first step t whose loss or updated parameters are not all finite, else −1 */
+    const void *masks;  /* histogram masks of all runs (rw_masks), or NULL: built per run in scratch */
 } SFX(tctx);
 
 typedef struct {
@@ -275,6 +276,7 @@ typedef struct {
     const REAL *V, *a, *c, *eps;
     REAL nu_tok, nu_q;
     REAL *loss, *acc, *kl, *pred_dist, *attention, *spread, *h_example, *h_var; /* (R), …, (R, L+1), (R), (R, K) ×2 */
+    const void *masks;
 } SFX(ectx);
 
 /* NaN-propagating max, as torch.amax / torch.maximum */
@@ -482,7 +484,7 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
     }
 }
 
-/* =================================== AVX-512 implementation (K ≤ 8) =================================== */
+/* ================================ AVX-512 implementation (3 ≤ K ≤ 8) ================================ */
 #if RW_AVX512
 
 #define PSTRIDE 8 /* one Ψ_b row (K ≤ 8 entries) per sample */
@@ -645,7 +647,10 @@ ALWAYS_INLINE void SFX(train_avx_body)(const int K, const SFX(tctx) *x, int64_t 
     p += align64(sizeof(REAL) * (size_t)(KMAX_FAST * KMAX_FAST * 3));
     REAL *tmp = (REAL *)p;
     REAL alpha[KMAX_FAST], bq;
-    SFX(build_masks)(n, L, K, tok, masks);
+    if (x->masks)
+        masks = (MASK *)x->masks + r * nblk * L * K;
+    else
+        SFX(build_masks)(n, L, K, tok, masks);
     memset(psiT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
     memset(Vcol, 0, sizeof(REAL) * KMAX_FAST * KMAX_FAST);
     x->bad_step[r] = -1;
@@ -725,6 +730,9 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
 #pragma GCC unroll 8
     for (int k = 1; k < K; k++) Z = VADD(Z, VMUL(alphav[k], H[k]));
     Z = VADD(Z, vbq);
+    /* h = α∘H/Z exactly as torch (f = V h decides argmax ties); the outputs that feed nothing back
+       (α/Z, S_q, f/‖f‖, P/‖P‖, q/Σq) multiply by one reciprocal each: ≤ 1 ulp, a third of the divisions */
+    const VEC rZ = VDIV(one, Z);
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) h[k] = VDIV(VMUL(alphav[k], H[k]), Z);
 #pragma GCC unroll 8
@@ -765,18 +773,20 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
         P2 = (k == 0) ? VMUL(P[0], P[0]) : VADD(P2, VMUL(P[k], P[k]));
     }
     VEC kl = zero;
+    const VEC rqs = VDIV(one, qs);
 #ifdef VLOG
     acc->L = VMASK_ADD(acc->L, vm, acc->L, VLOG(VADD(F, veps)));
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) {
         MASK pos = VCMP(P[k], zero, _CMP_GT_OQ);
-        VEC term = VMUL(P[k], VSUB(VLOG(VMAX(tiny, P[k])), VLOG(VDIV(q[k], qs))));
+        VEC term = VMUL(P[k], VSUB(VLOG(VMAX(tiny, P[k])), VLOG(VMUL(q[k], rqs))));
         term = VMASK_MOV(zero, pos, term);
         kl = (k == 0) ? term : VADD(kl, term);
     }
 #else
     {
         REAL xs[LANES], Ps[LANES], qq[LANES], ss[LANES], ks[LANES] = {0};
+        (void)rqs;
         VSTOREU(xs, VADD(F, veps));
         VEC lv = zero;
         REAL ls[LANES] = {0};
@@ -799,19 +809,20 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     }
 #endif
     acc->KL = VMASK_ADD(acc->KL, vm, acc->KL, kl);
-    VEC fnorm = VMAX(tiny, VSQRT(fn2)), Pnorm = VSQRT(P2), d2 = zero;
+    const VEC rfn = VDIV(one, VMAX(tiny, VSQRT(fn2))), rPn = VDIV(one, VSQRT(P2));
+    VEC d2 = zero;
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) {
-        VEC d = VSUB(VDIV(f[k], fnorm), VDIV(P[k], Pnorm));
+        VEC d = VSUB(VMUL(f[k], rfn), VMUL(P[k], rPn));
         d2 = (k == 0) ? VMUL(d, d) : VADD(d2, VMUL(d, d));
     }
     acc->PD = VMASK_ADD(acc->PD, vm, acc->PD, VSQRT(d2));
-    acc->SQ = VMASK_ADD(acc->SQ, vm, acc->SQ, VDIV(vbq, Z));
+    acc->SQ = VMASK_ADD(acc->SQ, vm, acc->SQ, VMUL(vbq, rZ));
     /* per-sample rows for the gather pass (α/Z), the spread (Z) and h's mean and variance */
     REAL tmp[2 * KMAX_FAST * LANES];
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) {
-        VSTOREU(tmp + k * LANES, VDIV(alphav[k], Z));
+        VSTOREU(tmp + k * LANES, VMUL(alphav[k], rZ));
         VSTOREU(tmp + (KMAX_FAST + k) * LANES, h[k]);
     }
     VSTOREU(Zb + b0, Z);
@@ -821,6 +832,15 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
             azT[(b0 + l) * PSTRIDE + k] = tmp[k * LANES + l];
             hT[(b0 + l) * PSTRIDE + k] = tmp[(KMAX_FAST + k) * LANES + l];
         }
+}
+
+/* one copy with a run-time K: the evaluation chain is not hot, and six unrolled copies per dtype would
+   double the compile time; only the histogram (the hot part) is specialised on K */
+static __attribute__((noinline)) void SFX(eval_chain_rt)(int K, int64_t b0, int64_t n, const VEC *H,
+                                                         const uint8_t *yy, const REAL *Pr, const VEC *alphav,
+                                                         const REAL *V, VEC vbq, VEC veps, SFX(eacc) *acc,
+                                                         REAL *azT, REAL *hT, REAL *Zb) {
+    SFX(eval_chain)(K, b0, n, H, yy, Pr, alphav, V, vbq, veps, acc, azT, hT, Zb);
 }
 
 /* the eval gather pass: E_j = Σ_b (α/Z_b)[s_bj]; per sample the max and min over j of α[s_bj]·β_j */
@@ -898,7 +918,10 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     p += align64(sizeof(REAL) * (size_t)(L + 64));
     REAL *E = (REAL *)p;
     REAL alpha[KMAX_FAST] = {0}, bq;
-    SFX(build_masks)(n, L, K, tok, masks);
+    if (x->masks)
+        masks = (MASK *)x->masks + r * nblk * L * K;
+    else
+        SFX(build_masks)(n, L, K, tok, masks);
     memset(azT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
     memset(beta, 0, sizeof(REAL) * (size_t)(L + 64));
     SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
@@ -911,12 +934,12 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     int64_t blk = 0;
     for (; blk + 1 < nblk; blk += 2) {
         SFX(hist)(K, 2, L, masks + blk * L * K, beta, H);
-        SFX(eval_chain)(K, blk * LANES, n, H, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
-        SFX(eval_chain)(K, (blk + 1) * LANES, n, H + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+        SFX(eval_chain_rt)(K, blk * LANES, n, H, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+        SFX(eval_chain_rt)(K, (blk + 1) * LANES, n, H + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
     }
     if (blk < nblk) {
         SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);
-        SFX(eval_chain)(K, blk * LANES, n, H, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+        SFX(eval_chain_rt)(K, blk * LANES, n, H, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
     }
     SFX(eval_tiles)(K, n, L, tok, azT, alpha, beta, E, mx, mn);
     REAL spread = 0;
@@ -958,23 +981,57 @@ RW_INST_EVAL(8)
 static const run_fn SFX(eval_avx_fns)[9] = {NULL, NULL, NULL, SFX(eval_avx_3),
                                            SFX(eval_avx_4), SFX(eval_avx_5), SFX(eval_avx_6),
                                            SFX(eval_avx_7), SFX(eval_avx_8)};
+typedef struct {
+    int64_t n, L, K;
+    const uint8_t *tok;
+    MASK *out;
+} SFX(mctx);
+
+static void SFX(masks_run)(const void *vctx, int64_t r, char *scratch) {
+    const SFX(mctx) *x = (const SFX(mctx) *)vctx;
+    int64_t nblk = (x->n + LANES - 1) / LANES;
+    (void)scratch;
+    SFX(build_masks)(x->n, x->L, x->K, x->tok + r * x->n * x->L, x->out + r * nblk * x->L * x->K);
+}
 #undef PSTRIDE
 #undef ALWAYS_INLINE
 #endif /* RW_AVX512 */
+
+/* Bytes of the histogram masks of one run for the AVX-512 path, 0 where that path does not apply. */
+int64_t SFX(rw_masks_bytes)(int64_t n, int64_t L, int64_t K) {
+#if RW_AVX512
+    if (K >= 3 && K <= KMAX_FAST) return (int64_t)sizeof(MASK) * ((n + LANES - 1) / LANES) * L * K;
+#endif
+    (void)n, (void)L, (void)K;
+    return 0;
+}
+
+/* The masks of R runs (to reuse across calls that see the same tokens: one step at a time, evaluations). */
+int SFX(rw_masks)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, void *out, int nthreads) {
+    if (SFX(rw_masks_bytes)(n, L, K) == 0 || R < 0) return 2;
+#if RW_AVX512
+    SFX(mctx) x = {n, L, K, tok, (MASK *)out};
+    return parallel_runs(SFX(masks_run), &x, R, 64, nthreads);
+#else
+    (void)tok, (void)out, (void)nthreads;
+    return 2;
+#endif
+}
 
 /* ============================================ entry points ============================================ */
 
 /* impl: 0 = the fastest available, 1 = generic. Returns 0 on success, 2 on bad arguments, 1 on failure. */
 int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const uint8_t *tok, const uint8_t *y,
                   REAL *V, REAL *a, REAL *c, const REAL *lr, const REAL *eps, const REAL *w, double kappa,
-                  double pp, double nu_tok, double nu_q, REAL *loss, int32_t *bad_step, int nthreads, int impl) {
+                  double pp, double nu_tok, double nu_q, REAL *loss, int32_t *bad_step, const void *masks,
+                  int nthreads, int impl) {
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127 || T < 0) return 2;
     if (R == 0 || T == 0) {
         for (int64_t r = 0; r < R; r++) bad_step[r] = -1;
         return 0;
     }
     SFX(tctx) x = {R, n, L, K, T, tok, y, V, a, c, lr, eps, w, (REAL)kappa, (REAL)pp, (REAL)nu_tok, (REAL)nu_q,
-                   loss, bad_step};
+                   loss, bad_step, masks};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(train_avx_fns)[K], &x, R, SFX(train_avx_scratch)(n, L, K), nthreads);
@@ -986,11 +1043,11 @@ int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const u
 int SFX(rw_eval)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, const uint8_t *y, const REAL *P,
                  const REAL *V, const REAL *a, const REAL *c, const REAL *eps, double nu_tok, double nu_q,
                  REAL *loss, REAL *acc, REAL *kl, REAL *pred_dist, REAL *attention, REAL *spread, REAL *h_example,
-                 REAL *h_var, int nthreads, int impl) {
+                 REAL *h_var, const void *masks, int nthreads, int impl) {
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127) return 2;
     if (R == 0) return 0;
     SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_q,
-                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var};
+                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var, masks};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(eval_avx_fns)[K], &x, R, SFX(eval_avx_scratch)(n, L, K), nthreads);

@@ -1,16 +1,19 @@
 """The fused training step: `engine.train_step` / `engine.evaluate` for eq. 2.1 as one compiled C loop.
 
-Same math, same State / Batch / Probe objects, same results (to ~1e-15 in float64; Thm 4.1's symmetric point
-stays exact, bit for bit), 10–20× faster: `fused.c` runs run → step → sample so a run's int8 tokens stay
-in L2 for all its steps, with the two O(n·N) passes of the factorised softmax (token histogram and
-gather-sum) in AVX-512 (performance-notes §1, §4).
+Same math, same State / Batch / Probe objects, same results (float64: ~1e-15 of each quantity's scale;
+Thm 4.1's symmetric point stays exact, bit for bit, in both precisions), one to two orders of magnitude
+faster (benchmarks/bench_engine.py): `fused.c` keeps a run's uint8 tokens in L2 across its steps and does
+the two O(n·N) passes of the factorised softmax (token histogram, gather-sum) in AVX-512
+(performance-notes §1, §4).
 
-The kernel is compiled by gcc on first use and cached under ~/.cache/rw_sweeps (or $RW_SWEEPS_CACHE), one
-shared object per (source, flags, compiler, CPU). It covers model=transformer with the exact Gram, float64
-and float32, K ≤ 127 (AVX-512 for K ≤ 8, plain C otherwise or on CPUs without AVX-512). Everything else —
-the FFN model, gram=numeric, other devices, no compiler — runs `engine`'s PyTorch code, which stays the
-specification. `RW_SWEEPS_BACKEND=torch|fused|auto` (default auto) forces a path; `fused` raises where the
-kernel cannot run. `RW_SWEEPS_THREADS` sets the threads (default: torch.get_num_threads()).
+Compiled by gcc on first use and cached in ~/.cache/rw_sweeps (or $RW_SWEEPS_CACHE), one shared object per
+(source, flags, compiler, CPU), written to a temp name and renamed so concurrent jobs never load half a
+file. Covers model=transformer with the exact Gram, float64 and float32, K ≤ 127, on CPU tensors (AVX-512
+for 3 ≤ K ≤ 8; plain C for other K, on CPUs without AVX-512, or with RW_SWEEPS_FUSED_ISA=generic).
+Everything else — the FFN model, gram=numeric, GPU tensors, no working compiler — runs `engine`'s PyTorch
+code, which stays the specification. RW_SWEEPS_BACKEND=torch|fused|auto (default auto) forces a path
+(`fused` raises where the kernel cannot run); RW_SWEEPS_THREADS sets the threads (default
+torch.get_num_threads()); runs are the unit of parallelism, so R = 1 uses one thread.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from .model import Geometry
 
 SOURCE = Path(__file__).with_name("fused.c")
 CC = os.environ.get("CC", "gcc")  # the compiler; tests point it somewhere absent to check the fallback
-ABI = 3  # must match RW_ABI in fused.c
+ABI = 4  # must match RW_ABI in fused.c
 BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 # Build attempts per variant, best first: native ISA with glibc's vector log (libmvec), native ISA, and a
 # portable build with no ISA extensions at all (plain C paths only).
@@ -143,11 +146,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     i64, i32, dbl, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
     for sfx in ("f64", "f32"):
         f = getattr(lib, f"rw_train_{sfx}")
-        f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 4 + [vp, vp, i32, i32]
+        f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 4 + [vp, vp, vp, i32, i32]
         f.restype = i32
         f = getattr(lib, f"rw_eval_{sfx}")
-        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [i32, i32]
+        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [vp, i32, i32]
         f.restype = i32
+        f = getattr(lib, f"rw_masks_bytes_{sfx}")
+        f.argtypes, f.restype = [i64] * 3, i64
+        f = getattr(lib, f"rw_masks_{sfx}")
+        f.argtypes, f.restype = [i64] * 4 + [vp, vp, i32], i32
     for name in ("rw_abi", "rw_isa", "rw_mvec"):
         getattr(lib, name).restype = ctypes.c_int
 
@@ -233,8 +240,9 @@ def _kernel_for(state: engine.State, data: engine.Batch, geo: Geometry) -> Optio
         why = "a non-CPU device"
     elif V.dim() != 3 or V.shape[1] != V.shape[2] or not 1 <= V.shape[2] <= MAX_K:
         why = f"V of shape {tuple(V.shape)}"
-    elif data.tokens.dim() != 3 or data.tokens.shape[2] + 1 != state.c.shape[1] or data.tokens.shape[1] < 1:
-        why = "token shape"
+    elif not _shapes_agree(state, data):
+        why = (f"shapes: V {tuple(V.shape)}, a {tuple(state.a.shape)}, c {tuple(state.c.shape)}, "
+               f"tokens {tuple(data.tokens.shape)}, y {tuple(data.y.shape)}, P_true {tuple(data.P_true.shape)}")
     lib = None if why else library()
     if lib is None and why is None:
         why = "no compiled kernel: " + last_error().splitlines()[-1] if last_error() else "no compiled kernel"
@@ -243,11 +251,23 @@ def _kernel_for(state: engine.State, data: engine.Batch, geo: Geometry) -> Optio
     return lib
 
 
+def _shapes_agree(state: engine.State, data: engine.Batch) -> bool:
+    """The kernel trusts these (memory safety): V (R,K,K), a (R,K), c (R,N), tokens (R,n,N−1), y (R,n),
+    P_true (R,n,K)."""
+    V, tok = state.params["V"], data.tokens
+    if tok.dim() != 3 or tok.shape[1] < 1 or tok.shape[2] < 1:
+        return False
+    R, K, (n, L) = V.shape[0], V.shape[2], tok.shape[1:]
+    return (tuple(state.a.shape) == (R, K) and tuple(state.c.shape) == (R, L + 1) and tok.shape[0] == R
+            and tuple(data.y.shape) == (R, n) and tuple(data.P_true.shape) == (R, n, K))
+
+
 def _threads(R: int) -> int:
     n = int(os.environ.get("RW_SWEEPS_THREADS", "0") or 0) or torch.get_num_threads()
     return max(1, min(n, R))
 
 
+# per token tensor (a Batch's): its uint8 copy and its masks, dropped when the tensor is freed
 _bytes_cache: dict[int, tuple] = {}
 
 
@@ -258,21 +278,47 @@ def _as_bytes(t: torch.Tensor, K: int) -> torch.Tensor:
     hit = _bytes_cache.get(key)
     if hit is not None and hit[0]() is t and hit[1] == t._version and hit[2] <= K:
         return hit[3]
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= K):
+    lo, hi = (int(v) for v in t.aminmax()) if t.numel() else (0, -1)
+    if lo < 0 or hi >= K:
         raise ValueError(f"token ids must lie in [0, {K})")
     u8 = t.detach().to(torch.uint8).contiguous()
-    kmax = int(t.max()) + 1 if t.numel() else 0
-    if len(_bytes_cache) >= 32:
-        _bytes_cache.pop(next(iter(_bytes_cache)))
-    try:
-        _bytes_cache[key] = (weakref.ref(t), t._version, kmax, u8)
-    except TypeError:
-        pass
+    kmax = hi + 1
+    _remember(_bytes_cache, key, t, (weakref.ref(t), t._version, kmax, u8))
     return u8
 
 
-def _ptr(t: torch.Tensor) -> int:
-    return t.data_ptr()
+def _remember(cache: dict, key, owner: torch.Tensor, entry: tuple) -> None:
+    """Cache an entry for as long as `owner` (a Batch's token tensor) lives, and no longer."""
+    if key not in cache:
+        weakref.finalize(owner, cache.pop, key, None)
+    cache[key] = entry
+
+
+_masks_cache: dict[tuple, tuple] = {}
+
+
+def _masks(lib, tokens: torch.Tensor, tok8: torch.Tensor, K: int, dtype) -> Optional[torch.Tensor]:
+    """The AVX-512 histogram masks of these tokens (72 KB per §5 run), built once per token tensor, for the
+    calls that would otherwise rebuild them every time: single steps and evaluations. None where the
+    kernel takes its plain C path."""
+    sfx = "f64" if dtype == torch.float64 else "f32"
+    R, n, L = tok8.shape
+    per_run = getattr(lib, f"rw_masks_bytes_{sfx}")(n, L, K)
+    if per_run <= 0:
+        return None
+    key = (id(tokens), sfx, K)
+    hit = _masks_cache.get(key)
+    if hit is not None and hit[0]() is tokens and hit[1] == tokens._version:
+        return hit[2]
+    out = torch.empty(R * per_run, dtype=torch.uint8)
+    if getattr(lib, f"rw_masks_{sfx}")(R, n, L, K, _ptr(tok8), _ptr(out), _threads(R)) != 0:
+        return None
+    _remember(_masks_cache, key, tokens, (weakref.ref(tokens), tokens._version, out))
+    return out
+
+
+def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
+    return None if t is None else t.data_ptr()
 
 
 def _vec(x: torch.Tensor, R: int, dtype) -> torch.Tensor:
@@ -301,10 +347,12 @@ def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: 
     loss = torch.empty(R, steps, dtype=dtype)
     bad = torch.empty(R, dtype=torch.int32)
     fn = lib.rw_train_f64 if dtype == torch.float64 else lib.rw_train_f32
+    # a call of a few steps reuses cached masks; a long call builds them per run, in cache, for all its steps
+    masks = _masks(lib, data.tokens, tok, K, dtype) if steps <= 2 else None
     with torch.no_grad():
         rc = fn(R, n, L, K, steps, _ptr(tok), _ptr(y), _ptr(V), _ptr(a), _ptr(c), _ptr(lr_), _ptr(eps_), _ptr(w_),
                 float(geo.kappa), float(geo.pp), float(geo.nu_tok), float(geo.nu_q), _ptr(loss), _ptr(bad),
-                _threads(R), 0)
+                _ptr(masks), _threads(R), 0)
         if rc != 0:
             raise RuntimeError(f"fused kernel rw_train failed (code {rc})")
         if a is not state.a:
@@ -360,7 +408,8 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     fn = lib.rw_eval_f64 if dtype == torch.float64 else lib.rw_eval_f32
     rc = fn(R, n, L, K, _ptr(tok), _ptr(y), _ptr(P), _ptr(Vc), _ptr(a), _ptr(c), _ptr(eps_), float(geo.nu_tok),
             float(geo.nu_q), _ptr(out["loss"]), _ptr(out["acc"]), _ptr(out["kl"]), _ptr(out["pred_dist"]),
-            _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _threads(R), 0)
+            _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _ptr(_masks(lib, data.tokens, tok, K, dtype)),
+            _threads(R), 0)
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
     return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv)

@@ -247,7 +247,9 @@ class Sweep:
         if progress and not quiet:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(self.runs), unit="run", desc=f"sweep {self.dir.name}", file=sys.stderr)
+            # nrows: some terminals (e.g. under `script`) report no height, and tqdm would then draw nothing
+            bar = tqdm(total=len(self.runs), desc=f"sweep {self.dir.name}", file=sys.stderr, nrows=10,
+                       bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} runs [{elapsed}{postfix}]")
         last_ask, snap, states = float("-inf"), None, None
         try:
             while True:
@@ -260,7 +262,7 @@ class Sweep:
                 n_final = sum(snap.counts[k] for k in FINAL)
                 if bar is not None:
                     bar.n = n_final
-                    bar.set_postfix_str(_progress_text(snap.counts), refresh=False)
+                    bar.set_postfix_str(_short_text(snap.counts), refresh=False)
                     bar.refresh()
                 elif not quiet:
                     line = _progress_text(snap.counts)
@@ -282,6 +284,13 @@ class _Const(dict):
 
     def get(self, key, default=None):
         return self.state
+
+
+def _short_text(c: Counter) -> str:
+    """For the progress bar: what is moving, and any trouble."""
+    parts = [f"{c['running']} running", f"{c['pending']} pending"]
+    parts += [f"{c[k]} {k}" for k in ("skipped", "failed", "diverged") if c[k]]
+    return ", ".join(parts)
 
 
 def _progress_text(c: Counter) -> str:

@@ -53,3 +53,25 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.05):
             return value
         time.sleep(poll)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+_PER_STEP: list[float] = []
+
+
+def seconds_per_step() -> float:
+    """Wall time of one training step of the SMALL shape here and now, measured once per session. Tests that
+    must catch a run mid-way size it with this: machines, their load and the engine's speed all differ."""
+    if not _PER_STEP:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            r = launch("data.n_test=200", "optim.steps=200", "wandb.mode=disabled", f"hydra.run.dir={d}/run")
+            assert r.returncode == 0, r.stderr
+            wall = json.loads((Path(d) / "run" / "summary.json").read_text())["wall_s"]
+        _PER_STEP.append(max(wall / 200, 1e-5))
+    return _PER_STEP[0]
+
+
+def steps_lasting(seconds: float, lo: int = 20, hi: int = 20000) -> int:
+    """A step count whose training takes about `seconds` on this machine (a multiple of 10, in [lo, hi])."""
+    return int(min(hi, max(lo, -(-seconds / seconds_per_step() // 10) * 10)))

@@ -18,7 +18,7 @@ import pytest
 
 from rw_sweeps import status
 
-from .conftest import SMALL, launch, start_launch, status_cmd, summaries, wait_until
+from .conftest import SMALL, launch, start_launch, status_cmd, steps_lasting, summaries, wait_until
 from .wandb_files import read_run
 
 QUIET = [*SMALL, "wandb.mode=disabled"]
@@ -31,7 +31,7 @@ def _cluster_problem() -> str | None:
     try:
         r = subprocess.run(["sinfo", "-h", "-o", "%a %t"], capture_output=True, text=True, timeout=20)
     except subprocess.SubprocessError as exc:
-        return f"sinfo did not answer: {exc}"
+        return f"SLURM did not answer (sinfo: {exc}): start a local cluster with `make slurm-up`"
     if r.returncode != 0:
         return f"the SLURM cluster is down (sinfo: {r.stderr.strip() or r.returncode}): `make slurm-up`"
     if not any(ln.split()[:1] == ["up"] and ln.split()[1].rstrip("*~#") in ("idle", "mix", "alloc", "comp")
@@ -93,6 +93,7 @@ def local_reference(tmp_path_factory):
     return {(s["p"], s["init"], s["seed"]): s for s in summaries(sweep).values()}
 
 
+@pytest.mark.slurm
 @pytest.mark.parametrize("preset", ["slurm", "packed_slurm"])
 def test_a_16_run_sweep_through_slurm_gives_every_run_its_results(preset, sweep_dir, local_reference, capsys):
     extra = ["hydra.launcher.max_runs_per_job=2"] if preset == "packed_slurm" else [
@@ -143,8 +144,13 @@ def test_a_16_run_sweep_through_slurm_gives_every_run_its_results(preset, sweep_
 
 
 # ------------------------------------------------------------------------------------------ (b)
+@pytest.mark.slurm
 def test_b_a_requeued_job_resumes_from_its_checkpoint_and_ends_as_if_uninterrupted(sweep_dir, tmp_path, capsys):
-    args = ["data.p=0.5", "data.n_test=200", "optim.steps=500", "checkpoint_every=20", "wandb.mode=offline"]
+    # long enough to be caught mid-run: SLURM sends SIGTERM (which submitit ignores), then SIGKILL KillWait
+    # (5 s here) later, so the run must still be training then
+    steps = steps_lasting(15, lo=400)
+    args = ["data.p=0.5", "data.n_train=1000", "data.n_test=200", f"optim.steps={steps}",
+            f"checkpoint_every={max(1, steps // 50)}", "wandb.mode=offline"]
     t0 = time.monotonic()
     ref = start_launch("-m", *args, f"hydra.sweep.dir={tmp_path / 'ref'}")  # uninterrupted, in this process
     job = start_launch("-m", "hydra/launcher=slurm", *args, "hydra.launcher.poll_s=1", f"hydra.sweep.dir={sweep_dir}")
@@ -153,11 +159,11 @@ def test_b_a_requeued_job_resumes_from_its_checkpoint_and_ends_as_if_uninterrupt
     assert not (run_dir / "summary.json").exists()
     job_id = next(iter(record(sweep_dir)["jobs"]))
     subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
-    out, err = job.communicate(timeout=300)
+    out, err = job.communicate(timeout=600)
     wall = time.monotonic() - t0
     with capsys.disabled():
-        print(f"\n[timing] requeue test (500 steps, requeued once): {wall:.1f} s")
-    assert ref.wait(timeout=300) == 0
+        print(f"\n[timing] requeue test ({steps} steps, requeued once): {wall:.1f} s")
+    assert ref.wait(timeout=600) == 0
     assert job.returncode == 0, out + err
     assert out.strip().splitlines()[-1] == line(sweep_dir, 1, 1, 0, 0, 0)
 
@@ -166,8 +172,10 @@ def test_b_a_requeued_job_resumes_from_its_checkpoint_and_ends_as_if_uninterrupt
     assert records[0] == "REQUEUED" and records[-1] == "COMPLETED", records
     log = next((sweep_dir / ".submitit" / job_id).glob("*_log.out")).read_text()
     assert log.count("Starting with JobEnvironment") == 2
-    step = int(re.search(r"resuming .* from its checkpoint at step (\d+)", log).group(1))
-    assert 0 < step < 500, f"the run was not caught mid-run (resumed at step {step}): make it longer"
+    resumed = re.search(r"resuming .* from its checkpoint at step (\d+)", log)
+    assert resumed, f"the second start did not resume from a checkpoint:\n{log}"
+    step = int(resumed.group(1))
+    assert 0 < step < steps, f"the run was not caught mid-run (resumed at step {step}): make it longer"
 
     # bit-identical to the uninterrupted run (CPU, float64): summary, history, snapshots
     a, b = summaries(tmp_path / "ref")["0"], summaries(sweep_dir)["0"]
@@ -181,11 +189,12 @@ def test_b_a_requeued_job_resumes_from_its_checkpoint_and_ends_as_if_uninterrupt
     assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
     wb = read_run(run_dir)
     assert wb["id"] == b["run_id"] and wb["summary"]["status"] == "done"
-    assert sorted(h["step"] for h in wb["history"]) == list(range(501))
+    assert sorted(h["step"] for h in wb["history"]) == list(range(steps + 1))
     assert wb["summary"]["test_acc"] == b["test_acc"]
 
 
 # ------------------------------------------------------------------------------------------ (c)
+@pytest.mark.slurm
 def test_c_a_run_that_raises_is_failed_in_the_sweep_and_in_slurm(sweep_dir):
     # cuda:99 passes validation and fails at run time (no such device)
     r = launch("-m", "hydra/launcher=slurm", "device=cpu,cuda:99", *QUIET, "hydra.launcher.poll_s=1",
@@ -208,12 +217,15 @@ def test_c_a_run_that_raises_is_failed_in_the_sweep_and_in_slurm(sweep_dir):
     assert "cuda" in st.stderr.lower()
 
 
+@pytest.mark.slurm
 def test_c_a_job_killed_without_writing_its_summary_makes_its_run_failed(sweep_dir):
-    r = launch("-m", "hydra/launcher=slurm", "hydra.launcher.detach=true", "optim.steps=10,5000", "data.n_test=200",
-               "checkpoint_every=10", "wandb.mode=disabled", f"hydra.sweep.dir={sweep_dir}")
+    steps = steps_lasting(60, lo=1000)  # run 1 would train for a minute
+    r = launch("-m", "hydra/launcher=slurm", "hydra.launcher.detach=true", f"optim.steps=10,{steps}",
+               "data.n_test=200", f"checkpoint_every={steps // 100}", "wandb.mode=disabled",
+               f"hydra.sweep.dir={sweep_dir}")
     assert r.returncode == 0, r.stderr
     long_job = next(job for job, names in record(sweep_dir)["jobs"].items() if names == ["1"])
-    wait_until(lambda: (sweep_dir / "1" / "checkpoint.pt").exists(), 120, "the 5000-step run to train")
+    wait_until(lambda: (sweep_dir / "1" / "checkpoint.pt").exists(), 120, "the long run to train")
     subprocess.run(["scancel", long_job], check=True)
     st = status_cmd(str(sweep_dir), "--wait", "--interval", "1", "--grace", "2")
     assert st.returncode == 1, st.stderr
@@ -223,9 +235,12 @@ def test_c_a_job_killed_without_writing_its_summary_makes_its_run_failed(sweep_d
 
 
 # ------------------------------------------------------------------------------------------ (d)
+@pytest.mark.slurm
 def test_d_a_detached_sweep_returns_at_once_and_status_follows_it_to_the_end(sweep_dir):
-    args = ["-m", "hydra/launcher=slurm", "hydra.launcher.detach=true", "data.p=0.2,0.5,0.8", "optim.steps=150",
-            "data.n_test=200", "checkpoint_every=10", "wandb.mode=disabled", f"hydra.sweep.dir={sweep_dir}"]
+    steps = steps_lasting(3)
+    args = ["-m", "hydra/launcher=slurm", "hydra.launcher.detach=true", "data.p=0.2,0.5,0.8", f"optim.steps={steps}",
+            "data.n_test=200", f"checkpoint_every={max(1, steps // 10)}", "wandb.mode=disabled",
+            f"hydra.sweep.dir={sweep_dir}"]
     r = launch(*args)
     returned = time.time()
     assert r.returncode == 0, r.stderr
@@ -245,7 +260,7 @@ def test_d_a_detached_sweep_returns_at_once_and_status_follows_it_to_the_end(swe
     assert "[status]" in st.stderr  # it showed progress on the way
     ended = max((sweep_dir / n / "summary.json").stat().st_mtime for n in ("0", "1", "2"))
     assert ended - returned > 3, "the detached launch did not return well before its jobs ended"
-    assert all(s["status"] == "done" and s["steps"] == 150 for s in summaries(sweep_dir).values())
+    assert all(s["status"] == "done" and s["steps"] == steps for s in summaries(sweep_dir).values())
 
     # the same command again: nothing to submit, and status says every run was skipped
     again = launch(*args)
@@ -294,6 +309,7 @@ def test_e_the_sbatch_script_carries_what_the_user_asked_for(tmp_path):  # no cl
 
 
 # ------------------------------------------------------------------------------------------ (f)
+@pytest.mark.slurm
 def test_f_a_grid_larger_than_the_max_array_size_is_split_into_several_arrays(sweep_dir):
     r = launch("-m", "hydra/launcher=slurm", "hydra.launcher.max_array_size=3", "seed=range(0,7)", *QUIET,
                "hydra.launcher.poll_s=1", f"hydra.sweep.dir={sweep_dir}")

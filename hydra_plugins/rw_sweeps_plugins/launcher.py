@@ -114,7 +114,7 @@ class RwLauncher(Launcher):
 
     @property
     def sweep_label(self) -> str:
-        return str(self.config.hydra.sweep.dir)  # as the summary line prints it
+        return str(Path(str(self.config.hydra.sweep.dir)))  # as the sweeper's summary line prints it
 
     @property
     def sweep_dir(self) -> Path:

@@ -48,12 +48,16 @@ def write_config(run_dir: Path, cfg: dict) -> None:
     atomic_write(Path(run_dir) / CONFIG, yaml.safe_dump(cfg, sort_keys=False))
 
 
-def write_run(run_dir: Path, cfg: dict, summary: dict, history: list[dict], snapshots: list[dict]) -> None:
+def write_run(run_dir: Path, cfg: dict, history: list[dict], snapshots: list[dict]) -> None:
+    """Everything but the summary, which `write_summary` adds last: its presence marks the run finished."""
     run_dir = Path(run_dir)
     write_config(run_dir, cfg)
     atomic_write(run_dir / HISTORY, _jsonl(history))
     atomic_write(run_dir / SNAPSHOTS, _jsonl(snapshots))
-    atomic_write(run_dir / SUMMARY, json.dumps(clean(summary), indent=1) + "\n")
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    atomic_write(Path(run_dir) / SUMMARY, json.dumps(clean(summary), indent=1) + "\n")
 
 
 def read_summary(run_dir: Path) -> dict | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import data as data_mod
-from . import engine, model, results, tracking
+from . import engine, fused, model, results, tracking
 from .config import RunConfig
 
 BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
@@ -62,17 +62,9 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.run.shape_key first")
     t0 = time.time()
     resumed = [load_checkpoint(c, d) for c, d in zip(cfgs, run_dirs)]
-    steps = {b["state"]["step"] if b else 0 for b in resumed}
-    if len(steps) > 1:  # runs checkpointed at different steps continue as separate batches
-        order = sorted(range(len(cfgs)), key=lambda i: resumed[i]["state"]["step"] if resumed[i] else 0)
-        by_step: dict[int, list[int]] = {}
-        for i in order:
-            by_step.setdefault(resumed[i]["state"]["step"] if resumed[i] else 0, []).append(i)
-        out = {}
-        for idx in by_step.values():
-            for i, s in zip(idx, run_batch([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress)):
-                out[i] = s
-        return [out[i] for i in range(len(cfgs))]
+    step = [b["state"]["step"] if b else 0 for b in resumed]
+    if len(set(step)) > 1:  # runs checkpointed at different steps continue as separate batches
+        return _per_group(cfgs, run_dirs, step, progress)
     try:
         records = _train(cfgs, [Path(d) for d in run_dirs], progress, resumed if all(resumed) else None)
     except Exception as exc:  # noqa: BLE001 - isolate the culprit, never lose the others
@@ -82,20 +74,21 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         traceback.print_exc(file=sys.stderr)
         records = [rec]
     wall = (time.time() - t0) / len(cfgs)
-    out, entries = [], []
+    entries = []
     for rec in records:
         summary = _summary(rec, wall)
         cfg_dict = rec.cfg.to_dict()
-        results.write_run(rec.run_dir, cfg_dict, summary, rec.history, rec.snapshots)
-        (rec.run_dir / CHECKPOINT).unlink(missing_ok=True)  # the finished results supersede it
+        results.write_run(rec.run_dir, cfg_dict, rec.history, rec.snapshots)
         entries.append({"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"],
                         "history": rec.history, "summary": summary})
-        out.append(summary)
-    try:
+    try:  # before the summaries: a job stopped while logging is not yet "done", and logs again when resumed
         tracking.log_runs(entries)
     except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
         print(f"warning: wandb logging failed: {_one_line(exc)}", file=sys.stderr)
-    return out
+    for e in entries:
+        results.write_summary(e["run_dir"], e["summary"])
+        (e["run_dir"] / CHECKPOINT).unlink(missing_ok=True)  # the finished results supersede it
+    return [e["summary"] for e in entries]
 
 
 def is_done(c: RunConfig, run_dir: Path) -> bool:
@@ -113,12 +106,21 @@ def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None =
             out[i] = {**results.read_summary(d), "skipped": True}
         else:
             todo.append(i)
-    groups: dict[tuple, list[int]] = {}
-    for i in todo:
-        groups.setdefault(shape_key(cfgs[i]), []).append(i)
+    if todo:
+        sub = _per_group([cfgs[i] for i in todo], [run_dirs[i] for i in todo], [shape_key(cfgs[i]) for i in todo],
+                         progress)
+        out.update(zip(todo, sub))
+    return [out[i] for i in range(len(cfgs))]
+
+
+def _per_group(cfgs: list[RunConfig], run_dirs: list[Path], keys: list, progress) -> list[dict]:
+    """run_batch on each group of runs with equal keys; the summaries come back in the input order."""
+    groups: dict = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    out: dict[int, dict] = {}
     for idx in groups.values():
-        for i, s in zip(idx, run_batch([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress)):
-            out[i] = s
+        out.update(zip(idx, run_batch([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress)))
     return [out[i] for i in range(len(cfgs))]
 
 
@@ -220,9 +222,10 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None,
     alive = torch.tensor([rec.status == "done" for rec in recs], device=dev)
     for t in range(state.step, T + 1):
         evaluating = t % c0.eval_every == 0 or t == T
-        probe = engine.evaluate(state, test_set, eps, geo) if evaluating else None
+        # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
+        probe = fused.evaluate(state, test_set, eps, geo) if evaluating else None
         params = {k: v.clone() for k, v in state.params.items()} if evaluating else None  # θ at step t
-        loss = engine.train_step(state, train_set, lr, eps, w, geo) if t < T else engine.evaluate(state, train_set, eps, geo).loss
+        loss = fused.train_step(state, train_set, lr, eps, w, geo) if t < T else fused.evaluate(state, train_set, eps, geo).loss
         finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
         for v in state.params.values():
             finite &= torch.isfinite(v).flatten(1).all(1)

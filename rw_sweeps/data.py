@@ -38,8 +38,12 @@ def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Spli
     """n walks of N nodes: s_1 ~ Unif([K]), then ±1 steps drawn at once and summed (no loop over positions)."""
     s1 = torch.randint(K, (n, 1), generator=gen)
     clockwise = torch.rand(n, N - 1, generator=gen) < p  # float32 draws, so data do not depend on precision
-    steps = torch.where(clockwise, 1, -1)
-    s = torch.remainder(torch.cat([s1, s1 + torch.cumsum(steps, 1)], 1), K)
+    # s_i = s_1 + (#clockwise − #counter-clockwise steps so far) mod K; the offset keeps it non-negative and
+    # the lookup table replaces a slow integer remainder.
+    steps = torch.zeros(n, N, dtype=torch.int64)
+    steps[:, 1:] = clockwise
+    walked = 2 * torch.cumsum(steps, 1) - torch.arange(N) + (s1 + K * N)
+    s = (torch.arange(K * N + N + K) % K)[walked]
     tokens, y = s[:, :-1].contiguous(), s[:, -1].contiguous()
     # P(y | x_{N−1}) = Πᵀ x_{N−1}: row s_{N−1} of Π (Markov property, §1).
     return Split(tokens, y, Pi(K, p)[tokens[:, -1]])

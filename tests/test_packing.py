@@ -89,3 +89,26 @@ def test_memory_per_run_is_bounded():
     dense = c.data.n_train * (c.data.K + c.model.M) * c.data.N * 8
     assert per_run <= packing.bytes_per_run(c), (per_run, packing.bytes_per_run(c))
     assert per_run < dense / 100
+
+
+def test_packed_jobs_log_one_wandb_run_with_a_runs_table(tmp_path):
+    import pandas as pd
+
+    from .wandb_files import read_run
+
+    sweep = tmp_path / "s"
+    r = launch("-m", "data.p=0.2,0.5,0.8", "seed=0,1", *SMALL, "wandb.mode=offline", "wandb.granularity=job",
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    jobs = sorted((sweep / "wandb_jobs").iterdir())
+    assert len(jobs) == 1  # one shape, one chunk, one wandb run
+    wb = read_run(jobs[0])
+    assert wb["job_type"] == "packed" and wb["group"] == "/".join(sweep.parts[-2:])
+    assert wb["config"]["runs"] == 6 and wb["config"]["swept"] == ["data.p", "seed"]
+    assert wb["config"]["data.K"] == 6  # keys shared by every run are the job's config
+    hist = pd.read_parquet(jobs[0] / "history.parquet")
+    assert len(hist) == 6 * 11 and set(hist["data.p"]) == {0.2, 0.5, 0.8}
+    s = summaries(sweep)
+    ours = hist[hist["step"] == 10].set_index("run_id")["test_acc"].to_dict()
+    assert ours == {v["run_id"]: v["test_acc"] for v in s.values()}
+    assert not list(sweep.glob("*/wandb"))  # no per-run wandb runs at this granularity

@@ -1,6 +1,6 @@
 """Sweep analysis for rw-sweeps: result folders -> tables, phase diagrams, the paper's figures.
 
-Reads only the files of the results contract (CONTRACT.md); never imports the training code.
+Reads only the files of the results contract (README, "Results"); never imports the training code.
 
     load.py     sweep/run folders -> one row per run (Parquet-cached); histories, snapshots
     phase.py    success, normalised accuracy, phase-diagram heatmaps with the theory drawn on

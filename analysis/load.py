@@ -1,4 +1,4 @@
-"""Sweep and run folders -> one tidy table (one row per run), per CONTRACT.md.
+"""Sweep and run folders -> one tidy table (one row per run), per the README's results contract.
 
 Only the results contract is read (config.yaml, summary.json, history.jsonl, snapshots.jsonl);
 the training code is never imported. Each sweep is consolidated into `<sweep>/runs.parquet`,

@@ -1,4 +1,4 @@
-"""The run-folder contract (CONTRACT.md): config.yaml, summary.json, history.jsonl, snapshots.jsonl.
+"""The run-folder contract (README, "Results"): config.yaml, summary.json, history.jsonl, snapshots.jsonl.
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader (or a
 resumed sweep) never sees half a file; summary.json is written last and marks the run as finished.

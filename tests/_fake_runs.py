@@ -1,4 +1,4 @@
-"""Synthetic run folders that follow CONTRACT.md exactly, for analysis tests and benchmarks.
+"""Synthetic run folders that follow the README's results contract exactly, for analysis tests and benchmarks.
 
 The numbers are made up but shaped like the paper's outcomes: zero init fails on deterministic
 walks (p in {0, 1}: accuracy 1/K, uniform attention, V ∝ 1) and reaches OPT = max(p, 1-p)

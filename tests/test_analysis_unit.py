@@ -1,4 +1,4 @@
-"""analysis on synthetic run folders (tests/_fake_runs.py, CONTRACT.md to the letter): fast checks
+"""analysis on synthetic run folders (tests/_fake_runs.py, the README's results contract to the letter): fast checks
 of loading, caching, success, the phase table and the CLI's errors. The end-to-end checks on real
 sweeps made by launch.py are in test_analysis.py."""
 from __future__ import annotations

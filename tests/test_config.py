@@ -120,3 +120,14 @@ def test_config_error_names_key_value_and_rule():
     with pytest.raises(ConfigError, match=r"^invalid config: optim\.eps=-0\.5: must be > 0$"):
         from_dict({"optim": {"eps": -0.5}})
     assert from_dict({"data": {"p": 0}}).data.p == 0.0  # `data.p=0` arrives as an int from the command line
+
+
+def test_bad_launcher_settings_are_one_line_too(tmp_path):
+    for override, key in [("hydra.launcher.backend=moon", "hydra.launcher.backend"),
+                          ("hydra.launcher.memory_gb=0", "hydra.launcher.memory_gb"),
+                          ("hydra/launcher=packed_slurm hydra.launcher.gres=gpu:1 hydra.launcher.gpus_per_node=1",
+                           "hydra.launcher.gres")]:
+        r = launch("-m", "seed=0,1", *override.split(), f"hydra.sweep.dir={tmp_path / 's'}", cwd=tmp_path)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and key in lines[0], r.stderr
+        assert not (tmp_path / "s").exists()

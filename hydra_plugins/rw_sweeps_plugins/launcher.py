@@ -94,6 +94,12 @@ def visible_gpus() -> List[str]:
     return env[:n] if env else [str(i) for i in range(n)]
 
 
+def _bad(key: str, value: Any, allowed: str) -> None:
+    """One line and exit 2 before anything is launched (SystemExit passes Hydra's traceback printing)."""
+    print(f"error: invalid config: hydra.launcher.{key}={value!r}: {allowed}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
 class RwLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
         self.params = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
@@ -106,11 +112,15 @@ class RwLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
         p = self.params
         if p["backend"] not in ("local", "local_gpus", "slurm"):
-            raise ValueError(f"hydra.launcher.backend={p['backend']!r}: must be local, local_gpus or slurm")
+            _bad("backend", p["backend"], "must be local, local_gpus or slurm")
         if p.get("gres") and p.get("gpus_per_node"):
-            raise ValueError("hydra.launcher: set gres or gpus_per_node, not both")
+            _bad("gres", p["gres"], "set gres or gpus_per_node, not both")
         if p["detach"] and p["backend"] != "slurm":
-            raise ValueError("hydra.launcher.detach=true needs the slurm backend (hydra/launcher=slurm or packed_slurm)")
+            _bad("detach", True, "needs the slurm backend (hydra/launcher=slurm or packed_slurm)")
+        if not p["memory_gb"] > 0:
+            _bad("memory_gb", p["memory_gb"], "must be > 0")
+        if p.get("max_runs_per_job") is not None and p["max_runs_per_job"] < 1:
+            _bad("max_runs_per_job", p["max_runs_per_job"], "must be >= 1 or null")
 
     @property
     def sweep_label(self) -> str:

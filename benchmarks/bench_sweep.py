@@ -48,11 +48,19 @@ def baseline(precision: str, n_runs: int) -> dict:
 
 
 def packed(precision: str, R: int, tmp: Path) -> dict:
+    """In a fresh process, so that its peak memory is this measurement's alone."""
+    out = subprocess.run([sys.executable, __file__, "--one", precision, str(R), str(tmp)], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _packed_here(precision: str, R: int, tmp: Path) -> dict:
     base = validate(RunConfig(precision=precision, eval_every=50,
                               wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
     cfgs = [dataclasses.replace(base, seed=i, data=dataclasses.replace(base.data, p=round(0.05 + 0.9 * (i % 10) / 9, 3)))
             for i in range(R)]
     dirs = [tmp / f"{precision}-{R}-{i}" for i in range(R)]
+    run.run_batch(cfgs[:1], [tmp / f"warm-{precision}-{R}"], progress=False)  # imports, kernel load
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t = time.perf_counter()
     run.run_batch(cfgs, dirs, progress=False)
@@ -79,7 +87,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--baseline-runs", type=int, default=3)
+    ap.add_argument("--one", nargs=3, metavar=("PRECISION", "R", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one:
+        print(json.dumps(_packed_here(args.one[0], int(args.one[1]), Path(args.one[2]))))
+        return
     Rs = [1, 16, 128] if args.quick else [1, 16, 128, 1024]
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-"))
     print(f"§5 shape: K=6 N=97 M=1000 n_train=n_test=1000 T=50 (torch {__import__('torch').__version__}, "

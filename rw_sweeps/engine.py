@@ -136,10 +136,6 @@ def init_state(params: list[dict], ac: list[tuple[torch.Tensor, torch.Tensor]]) 
     return State(stacked, torch.stack([a for a, _ in ac]), torch.stack([c for _, c in ac]))
 
 
-def select(state: State, idx: torch.Tensor) -> State:
-    return State({k: v[idx] for k, v in state.params.items()}, state.a[idx], state.c[idx], state.step)
-
-
 def run_slice(state: State, r: int) -> dict:
     """Run r's state as plain tensors (for checkpoints and snapshots)."""
     return {"params": {k: v[r].detach().cpu().clone() for k, v in state.params.items()},

@@ -1,7 +1,6 @@
 """Every config composes and validates; every bad value is one line, a non-zero exit, and no files."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir

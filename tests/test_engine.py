@@ -76,7 +76,8 @@ def test_lemma_C1_first_step_from_zero_init():
     # Finite-sample Lemma C.1: S = 1_N/N at θ = 0 and ℓ'(0) = −1/ε, so
     # V(1) = η/(ε N n) Σ_b e_{y_b} (Σ_{i<N} x_bi)ᵀ exactly, and W(1) = 0.
     c = cfg(data=DataConfig(K=6, N=25, p=0.6, n_train=300, n_test=10), optim=OptimConfig(lr=0.7, eps=0.2, steps=1))
-    (V1, S1), st = trajectory(c, 1)[0][0], trajectory(c, 1)[1]
+    hist, st = trajectory(c, 1)
+    V1 = hist[0][0]
     tr, _ = data_mod.make(c.data, c.seed)
     K, N, n = 6, 25, 300
     counts = torch.nn.functional.one_hot(tr.tokens, K).sum(1).double()  # Σ_i x_bi

@@ -5,7 +5,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 

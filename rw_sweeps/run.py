@@ -224,7 +224,9 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None,
         evaluating = t % c0.eval_every == 0 or t == T
         # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
         probe = fused.evaluate(state, test_set, eps, geo) if evaluating else None
-        params = {k: v.clone() for k, v in state.params.items()} if evaluating else None  # θ at step t
+        # θ at step t; a and c are what W's relevant blocks reduce to: z_bj = (a[s_bj] + c_j)/ν
+        params = {**state.params, "a": state.a, "c": state.c} if evaluating else None
+        params = {k: v.clone() for k, v in params.items()} if evaluating else None
         loss = fused.train_step(state, train_set, lr, eps, w, geo) if t < T else fused.evaluate(state, train_set, eps, geo).loss
         finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
         for v in state.params.values():
@@ -258,7 +260,7 @@ def _record(recs, alive, t, loss, probe: engine.Probe, params: dict, PiT, snapsh
             "attention_spread": probe.spread.tolist(), "pred_dist": probe.pred_dist.tolist()}
     if snapshot:
         att, hx, hv = probe.attention.tolist(), probe.h_example.tolist(), probe.h_var.tolist()
-        Vs = params["V"].tolist()
+        Vs, a, c = params["V"].tolist(), params["a"].tolist(), params["c"].tolist()
         As = params["A"].tolist() if "A" in params else None
     for r, rec in enumerate(recs):
         if not alive[r]:
@@ -268,8 +270,8 @@ def _record(recs, alive, t, loss, probe: engine.Probe, params: dict, PiT, snapsh
         if rec.break_step is None and row["attention_spread"] > BREAK_SPREAD:
             rec.break_step = t
         if snapshot:
-            rec.snapshots.append({"step": t, "V": Vs[r], "A": As[r] if As else None, "attention": att[r],
-                                  "h_example": hx[r], "h_var": hv[r]})
+            rec.snapshots.append({"step": t, "V": Vs[r], "A": As[r] if As else None, "a": a[r], "c": c[r],
+                                  "attention": att[r], "h_example": hx[r], "h_var": hv[r]})
 
 
 def _summary(rec: _Record, wall: float) -> dict:

@@ -151,3 +151,18 @@ def test_same_seed_same_summary(tmp_path):
     assert (tmp_path / "a" / "history.jsonl").read_text() == (tmp_path / "b" / "history.jsonl").read_text()
     other = run.run_batch([dataclasses.replace(c, seed=1)], [tmp_path / "c"])[0]
     assert other["test_kl"] != a["test_kl"]
+
+
+def test_snapshots_keep_the_part_of_W_the_model_sees(tmp_path):
+    # a = (W x̂_N)[:K] and c_j = p_jᵀ(W x̂_N)[K:]: the dense oracle's W reproduces them exactly
+    import json
+
+    c = cfg(init=InitConfig("gaussian", 0.01), snapshot_steps=[0, 5])
+    run.run_batch([c], [tmp_path])
+    snaps = {s["step"]: s for s in map(json.loads, (tmp_path / "snapshots.jsonl").read_text().splitlines())}
+    W = oracle.train(c, 5)[-1][3]["W"]
+    P = model.positions(c.model, c.data.N)
+    u = W[:, c.data.K:] @ P[-1]
+    assert torch.allclose(torch.tensor(snaps[5]["a"], dtype=torch.float64), u[:c.data.K], atol=1e-10)
+    assert torch.allclose(torch.tensor(snaps[5]["c"], dtype=torch.float64), P @ u[c.data.K:], atol=1e-8)
+    assert sorted(snaps) == [0, 5, 50]

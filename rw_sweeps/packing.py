@@ -67,13 +67,7 @@ class ChunkJob:
     scheduler records it as failed."""
 
     def __call__(self, cfgs: list[dict], run_dirs: list[str], fail_job_on_failed_run: bool = True) -> list[dict]:
-        configs = [from_dict(c) for c in cfgs]
-        for c, d in zip(configs, run_dirs):
-            if (Path(d) / run.CHECKPOINT).exists() and not run.is_done(c, Path(d)):
-                blob = run.load_checkpoint(c, Path(d))
-                if blob is not None:
-                    print(f"resuming {d} from its checkpoint at step {blob['state']['step']}", flush=True)
-        summaries = run.execute(configs, [Path(d) for d in run_dirs])
+        summaries = run.execute([from_dict(c) for c in cfgs], [Path(d) for d in run_dirs])
         failed = [d for d, s in zip(run_dirs, summaries) if s["status"] == "failed"]
         for s in summaries:
             print(run.one_line(s), flush=True)

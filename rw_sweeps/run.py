@@ -62,6 +62,9 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.run.shape_key first")
     t0 = time.time()
     resumed = [load_checkpoint(c, d) for c, d in zip(cfgs, run_dirs)]
+    for d, b in zip(run_dirs, resumed):
+        if b is not None:
+            print(f"resuming {d} from its checkpoint at step {b['state']['step']}", flush=True)
     step = [b["state"]["step"] if b else 0 for b in resumed]
     if len(set(step)) > 1:  # runs checkpointed at different steps continue as separate batches
         return _per_group(cfgs, run_dirs, step, progress)
@@ -91,10 +94,16 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     return [e["summary"] for e in entries]
 
 
-def is_done(c: RunConfig, run_dir: Path) -> bool:
-    """A run folder holds a `done` summary for exactly this config."""
+def done_summary(c: RunConfig, run_dir: Path) -> dict | None:
+    """The run folder's summary if it says `done` for exactly this config, else None."""
     s = results.read_summary(run_dir)
-    return s is not None and s.get("status") == "done" and results.same_run(results.read_config(run_dir), c.to_dict())
+    if s is not None and s.get("status") == "done" and results.same_run(results.read_config(run_dir), c.to_dict()):
+        return s
+    return None
+
+
+def is_done(c: RunConfig, run_dir: Path) -> bool:
+    return done_summary(c, run_dir) is not None
 
 
 def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
@@ -102,8 +111,9 @@ def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None =
     `done` summary for the same config, and trains the rest (resume after a crash or a kill)."""
     todo, out = [], {}
     for i, (c, d) in enumerate(zip(cfgs, run_dirs)):
-        if is_done(c, d):
-            out[i] = {**results.read_summary(d), "skipped": True}
+        s = done_summary(c, d)
+        if s is not None:
+            out[i] = {**s, "skipped": True}
         else:
             todo.append(i)
     if todo:

@@ -41,14 +41,8 @@ def status_of(ret) -> str:
     except Exception as exc:  # noqa: BLE001 - the job itself crashed (not the run): count it, go on
         log.error("job failed: %s", exc)
         return "failed"
-    if isinstance(s, dict):
-        return "skipped" if s.get("skipped") else s.get("status", "failed")
-    if isinstance(s, list):  # a packed job returns the summaries of many runs
-        return [status_of_summary(x) for x in s]
-    return "failed"
-
-
-def status_of_summary(s: dict) -> str:
+    if not isinstance(s, dict):
+        return "failed"
     return "skipped" if s.get("skipped") else s.get("status", "failed")
 
 
@@ -86,7 +80,7 @@ class RwSweeper(BasicSweeper):
                 continue
             for r in results:
                 st = status_of(r)
-                counts.update(st if isinstance(st, list) else [st])
+                counts[st] += 1
                 if st == "failed" and isinstance(getattr(r, "_return_value", None), dict):
                     print(f"failed {r.working_dir}: {r._return_value.get('error')}", file=sys.stderr, flush=True)
             returns.append(results)

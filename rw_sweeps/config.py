@@ -1,14 +1,18 @@
 """One typed config for one training run, and its validation.
 
-Hydra composes `conf/` into a plain dict; `from_dict` turns it into a `RunConfig`, checking every key once,
-before anything is trained or written. A bad value raises `ConfigError` whose one-line message names the
-key by its dotted Hydra name, the value, and what is allowed.
+These dataclasses are the schema: `register()` puts `RunConfig` in Hydra's ConfigStore as `run_schema`, the
+first entry of `conf/config.yaml`'s defaults, so every default is written here once and the YAML files hold
+only deltas. Hydra composes `conf/` into a plain dict; `from_dict` turns it into a `RunConfig`, checking
+every key once, before anything is trained or written. A bad value raises `ConfigError` whose one-line
+message names the key by its dotted Hydra name, the value, and what is allowed; `from_hydra_error` maps
+Hydra's and OmegaConf's own composition errors to the same line.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from hydra.errors import CompactHydraException
 
@@ -67,20 +71,21 @@ class WandbConfig:
     mode: str = "offline"  # offline | online | disabled
     project: str = "rw-sweeps"
     group: Optional[str] = None  # the sweep; filled in from Hydra's sweep folder when left null
-    tags: list = field(default_factory=list)
+    tags: List[str] = field(default_factory=list)
     granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
     per_run_limit: int = 32  # auto: per-run wandb runs for batches up to this size
 
 
 @dataclass
 class RunConfig:
-    seed: int = 0
+    seed: int = 0  # seeds the data (train then test) and, on its own stream, the initial parameters
     precision: str = "float64"  # float64 | float32
     device: str = "auto"  # auto (cuda when visible, else cpu) | cpu | cuda | cuda:N
-    eval_every: int = 1
-    snapshot_steps: list = field(default_factory=lambda: list(DEFAULT_SNAPSHOTS))
-    checkpoint_every: int = 0  # 0: never
-    experiment: Optional[str] = None
+    eval_every: int = 1  # test-set metrics every this many steps (and at step 0 and the last step)
+    snapshot_steps: List[int] = field(default_factory=lambda: list(DEFAULT_SNAPSHOTS))  # V, attention saved
+    checkpoint_every: int = 0  # save the training state every this many steps (0: never)
+    experiment: Optional[str] = None  # set by the experiment presets, recorded with the results
+    objective: Optional[str] = None  # a numeric summary field (e.g. test_acc): the task returns it (Optuna)
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)
@@ -120,7 +125,7 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
         if value is not None and not isinstance(value, (str, int, float)):
             raise ConfigError(key, value, "must be a string or null")
         return None if value is None else str(value)
-    if typ == "list":
+    if typ in ("list", "List[int]", "List[str]"):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, value, "must be a list")
         return list(value)
@@ -202,13 +207,100 @@ def validate(c: RunConfig) -> RunConfig:
         raise ConfigError("optim.lr", o.lr, "must be > 0")
     if not o.eps > 0:
         raise ConfigError("optim.eps", o.eps, "must be > 0")
+    if c.objective is not None and c.objective not in OBJECTIVES:
+        raise ConfigError("objective", c.objective, f"must be null or a numeric summary field: {', '.join(OBJECTIVES)}")
     for s in c.snapshot_steps:
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise ConfigError("snapshot_steps", c.snapshot_steps, "must be a list of integers >= 0")
     return c
 
 
-def from_dict(d: dict) -> RunConfig:
-    """A composed (resolved) config dict → a validated RunConfig. Hydra's own `hydra` node is ignored."""
+def _require_all(cls, d: dict, prefix: str) -> None:
+    """A composed config holds every schema key; a missing one was deleted with `~key`, which the engine
+    cannot do without (rather than silently training with the default)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            raise ConfigError(prefix + f.name, "<deleted>", "is required by the schema and cannot be removed")
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(sub) and isinstance(d[f.name], dict):
+            _require_all(sub, d[f.name], prefix + f.name + ".")
+
+
+def from_dict(d: dict, complete: bool = False) -> RunConfig:
+    """A composed (resolved) config dict → a validated RunConfig. Hydra's own `hydra` node is ignored.
+    `complete`: the dict was composed against the schema, so every key must be there."""
     d = {k: v for k, v in d.items() if k != "hydra"}
+    if complete:
+        _require_all(RunConfig, d, "")
     return validate(_build(RunConfig, d, ""))
+
+
+# Summary fields a task can return as its objective (`objective=...`, e.g. for the Optuna sweeper).
+OBJECTIVES = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
+              "attention_spread", "symmetry_break_step", "steps", "wall_s")
+
+_TYPE_RULE = {"float": "must be a number", "int": "must be an integer", "bool": "must be true or false",
+              "str": "must be a string"}
+
+
+def from_hydra_error(exc: BaseException) -> ConfigError | None:
+    """Hydra's / OmegaConf's composition errors (a value of the wrong type against the schema, a key the
+    schema has no place for, an unknown group option) as the same one-line ConfigError, or None."""
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        if isinstance(e, ConfigError):
+            return e
+        if isinstance(e, ValidationError) and getattr(e, "full_key", None):
+            ref = str(getattr(e, "ref_type_str", "") or "").replace("Optional[", "").rstrip("]")
+            rule = _TYPE_RULE.get(ref.lower(), str(e).splitlines()[0])
+            return ConfigError(e.full_key, getattr(e, "value", None), rule)
+        if isinstance(e, ConfigKeyError) and getattr(e, "full_key", None):
+            return ConfigError(e.full_key, getattr(e, "value", None), "unknown key: the schema has no place for it")
+    text = str(exc)
+    m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'.*?Available options in '[^']+':\s*(.*)", text, re.S)
+    if m:
+        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
+        return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}")
+    m = re.search(r"Could not override '([^']+)'.*?Key '([^']+)' is not in struct", text, re.S)
+    if m:
+        return ConfigError(m.group(1), None, "unknown key: the schema has no place for it")
+    return None
+
+
+def schema_type(dotted: str) -> str | None:
+    """The schema's type of a dotted key ("float", "Optional[str]", …), None if it has no such key."""
+    cls, typ = RunConfig, None
+    for part in dotted.split("."):
+        f = {f.name: f for f in dataclasses.fields(cls)}.get(part) if cls is not None else None
+        if f is None:
+            return None
+        typ = f.type if isinstance(f.type, str) else f.type.__name__
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        cls = sub if dataclasses.is_dataclass(sub) else None
+    return typ
+
+
+def as_schema(dotted: str, value: Any) -> Any:
+    """A command-line value converted as OmegaConf converts it for the schema's type (`data.p=0` → 0.0),
+    where that conversion is lossless; anything else is left for `validate` to reject in one line."""
+    typ = schema_type(dotted)
+    if typ == "float" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ in ("str", "Optional[str]") and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def register() -> None:
+    """RunConfig as Hydra's schema for `conf/config.yaml` (`defaults: [run_schema, ...]`)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="run_schema", node=RunConfig, provider="rw_sweeps")
+
+
+register()

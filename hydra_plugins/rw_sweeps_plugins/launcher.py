@@ -1,37 +1,31 @@
-"""`hydra/launcher=packed | local_gpus | packed_gpus | slurm | packed_slurm`: one launcher, three places
-to run and two ways to cut the grid.
+"""`hydra/launcher=packed | local_gpus | packed_gpus | slurm | packed_slurm`: one launcher, three places to
+run (`backend`: this process, one process per visible GPU, SLURM job arrays) and two ways to cut the grid.
 
-- backend `local` trains in this process; `local_gpus` runs one submitit job per visible GPU at a time,
-  each pinned to its own device (submitit's stock local launcher gives every job every GPU at once);
-  `slurm` submits job arrays through submitit, split so no array exceeds the cluster's MaxArraySize.
-- `pack: true` trains every chunk of same-shape runs as one batched program (`rw_sweeps.packing`);
-  `pack: false` gives every run its own job, as Hydra's stock launchers do.
+Every job is a Hydra job. For any task, each job goes through Hydra's `run_job` (its folder, `.hydra/`
+files, log, `env_set`, callbacks), one at a time (`local`), one per GPU (`local_gpus`) or one SLURM array
+task each (`slurm`), as Hydra's basic launcher and hydra-submitit-launcher run it. With `pack: true` and the
+project's own task (one that declares its batched twin, `rw_sweeps.app.batched`), jobs of one shape are
+trained together instead: `rw_sweeps.hydra_job.Chunk` does for every run what `run_job` does, and replaces
+only the call of the task by one call of the twin for the whole chunk.
 
-Runs already `done` in the sweep folder are skipped before anything is submitted (resume). Every job is
-submitted with `--requeue`: a job that is preempted, requeued by an admin or hits its time limit comes back
-and its runs continue from their checkpoints (`checkpoint_every`). A job with a failed run exits non-zero,
-so SLURM shows FAILED rather than a silent COMPLETED.
-
-The launcher records the sweep in `<sweep>/.rw_sweep.json` (expected runs, skipped runs, job ids), which
-`python -m rw_sweeps.status` reads. A blocking SLURM sweep waits through that same status code, so a
-detached sweep (`detach: true`: submit, print the folder and job ids, return at once) followed with
-`python -m rw_sweeps.status <sweep> --wait` ends with the very same summary line. `dry_run: true` prints
-the plan (and the sbatch scripts) without writing or submitting anything.
+launch = plan (a spec per job: config, folder; runs already done are not dispatched) → record (the sweep's
+`.rw_sweep.json`, read by `python -m rw_sweeps.status`) → dispatch (chunks or single jobs, by backend) →
+collect (a JobReturn per job, in job order, keyed by run name; a job that died is read from its folder).
 """
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
 import logging
 import os
 import shlex
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from omegaconf import OmegaConf
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
@@ -41,57 +35,50 @@ LOCAL_TIMEOUT_MIN = 60 * 24 * 365  # local jobs have no time limit (timeout_min 
 
 @dataclass
 class RwLauncherConf:
+    """The schema of every rw preset; the preset files hold only their deltas."""
     _target_: str = "hydra_plugins.rw_sweeps_plugins.launcher.RwLauncher"
     backend: str = "local"  # local | local_gpus | slurm
-    pack: bool = True  # many same-shape runs per job, trained as one batched program
-    memory_gb: float = 2.0  # packed: memory budget of one chunk (a GPU's budget is its free memory)
+    pack: bool = True  # many same-shape runs per job, trained as one batched program (project's task only)
+    memory_gb: float = 2.0  # packed: memory budget of one chunk (on a GPU: its free memory, at most this if set)
     max_runs_per_job: Optional[int] = None  # packed: cap on runs per chunk (null: by memory only)
+    lean: bool = False  # packed: skip each run's .hydra/hydra.yaml and <job>.log (grids of 100k runs)
     detach: bool = False  # slurm: submit, print the job ids and return
     dry_run: bool = False  # print the plan (slurm: the sbatch scripts) and stop: nothing written or submitted
     poll_s: float = 5.0  # slurm, blocking: seconds between questions to SLURM while waiting
     submitit_folder: str = "${hydra.sweep.dir}/.submitit/%j"
-    # SLURM (names as in hydra-submitit-launcher; every one can be overridden on the command line)
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    timeout_min: int = 60
+    # SLURM: the names and meanings of hydra-submitit-launcher 1.2.0's `submitit_slurm`
+    timeout_min: int = 60  # --time; a job at its limit is requeued (max_num_timeout times) and resumes
     cpus_per_task: Optional[int] = None
     gpus_per_node: Optional[int] = None
-    gres: Optional[str] = None
-    mem_gb: Optional[float] = None
-    array_parallelism: int = 256
-    max_array_size: Optional[int] = None  # null: the cluster's MaxArraySize (scontrol show config)
+    tasks_per_node: int = 1
+    mem_gb: Optional[float] = None  # --mem in GB
+    nodes: int = 1
+    name: str = "${hydra.job.name}"
+    stderr_to_stdout: bool = False
+    partition: Optional[str] = None  # null: the cluster's default partition
+    qos: Optional[str] = None
+    comment: Optional[str] = None
+    constraint: Optional[str] = None
+    exclude: Optional[str] = None
+    gres: Optional[str] = None  # or gpus_per_node (set one, not both)
+    cpus_per_gpu: Optional[int] = None
+    gpus_per_task: Optional[int] = None
+    mem_per_gpu: Optional[str] = None
+    mem_per_cpu: Optional[str] = None
+    account: Optional[str] = None
+    signal_delay_s: int = 60  # --signal=USR2@N: submitit requeues the job N s before its time limit
     max_num_timeout: int = 3  # requeues after a time limit (preemptions are always requeued)
-    signal_delay_s: int = 60
-    setup: List[str] = field(default_factory=list)  # shell lines before the job (module load, venv…)
     additional_parameters: Dict[str, Any] = field(default_factory=dict)  # any other sbatch option
+    array_parallelism: int = 256  # --array=0-(n-1)%N: at most N jobs of an array run at once
+    max_array_size: Optional[int] = None  # null: the cluster's MaxArraySize; larger grids become several arrays
+    setup: List[str] = field(default_factory=list)  # shell lines before the job (module load, venv…)
+    srun_args: Optional[List[str]] = None  # extra arguments of the srun that starts the job
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="rw", node=RwLauncherConf, provider="rw_sweeps")
-
-
-def slurm_max_array_size() -> int:
-    """The cluster's MaxArraySize (an array holds at most that many tasks); SLURM's default is 1001."""
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
-        for line in out.splitlines():
-            if line.split("=")[0].strip() == "MaxArraySize":
-                return int(line.split("=")[1])
-    except (OSError, ValueError, subprocess.SubprocessError):
-        pass
-    return 1001
-
-
-def visible_gpus() -> List[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices, or UUIDs under MIG)."""
-    try:
-        import torch
-
-        n = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        return []
-    env = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return env[:n] if env else [str(i) for i in range(n)]
+SLURM_KEYS = ("partition", "account", "qos", "comment", "constraint", "exclude", "cpus_per_task", "gpus_per_node",
+              "gres", "cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu", "nodes", "stderr_to_stdout",
+              "srun_args")
 
 
 def _bad(key: str, value: Any, allowed: str) -> None:
@@ -100,13 +87,91 @@ def _bad(key: str, value: Any, allowed: str) -> None:
     sys.exit(2)
 
 
+# ------------------------------------------------------------------------------------------ jobs
+class HydraJob:
+    """One job through Hydra's `run_job`, wherever it runs (what hydra-submitit-launcher's `__call__` does)."""
+
+    def __init__(self, launcher: "RwLauncher", overrides: List[str], num: int, project: bool):
+        self.hydra_context, self.task_function = launcher.hydra_context, launcher.task_function
+        self.config, self.overrides, self.num, self.project = launcher.config, list(overrides), num, project
+        self.singleton_state = Singleton.get_state()
+
+    def __call__(self) -> JobReturn:
+        from omegaconf import open_dict
+
+        from hydra.core.utils import run_job, setup_globals
+
+        remote = _job_id() is not None
+        if remote:
+            Singleton.set_state(self.singleton_state)
+            setup_globals()
+        cfg = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
+        with open_dict(cfg.hydra.job):
+            cfg.hydra.job.id = _job_id() or f"job_id_for_{self.num}"
+            cfg.hydra.job.num = self.num
+        ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
+                      job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        if remote and self.project and ret.status == JobStatus.FAILED:
+            raise ret._return_value  # the scheduler records the job FAILED; its folder says why
+        return ret
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """On submitit's preemption/timeout signal: requeue the same job (runs resume from checkpoints)."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+class ChunkJob:
+    """A packed chunk, wherever it runs (this process, a process pinned to a GPU, a SLURM array task)."""
+
+    def __init__(self, chunk):
+        self.chunk, self.singleton_state = chunk, Singleton.get_state()
+
+    def __call__(self) -> List[JobReturn]:
+        from hydra.core.utils import setup_globals
+
+        job_id = _job_id()
+        if job_id is not None:
+            Singleton.set_state(self.singleton_state)
+            setup_globals()
+            self.chunk.job_id = job_id
+        returns = self.chunk()
+        failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
+        if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
+            from rw_sweeps.packing import RunsFailed
+
+            raise RunsFailed(f"{len(failed)} run(s) failed: " + ", ".join(failed[:5]))
+        return returns
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit
+
+        print(f"rw_sweeps: job interrupted, requeued (pid {os.getpid()})", file=sys.stderr, flush=True)
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def _job_id() -> Optional[str]:
+    """The submitit job id when running inside a submitit job, else None."""
+    if "SUBMITIT_EXECUTOR" not in os.environ and "SUBMITIT_FOLDER" not in os.environ:
+        return None
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().job_id)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ------------------------------------------------------------------------------------------ the launcher
 class RwLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
         self.params = {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
                        for k, v in params.items()}
-        self.plans: Dict[tuple, Any] = {}  # filled by the rw sweeper: overrides → validated RunConfig
         self.config = self.hydra_context = self.task_function = None
         self.record: Optional[dict] = None  # .rw_sweep.json, grown batch after batch
+        self.planner = None
+        self.skipped: set = set()  # output dirs of the runs found done (not trained again)
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -130,175 +195,289 @@ class RwLauncher(Launcher):
     def sweep_dir(self) -> Path:
         return Path(self.sweep_label).absolute()
 
-    # ----------------------------------------------------------------------------------------------------
-    def runs(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> list:
-        from rw_sweeps.packing import Run
+    def batch_function(self) -> Optional[Callable]:
+        from rw_sweeps.app import batch_function
+
+        return batch_function(self.task_function)
+
+    # ---------------------------------------------------------------------------------------- launch
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Optional[Sequence[JobReturn]]:
+        twin = self.batch_function()
+        if twin is None:  # any other task: Hydra's own semantics, job by job
+            return self._launch_jobs(job_overrides, initial_job_idx)
         from rw_sweeps.sweep import Planner
 
-        sweep_dir = self.sweep_dir
-        subdir = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)["subdir"]
-        group = "/".join(Path(self.sweep_label).parts[-2:])
-        planner = None
-        out = []
-        for i, ov in enumerate(job_overrides):
-            cfg = self.plans.get(tuple(ov))
-            if cfg is None:  # launched without the rw sweeper
-                planner = planner or Planner(self.hydra_context.config_loader, self.config)
-                cfg = planner.plan([ov])[0].cfg
-            if cfg.wandb.group is None:
-                cfg = replace(cfg, wandb=replace(cfg.wandb, group=group))
-            num = initial_job_idx + i
-            name = str(num) if subdir == "${hydra.job.num}" else _resolve_subdir(subdir, cfg, ov, num)
-            out.append(Run(cfg, sweep_dir / name, list(ov), num))
-        return out
+        if self.planner is None:
+            self.planner = Planner(self.hydra_context.config_loader, self.config)
+        return self.launch_specs(self.planner.plan(job_overrides, initial_job_idx), twin)
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Optional[Sequence[JobReturn]]:
+    def launch_specs(self, specs: list, twin: Callable) -> Optional[Sequence[JobReturn]]:
+        """The project's jobs, already planned (the rw sweeper passes its validated specs)."""
         from rw_sweeps import packing, run, status
+        from rw_sweeps.hydra_job import Chunk
 
         p = self.params
-        runs = self.runs(job_overrides, initial_job_idx)
-        sweep_dir = self.sweep_dir
-        todo = [r for r in runs if not run.is_done(r.cfg, r.run_dir)]
-        skipped = {r.num for r in runs} - {r.num for r in todo}
-        memory = p["memory_gb"]
-        if p["backend"] == "local_gpus" and visible_gpus():
-            memory = _gpu_budget_gb(memory)
-        jobs = packing.chunks(todo, memory, p["max_runs_per_job"]) if p["pack"] else [[r] for r in todo]
-        payloads = [([r.cfg.to_dict() for r in job], [str(r.run_dir) for r in job]) for job in jobs]
-        if p["dry_run"]:
-            self._dry_run(runs, skipped, jobs, payloads)
-            return None
-
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        for r in todo:
-            packing.write_overrides(r)
-        if self.record is None:
-            self.record = status.new_record(self.sweep_label, p["backend"], detached=p["detach"])
-        rec = self.record
-        rec["runs"] += [_name(r, sweep_dir) for r in runs]
-        rec["skipped"] += [_name(r, sweep_dir) for r in runs if r.num in skipped]
-        rec["stale"].update({_name(r, sweep_dir): fp for r in todo if (fp := status.fingerprint(r.run_dir))})
-        log.info(f"{p['backend']} launcher: {len(runs)} runs ({len(skipped)} already done) in {len(jobs)} job(s)"
-                 f"{' (packed)' if p['pack'] else ''}; sweep folder {sweep_dir}")
-
-        errors: Dict[str, str] = {}
-        if p["backend"] in ("local", "local_gpus"):
-            rec["jobs"].setdefault("local", []).extend(_name(r, sweep_dir) for job in jobs for r in job)
-            status.write_record(sweep_dir, rec)
-            run_jobs = self._local if p["backend"] == "local" else self._local_gpus
-            by_num = run_jobs(payloads, jobs)
-            errors = {_name(r, sweep_dir): by_num[r.num] for r in todo if r.num in by_num}
+        todo = [s for s in specs if not run.is_done(s.cfg, Path(s.output_dir))]
+        done = [s for s in specs if s not in todo]
+        self.skipped |= {s.output_dir for s in done}
+        if p["pack"]:
+            jobs = packing.chunks(todo, self._memory_gb(), p["max_runs_per_job"])
         else:
-            submitted = self._slurm(payloads)
-            for j, job in zip(submitted, jobs):
-                rec["jobs"][j.job_id] = [_name(r, sweep_dir) for r in job]
-            rec["arrays"] += sorted({j.job_id.split("_")[0] for j in submitted}, key=int)
-            status.write_record(sweep_dir, rec)
-            ids = _compact_ids([j.job_id for j in submitted])
-            follow = f"python -m rw_sweeps.status {shlex.quote(str(sweep_dir))} --wait"
-            if p["detach"]:
-                print(f"submitted {len(todo)} run(s) ({len(skipped)} already done) as {len(submitted)} SLURM "
-                      f"job(s): {ids or 'none'}\nsweep folder: {sweep_dir}\nfollow with: {follow}", flush=True)
-                return None
-            log.info(f"submitted {len(submitted)} SLURM job(s): {ids or 'none'}; waiting (Ctrl-C stops waiting, "
-                     f"not the jobs; follow again with: {follow})")
-            try:
-                snap = status.Sweep(sweep_dir, record=rec).follow(interval=p["poll_s"])
-            except KeyboardInterrupt:
-                print(f"\nstopped waiting; the jobs go on ({ids}). Follow them with: {follow}\n"
-                      f"or cancel them with: scancel {' '.join(rec['arrays'])}", file=sys.stderr, flush=True)
-                sys.exit(130)
-            errors = snap.errors
-        tracker = status.Sweep(sweep_dir, record=rec)
-        return [_job_return(r, r.num in skipped, tracker.summary(_name(r, sweep_dir)),
-                            errors.get(_name(r, sweep_dir))) for r in runs]
+            jobs = [[s] for s in todo]
+        if p["dry_run"]:
+            self._dry_run(specs, done, jobs)
+            return None
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        rec = self._record(specs, done, todo)
+        log.info(f"{p['backend']} launcher: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
+                 f"{' (packed)' if p['pack'] else ''}; sweep folder {self.sweep_dir}")
 
-    # ----------------------------------------------------------------------------------------------------
-    def _local(self, payloads, jobs) -> Dict[int, str]:
-        from rw_sweeps.packing import ChunkJob
+        observed = bool(self.hydra_context.callbacks.callbacks)  # only then are per-run DictConfigs built
 
-        errors = {}
-        for (cfgs, dirs), job in zip(payloads, jobs):
-            try:
-                ChunkJob()(cfgs, dirs, fail_job_on_failed_run=False)
-            except Exception as exc:  # noqa: BLE001 - a crash of one chunk never takes the sweep down
-                errors.update({r.num: _first_line(exc) for r in job})
-        return errors
+        def chunk(group: list) -> Chunk:
+            return Chunk(group, twin, self.hydra_context, self.task_function,
+                         self.planner if observed else None, lean=p["lean"])
 
-    def _local_gpus(self, payloads, jobs) -> Dict[int, str]:
+        returns: Dict[int, JobReturn] = {}
+        if done:  # finished runs still go through their Hydra job (callbacks, JobReturn), without training
+            returns.update({r_num: r for r_num, r in zip([s.num for s in done], chunk(done)())})
+        payloads = [ChunkJob(chunk(job)) if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True)
+                    for job in jobs]
+        results = self._dispatch(payloads, jobs, rec)
+        if results is None:
+            return None
+        for job, res in zip(jobs, results):  # collect: a job that died is read from its run folders
+            rets = res if isinstance(res, list) else [res] if isinstance(res, JobReturn) else None
+            if rets is None or len(rets) != len(job):
+                tracker = status.Sweep(self.sweep_dir, record=rec)
+                rets = [_from_folder(s, res, tracker.summary(self._name(s))) for s in job]
+            returns.update({s.num: r for s, r in zip(job, rets)})
+        return [returns[s.num] for s in specs]
+
+    def _launch_jobs(self, job_overrides, initial_job_idx) -> Optional[Sequence[JobReturn]]:
+        """Any task, one Hydra job per job, as Hydra's basic launcher / hydra-submitit-launcher run it."""
+        from hydra.core.utils import filter_overrides
+
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        log.info(f"{self.params['backend']} launcher: launching {len(job_overrides)} job(s); "
+                 f"sweep folder {self.sweep_dir}")
+        payloads, nums = [], []
+        for i, ov in enumerate(job_overrides):
+            num = initial_job_idx + i
+            log.info(f"\t#{num} : {' '.join(filter_overrides(ov))}")
+            payloads.append(HydraJob(self, list(ov), num, False))
+            nums.append(num)
+        results = self._dispatch(payloads, [[n] for n in nums], None)
+        if results is None:
+            return None
+        out = []
+        for ov, res in zip(job_overrides, results):
+            if isinstance(res, JobReturn):
+                out.append(res)
+            else:  # the job's process died: a failed JobReturn with the reason
+                ret = JobReturn(overrides=list(ov), task_name=str(self.config.hydra.job.name))
+                ret.status, ret.return_value = JobStatus.FAILED, res
+                out.append(ret)
+        return out
+
+    # ---------------------------------------------------------------------------------------- record
+    def _record(self, specs, done, todo) -> dict:
+        from rw_sweeps import status
+
+        if self.record is None:
+            self.record = status.new_record(self.sweep_label, self.params["backend"], detached=self.params["detach"])
+        rec = self.record
+        rec["runs"] += [self._name(s) for s in specs]
+        rec["skipped"] += [self._name(s) for s in done]
+        rec["stale"].update({self._name(s): fp for s in todo if (fp := status.fingerprint(Path(s.output_dir)))})
+        return rec
+
+    def _name(self, spec) -> str:
+        """A run's folder relative to the sweep folder (how .rw_sweep.json names it)."""
+        return Path(os.path.relpath(spec.output_dir, self.sweep_dir)).as_posix()
+
+    # ---------------------------------------------------------------------------------------- dispatch
+    def _dispatch(self, payloads: list, jobs: list, rec: Optional[dict]) -> Optional[list]:
+        """Run every payload on the backend; a result per payload (its return value, or the exception that
+        ended it), or None when detached."""
+        from rw_sweeps import status
+
+        backend = self.params["backend"]
+        names = [[self._name(s) if rec is not None else str(s) for s in job] for job in jobs]
+        if backend == "slurm":
+            return self._slurm(payloads, names, rec)
+        if rec is not None:
+            rec["jobs"].setdefault("local", []).extend(n for job in names for n in job)
+            status.write_record(self.sweep_dir, rec)
+        if backend == "local":
+            out = []
+            for payload in payloads:
+                try:
+                    out.append(payload())
+                except Exception as exc:  # noqa: BLE001 - a crash of one job never takes the sweep down
+                    out.append(exc)
+            return out
+        return self._local_gpus(payloads)
+
+    def _memory_gb(self) -> float:
+        """A chunk's budget: memory_gb, or on a GPU its free memory (at most memory_gb when the user set it)."""
+        p = self.params
+        if p["backend"] != "local_gpus" or not visible_gpus():
+            return p["memory_gb"]
+        try:
+            import torch
+
+            free = 0.8 * torch.cuda.mem_get_info()[0] / 2**30
+        except Exception:  # noqa: BLE001
+            return p["memory_gb"]
+        user_set = p["memory_gb"] != RwLauncherConf.memory_gb
+        return min(free, p["memory_gb"]) if user_set else max(free, p["memory_gb"])
+
+    def _local_gpus(self, payloads: list) -> list:
         """At most one job per GPU at a time, each pinned to its device through CUDA_VISIBLE_DEVICES."""
         import submitit
-
-        from rw_sweeps.packing import ChunkJob
 
         gpus = visible_gpus()
         folder = self.params["submitit_folder"]
         executors = []
         if gpus:
             log.info(f"local_gpus: {len(gpus)} GPU(s) ({', '.join(gpus)}): one job per GPU at a time")
-            for g in gpus:  # submitit's own visible_gpus takes indices only; this also takes MIG UUIDs
-                ex = submitit.LocalExecutor(folder=folder)
-                ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN, setup=[f"export CUDA_VISIBLE_DEVICES={g}"])
-                executors.append(ex)
         else:
             log.warning("local_gpus: no GPU visible: running the jobs on the CPU, one at a time")
+        for g in gpus or [None]:  # submitit's own visible_gpus takes indices only; this also takes MIG UUIDs
             ex = submitit.LocalExecutor(folder=folder)
-            ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN)
-            executors = [ex]
-        queue = list(zip(payloads, jobs))
+            ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN,
+                                 **({"setup": [f"export CUDA_VISIBLE_DEVICES={g}"]} if g is not None else {}))
+            executors.append(ex)
+        queue = list(enumerate(payloads))
         running: Dict[int, Any] = {}
-        errors: Dict[int, str] = {}
+        out: list = [None] * len(payloads)
         while queue or running:
             for slot in range(len(executors)):
                 if slot not in running and queue:
-                    (cfgs, dirs), job = queue.pop(0)
-                    running[slot] = (executors[slot].submit(ChunkJob(), cfgs, dirs), job)
-            time.sleep(0.05)
-            for slot, (fut, job) in list(running.items()):
+                    i, payload = queue.pop(0)
+                    running[slot] = (executors[slot].submit(payload), i)
+            time.sleep(0.02)
+            for slot, (fut, i) in list(running.items()):
                 if fut.done():
                     del running[slot]
                     try:
-                        fut.result()
+                        out[i] = fut.result()
                     except Exception as exc:  # noqa: BLE001 - its runs say why on disk
-                        errors.update({r.num: _first_line(exc) for r in job})
-        return errors
+                        out[i] = exc
+        return out
 
-    def _slurm(self, payloads) -> list:
-        """Submit one array per MaxArraySize jobs; returns submitit's jobs, in payload order."""
+    def _slurm(self, payloads: list, names: list, rec: Optional[dict]) -> Optional[list]:
         import submitit
 
-        from rw_sweeps.packing import ChunkJob
+        from rw_sweeps import status
 
         p = self.params
         ex = submitit.SlurmExecutor(folder=p["submitit_folder"], max_num_timeout=p["max_num_timeout"])
-        ex.update_parameters(**slurm_parameters(p, name=str(self.config.hydra.job.name)))
+        ex.update_parameters(**slurm_parameters(p))
         limit = p["max_array_size"] or slurm_max_array_size()
         submitted = []
         for start in range(0, len(payloads), limit):  # no array larger than the cluster allows
-            part = payloads[start:start + limit]
-            submitted += ex.map_array(ChunkJob(), [c for c, _ in part], [d for _, d in part])
-        return submitted
+            submitted += ex.submit_array(payloads[start:start + limit])
+        if rec is None:  # any other task: wait as hydra-submitit-launcher does
+            return [_result_or_error(j) for j in submitted]
+        for j, job in zip(submitted, names):
+            rec["jobs"][j.job_id] = job
+        rec["arrays"] += sorted({j.job_id.split("_")[0] for j in submitted}, key=int)
+        status.write_record(self.sweep_dir, rec)
+        ids = _compact_ids([j.job_id for j in submitted])
+        follow = f"python -m rw_sweeps.status {shlex.quote(str(self.sweep_dir))} --wait"
+        n = sum(len(job) for job in names)
+        if p["detach"]:
+            print(f"submitted {n} run(s) ({len(rec['skipped'])} already done) as {len(submitted)} SLURM "
+                  f"job(s): {ids or 'none'}\nsweep folder: {self.sweep_dir}\nfollow with: {follow}", flush=True)
+            return None
+        log.info(f"submitted {len(submitted)} SLURM job(s): {ids or 'none'}; waiting (Ctrl-C stops waiting, "
+                 f"not the jobs; follow again with: {follow})")
+        try:
+            status.Sweep(self.sweep_dir, record=rec).follow(interval=p["poll_s"])
+        except KeyboardInterrupt:
+            print(f"\nstopped waiting; the jobs go on ({ids}). Follow them with: {follow}\n"
+                  f"or cancel them with: scancel {' '.join(rec['arrays'])}", file=sys.stderr, flush=True)
+            sys.exit(130)
+        return [_result_or_error(j, wait=False) for j in submitted]
 
-    def _dry_run(self, runs, skipped, jobs, payloads) -> None:
+    def _dry_run(self, specs, done, jobs) -> None:
         p = self.params
-        print(f"dry run: {len(runs)} runs ({len(skipped)} already done) in {len(jobs)} job(s)"
+        print(f"dry run: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
               f"{' (packed)' if p['pack'] else ''} on {p['backend']}; sweep folder {self.sweep_dir}", flush=True)
         for i, job in enumerate(jobs[:20]):
-            names = [_name(r, self.sweep_dir) for r in job]
+            names = [self._name(s) for s in job]
             shown = ", ".join(names) if len(names) <= 8 else f"{', '.join(names[:3])} … {', '.join(names[-2:])}"
             print(f"  job {i}: {len(job)} run(s): {shown}")
         if len(jobs) > 20:
             print(f"  … and {len(jobs) - 20} more job(s)")
         if p["backend"] == "slurm":
-            print(sbatch_scripts(p, len(payloads), name=str(self.config.hydra.job.name)), end="", flush=True)
+            print(sbatch_scripts(p, len(jobs)), end="", flush=True)
 
 
-def slurm_parameters(p: Dict[str, Any], name: str = "rw_sweeps") -> Dict[str, Any]:
+def _result_or_error(job, wait: bool = True) -> Any:
+    try:
+        if not wait and not job.done():
+            return RuntimeError(f"job {job.job_id} has not finished")
+        return job.result()
+    except Exception as exc:  # noqa: BLE001
+        return exc
+
+
+def _from_folder(spec, error: Any, summary: Optional[dict]) -> JobReturn:
+    """A run whose job died or failed: its JobReturn from its folder (the source of truth)."""
+    from rw_sweeps.app import RunFailed, _result
+    from rw_sweeps.hydra_job import LazyJobReturn
+    from rw_sweeps.run import one_line
+
+    ret = LazyJobReturn(spec, overrides=list(spec.overrides), working_dir=spec.output_dir, task_name=spec.name)
+    if summary is not None and summary.get("status") in ("done", "diverged"):
+        ret.status, ret.return_value = JobStatus.COMPLETED, _result(spec.cfg, summary)
+    else:
+        reason = summary.get("error") if summary else _first_line(error) if isinstance(error, BaseException) \
+            else "the job ended without writing a summary"
+        ret.status = JobStatus.FAILED
+        ret.return_value = RunFailed(one_line(summary) if summary else f"failed: {reason}")
+    return ret
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def visible_gpus() -> List[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices, or UUIDs under MIG)."""
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        return []
+    env = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return env[:n] if env else [str(i) for i in range(n)]
+
+
+def slurm_max_array_size() -> int:
+    """The cluster's MaxArraySize (an array holds at most that many tasks); SLURM's default is 1001."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+        for line in out.splitlines():
+            if line.split("=")[0].strip() == "MaxArraySize":
+                return int(line.split("=")[1])
+    except (OSError, ValueError, subprocess.SubprocessError):
+        pass
+    return 1001
+
+
+def slurm_parameters(p: Dict[str, Any]) -> Dict[str, Any]:
     """Our launcher keys → submitit SlurmExecutor parameters (the sbatch flags, by their own names)."""
-    out: Dict[str, Any] = {"job_name": name, "time": p["timeout_min"], "array_parallelism": p["array_parallelism"],
-                           "signal_delay_s": p["signal_delay_s"]}
-    for key in ("partition", "account", "qos", "cpus_per_task", "gpus_per_node", "gres"):
-        if p.get(key) is not None:
+    out: Dict[str, Any] = {"job_name": str(p.get("name") or "rw_sweeps"), "time": p["timeout_min"],
+                           "array_parallelism": p["array_parallelism"], "signal_delay_s": p["signal_delay_s"]}
+    if p.get("tasks_per_node") not in (None, 1):
+        out["ntasks_per_node"] = p["tasks_per_node"]
+    for key in SLURM_KEYS:
+        if p.get(key) is not None and not (key == "nodes" and p[key] == 1) and not (
+                key == "stderr_to_stdout" and not p[key]):
             out[key] = p[key]
     if p.get("mem_gb") is not None:
         gb = float(p["mem_gb"])
@@ -314,11 +493,11 @@ def slurm_parameters(p: Dict[str, Any], name: str = "rw_sweeps") -> Dict[str, An
     return out
 
 
-def sbatch_scripts(p: Dict[str, Any], n_jobs: int, name: str = "rw_sweeps") -> str:
+def sbatch_scripts(p: Dict[str, Any], n_jobs: int) -> str:
     """The sbatch script(s) a sweep of n_jobs jobs submits (one per array), as submitit writes them."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    params = slurm_parameters(p, name)
+    params = slurm_parameters(p)
     limit = p.get("max_array_size") or slurm_max_array_size()
     command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit",
                         shlex.quote(str(p["submitit_folder"]))])
@@ -329,29 +508,6 @@ def sbatch_scripts(p: Dict[str, Any], n_jobs: int, name: str = "rw_sweeps") -> s
                                    **params)
         out.append(f"# ---- array {i}: {n} job(s)\n{text}")
     return "".join(out)
-
-
-def _gpu_budget_gb(default: float) -> float:
-    try:
-        import torch
-
-        free, _ = torch.cuda.mem_get_info()
-        return max(default, 0.8 * free / 2**30)
-    except Exception:  # noqa: BLE001
-        return default
-
-
-def _resolve_subdir(pattern: str, cfg, overrides, num: int) -> str:
-    dirname = ",".join(sorted(o for o in overrides if not o.startswith("hydra")))
-    node = OmegaConf.create({**cfg.to_dict(), "_subdir": pattern,
-                             "hydra": {"job": {"num": num, "id": str(num), "name": "launch",
-                                               "override_dirname": dirname}}})
-    return str(node._subdir)
-
-
-def _name(r, sweep_dir: Path) -> str:
-    """A run's folder relative to the sweep folder (how .rw_sweep.json names it)."""
-    return Path(os.path.relpath(r.run_dir, sweep_dir)).as_posix()
 
 
 def _compact_ids(job_ids: List[str]) -> str:
@@ -370,20 +526,6 @@ def _compact_ids(job_ids: List[str]) -> str:
             parts.append(f"{a}_[{min(tasks)}-{max(tasks)}]" if sorted(tasks) == list(range(min(tasks), max(tasks) + 1))
                          else f"{a}_[{','.join(map(str, sorted(tasks)))}]")
     return ", ".join(parts)
-
-
-def _job_return(r, skipped: bool, summary: Optional[dict], error: Optional[str]) -> JobReturn:
-    """The folder is the source of truth; no summary means the job died before this run ended."""
-    if skipped:
-        from rw_sweeps import results
-
-        summary = results.read_summary(r.run_dir)
-    s = summary if summary is not None else {"status": "failed",
-                                             "error": error or "the job ended without writing a summary"}
-    ret = JobReturn(overrides=r.overrides, working_dir=str(r.run_dir), task_name="launch")
-    ret.status = JobStatus.COMPLETED
-    ret.return_value = {**s, "skipped": skipped}
-    return ret
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,11 +1,13 @@
 """`hydra/sweeper=rw` (the default): Hydra's basic grid sweeper, plus three things users need.
 
-1. Every run of the grid is validated before anything is created or launched (`rw_sweeps.sweep`), so a
-   bad value is one line and an untouched disk, and validation costs one composition per group choice
-   rather than Hydra's one per job.
-2. Failed runs never stop the sweep: each job records its own status; at the end one line counts the
-   done, skipped, failed and diverged runs, and the sweep exits non-zero if any run failed.
-3. The launcher receives the validated plans (`launcher.plans`), which the packed launcher trains directly.
+1. For the project's own task, every run of the grid is validated before anything is created or launched
+   (`rw_sweeps.sweep.Planner`), so a bad value is one line and an untouched disk; validation costs one
+   composition per group choice rather than Hydra's one per job. The validated specs go to the rw
+   launcher explicitly (`launch_specs`); any other launcher gets Hydra's `launch(overrides, idx)`.
+2. Failed runs never stop the sweep: every job runs, one line counts the done, skipped, failed and
+   diverged runs, and the exit status is non-zero if any failed. The exit comes from the front door
+   after Hydra is done, so `on_multirun_end` always fires first.
+3. The sweep's JobReturns are returned, batch by batch, as Hydra's sweepers return them.
 """
 
 import logging
@@ -19,6 +21,7 @@ from omegaconf import OmegaConf
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
 log = logging.getLogger(__name__)
@@ -34,20 +37,28 @@ class RwSweeperConf:
 ConfigStore.instance().store(group="hydra/sweeper", name="rw", node=RwSweeperConf, provider="rw_sweeps")
 
 
-def status_of(ret) -> str:
-    """A job's outcome from Hydra's JobReturn: the summary's status, `skipped`, or `failed` on an exception."""
-    try:
-        s = ret.return_value
-    except Exception as exc:  # noqa: BLE001 - the job itself crashed (not the run): count it, go on
-        log.error("job failed: %s", exc)
+def outcome(ret, skipped: bool = False) -> str:
+    """A job's outcome: `failed` for a FAILED JobReturn, else the run's status from its summary."""
+    if ret.status != JobStatus.COMPLETED:
         return "failed"
-    if not isinstance(s, dict):
-        return "failed"
-    return "skipped" if s.get("skipped") else s.get("status", "failed")
+    if skipped:
+        return "skipped"
+    value = ret._return_value
+    if isinstance(value, dict) and "status" in value:
+        return "skipped" if value.get("skipped") else str(value["status"])
+    from rw_sweeps import results
+
+    summary = results.read_summary(Path(ret.working_dir)) if ret.working_dir else None
+    return str(summary.get("status", "done")) if isinstance(summary, dict) else "done"
 
 
 class RwSweeper(BasicSweeper):
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.task_function = task_function
+
     def sweep(self, arguments: List[str]) -> Any:
+        from rw_sweeps.app import batch_function, note_failed
         from rw_sweeps.config import ConfigError
         from rw_sweeps.status import summary_line
         from rw_sweeps.sweep import Planner
@@ -55,15 +66,16 @@ class RwSweeper(BasicSweeper):
         params_conf = self._parse_config() + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         self.overrides = self.split_arguments(parser.parse_overrides(params_conf), self.max_batch_size)
-        jobs = [job for batch in self.overrides for job in batch]
-        try:
-            plans = Planner(self.hydra_context.config_loader, self.config).plan(jobs)
-        except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
-            # SystemExit passes through Hydra's error reporting, which would add a line about HYDRA_FULL_ERROR.
-            msg = str(exc).strip().splitlines() if not isinstance(exc, ConfigError) else [str(exc)]
-            print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr, flush=True)
-            sys.exit(2)
-        self.launcher.plans = {tuple(p.overrides): p.cfg for p in plans}
+        twin = batch_function(self.task_function)
+        specs = None
+        if twin is not None:
+            jobs = [job for batch in self.overrides for job in batch]
+            try:
+                specs = Planner(self.hydra_context.config_loader, self.config).plan(jobs)
+            except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
+                msg = [str(exc)] if isinstance(exc, ConfigError) else str(exc).strip().splitlines()
+                print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr, flush=True)
+                sys.exit(2)  # before any job: nothing to report to on_multirun_end
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         if not OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
@@ -71,22 +83,29 @@ class RwSweeper(BasicSweeper):
             OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         counts: Counter = Counter()
         returns, idx, detached = [], 0, False
+        by_specs = specs is not None and hasattr(self.launcher, "launch_specs")
         while not self.is_done():
             batch = self.get_job_batch()
-            results = self.launcher.launch(batch, initial_job_idx=idx)
+            if by_specs:
+                results = self.launcher.launch_specs(specs[idx:idx + len(batch)], twin)
+            else:
+                results = self.launcher.launch(batch, initial_job_idx=idx)
             idx += len(batch)
             if results is None:  # submitted and detached (or a dry run): nothing to count here
                 detached = True
                 continue
+            skipped = getattr(self.launcher, "skipped", set())
             for r in results:
-                st = status_of(r)
+                st = outcome(r, r.working_dir in skipped)
                 counts[st] += 1
-                if st == "failed" and isinstance(getattr(r, "_return_value", None), dict):
-                    print(f"failed {r.working_dir}: {r._return_value.get('error')}", file=sys.stderr, flush=True)
+                if st == "failed":
+                    err = r._return_value
+                    print(f"failed {r.working_dir}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}",
+                          file=sys.stderr, flush=True)
             returns.append(results)
         if detached:
             return None
         print(summary_line(str(sweep_dir), counts), flush=True)
         if counts["failed"]:
-            sys.exit(1)
+            note_failed()
         return returns

@@ -1,0 +1,223 @@
+"""The project's Hydra app: the single-run task (`train`), its batched twin (`train_batch`), the pre-check.
+
+Hydra's launchers call the task once per job through Hydra's `run_job`, as for any app. The rw launchers
+may instead train many same-shape jobs at once through the twin, but only for a task that declares it
+(`@batched(train_batch)`) *and* whose body is exactly `return train(cfg)`: a task that is wrapped or edited
+is not the project's own any more, and runs job by job through `run_job`, so the edit takes effect.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from hydra.errors import CompactHydraException
+from omegaconf import DictConfig, OmegaConf
+
+from .config import ConfigError, from_dict, from_hydra_error
+
+log = logging.getLogger(__name__)
+
+
+class RunFailed(CompactHydraException):
+    """The run ended `failed` (its summary says why): the job's status is FAILED, as for any task that raises."""
+
+
+class _Outcome:
+    """Whether any run of this process failed: the exit status, set once Hydra is done (after
+    `on_multirun_end`), never by `sys.exit` inside a sweep."""
+    failed = False
+
+
+def exit_status() -> int:
+    return 1 if _Outcome.failed else 0
+
+
+def note_failed() -> None:
+    _Outcome.failed = True
+
+
+def group_of(hydra: dict | DictConfig, multirun: bool) -> str:
+    """wandb group = the sweep (or single run) folder, as the last two parts of its path."""
+    root = hydra["sweep"]["dir"] if multirun else hydra["run"]["dir"]
+    return "/".join(Path(str(root)).parts[-2:])
+
+
+def _result(cfg, summary: dict) -> Any:
+    """What the task returns: the run's summary, or the value of its `objective` (NaN when undefined)."""
+    if cfg.objective is None:
+        return summary
+    value = summary.get(cfg.objective)
+    return float("nan") if value is None else float(value)
+
+
+def _finish(cfg, summary: dict) -> tuple[Any, list[str]]:
+    from .run import one_line
+
+    line = one_line(summary)
+    if summary["status"] == "failed":
+        return RunFailed(line), [line]
+    return _result(cfg, summary), [line]
+
+
+def train(cfg: DictConfig) -> Any:
+    """One run of eq. 2.1 (or F.1) for the composed config; returns its summary (or its objective)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from . import run
+
+    hc = HydraConfig.get()
+    rc = from_dict(OmegaConf.to_container(cfg, resolve=True), complete=True)
+    if rc.wandb.group is None:
+        rc.wandb.group = group_of({"sweep": {"dir": hc.sweep.dir}, "run": {"dir": hc.run.dir}},
+                                  hc.mode.name == "MULTIRUN")
+    summary = run.execute([rc], [Path(hc.runtime.output_dir)])[0]
+    value, lines = _finish(rc, summary)
+    for line in lines:
+        log.info(line)
+    if isinstance(value, BaseException):
+        note_failed()
+        raise value
+    return value
+
+
+def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
+    """`train` for many jobs (`rw_sweeps.sweep.Spec`s) at once: per job, what `train` would have returned
+    (or raised) and the lines it would have logged. Runs of one shape are one batched program."""
+    from . import run
+
+    out: list = [None] * len(specs)
+    todo = []
+    for i, s in enumerate(specs):
+        try:
+            rc = s.cfg if s.cfg is not None else from_dict(s.resolved, complete=True)
+        except ConfigError as exc:
+            out[i] = (exc, [f"error: {exc}"])
+            continue
+        if rc.wandb.group is None:
+            rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group_of(s.hydra, True)))
+        todo.append((i, rc))
+    summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo])
+    for (i, rc), summary in zip(todo, summaries):
+        out[i] = _finish(rc, summary)
+    if any(isinstance(v, BaseException) for v, _ in out):
+        note_failed()
+    return out
+
+
+train_batch.single = train  # the single-run function this twin stands for
+
+
+# ------------------------------------------------------------------------------------ the declaration
+@dataclasses.dataclass(frozen=True)
+class _Twin:
+    task: Callable
+    batch: Callable
+
+
+def batched(batch: Callable) -> Callable[[Callable], Callable]:
+    """Declare `batch` as the batched twin of the decorated task (put it under `@hydra.main`)."""
+    def declare(task: Callable) -> Callable:
+        task.__rw_batched__ = _Twin(task, batch)
+        return task
+    return declare
+
+
+def _forwards(task: Callable, single: Callable) -> bool:
+    """Is the task's body exactly `return single(cfg)`? Compared as bytecode with a reference compiled
+    here, so any edit (a print, a changed config, another call) makes it a different task."""
+    code = task.__code__
+    if code.co_argcount != 1 or code.co_kwonlyargcount or task.__closure__ or len(code.co_names) != 1:
+        return False
+    name, arg = code.co_names[0], code.co_varnames[0]
+    if task.__globals__.get(name) is not single:
+        return False
+    ns: dict = {}
+    exec(f"def _ref({arg}):\n    return {name}({arg})\n", ns)  # noqa: S102 - a fixed template
+    return ns["_ref"].__code__.co_code == code.co_code
+
+
+def batch_function(task: Optional[Callable]) -> Optional[Callable]:
+    """The task's declared batched twin, if the task is the project's own, unwrapped and unedited."""
+    twin = getattr(task, "__rw_batched__", None)
+    if not isinstance(twin, _Twin) or twin.task is not task:  # functools.wraps copies the attribute
+        return None
+    single = getattr(twin.batch, "single", None)
+    return twin.batch if single is not None and _forwards(task, single) else None
+
+
+# ------------------------------------------------------------------------------------ the pre-check
+def preflight(argv: list[str], calling_file: str, config_path: str, config_name: str = "config") -> None:
+    """Compose the command line as Hydra will (its search path, `--config-dir`, every override syntax),
+    before Hydra creates any folder; in single-run mode also check every value. A multirun's values are
+    checked run by run by the rw sweeper, still before any job starts. Raises ConfigError (one line)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.types import RunMode
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        return
+    search_path = create_automatic_config_search_path(calling_file, None, args.config_path or config_path)
+    if args.config_dir is not None:
+        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(args.config_dir)}",
+                            anchor=SearchPathQuery(provider="schema"))
+    name = args.config_name or config_name
+    try:
+        hydra = Hydra.create_main_hydra2(task_name="preflight", config_search_path=search_path)
+        overrides = list(args.overrides)
+        mode = hydra.get_mode(config_name=name, overrides=overrides)
+        mode = RunMode.MULTIRUN if args.multirun else (mode or RunMode.RUN)
+        cfg = hydra.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
+                                   run_mode=mode, with_log_configuration=False)
+        if mode == RunMode.RUN:
+            HydraConfig.instance().set_config(cfg)
+            task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+            from_dict(OmegaConf.to_container(task, resolve=True), complete=True)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        mapped = from_hydra_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def run_front_door(main: Callable, argv: list[str], calling_file: str, config_path: str) -> None:
+    """launch.py's and `rw-launch`'s `__main__`: the pre-check, Hydra, then the exit status."""
+    try:
+        preflight(argv, calling_file, config_path)
+    except Exception as exc:  # noqa: BLE001 - one line, no traceback, before anything is written
+        msg = str(exc).strip().splitlines()
+        print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr)
+        sys.exit(2)
+    main()
+    sys.exit(exit_status())
+
+
+def _packaged_conf() -> str:
+    import rw_sweeps_conf
+
+    return os.path.dirname(os.path.abspath(rw_sweeps_conf.__file__))
+
+
+def cli() -> None:
+    """`rw-launch`: launch.py, from any folder, with the configs packaged beside the code."""
+    import hydra
+
+    conf = _packaged_conf()
+
+    @hydra.main(config_path=conf, config_name="config", version_base="1.3")
+    @batched(train_batch)
+    def rw_launch(cfg: DictConfig) -> Any:
+        return train(cfg)
+
+    run_front_door(rw_launch, sys.argv[1:], __file__, conf)

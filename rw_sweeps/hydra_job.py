@@ -1,0 +1,208 @@
+"""What Hydra's `run_job` does for one job, for many jobs trained together (docs: shared/hydra-jobs.md).
+
+Packing replaces only the *call* of the task function. Around it every run keeps its Hydra job:
+its folder; `.hydra/config.yaml`, `hydra.yaml` and `overrides.yaml` as Hydra writes them; its
+`<job name>.log`; `hydra.job.env_set` (process-wide, so one chunk shares one env_set); `on_job_start` before
+training and `on_job_end` after, with a real `JobReturn` (cfg, hydra_cfg, overrides, return value or the
+run's exception, status, task name, working dir).
+
+Cost per run is microseconds to a millisecond: the `.hydra/` files are written from plain dicts with
+libyaml, and the DictConfigs a user could look at (the callbacks' `config`, `HydraConfig`, a JobReturn's
+`cfg`/`hydra_cfg`) are built only when someone looks: always when callbacks are configured, else on first
+access of a JobReturn's field (~10 ms each; Hydra's own per-job cost is ~100 ms).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import OmegaConfDumper
+
+from hydra.core.utils import JobReturn, JobStatus, env_override
+
+from .sweep import Spec
+
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
+    """libyaml with OmegaConf's rule for strings (quote what would read back as a bool or a number)."""
+
+
+_Dumper.add_representer(str, OmegaConfDumper.str_representer)
+
+
+def to_yaml(node: Any) -> str:
+    """The text `OmegaConf.to_yaml` writes for plain data (same options and quoting), ~10× faster."""
+    return yaml.dump(node, Dumper=_Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+class LazyJobReturn(JobReturn):
+    """A JobReturn whose `cfg` and `hydra_cfg` DictConfigs are built on first access, from the job's
+    plain-data spec; to its reader it is the JobReturn Hydra's own launchers give."""
+
+    def __init__(self, spec: Spec, **kwargs: Any) -> None:
+        self._spec = spec
+        self._built: dict = {}
+        super().__init__(**kwargs)
+
+    def _get(self, which: str) -> Optional[DictConfig]:
+        if self._built.get(which) is None and getattr(self, "_spec", None) is not None:
+            node = self._spec.task if which == "cfg" else {"hydra": self._spec.hydra}
+            self._built[which] = OmegaConf.create(copy.deepcopy(node))
+        return self._built.get(which)
+
+    cfg = property(lambda self: self._get("cfg"), lambda self, v: _set(self, "cfg", v))  # type: ignore
+    hydra_cfg = property(lambda self: self._get("hydra_cfg"), lambda self, v: _set(self, "hydra_cfg", v))  # type: ignore
+
+
+def _set(ret: LazyJobReturn, which: str, value: Any) -> None:
+    if value is not None:  # JobReturn.__init__ assigns None: keep building lazily
+        ret.__dict__.setdefault("_built", {})[which] = value
+
+
+def _formatters(hydra: dict) -> tuple[Optional[logging.Formatter], Optional[logging.Formatter]]:
+    """The console and file formatters of the job's `hydra.job_logging` (what run_job would configure)."""
+    jl = hydra.get("job_logging") or {}
+    fmts = {name: logging.Formatter(f.get("format"), f.get("datefmt")) for name, f in (jl.get("formatters") or {}).items()}
+    console = file = None
+    for h in (jl.get("handlers") or {}).values():
+        cls = str(h.get("class", ""))
+        fmt = fmts.get(h.get("formatter"), logging.Formatter())
+        if cls.endswith("FileHandler"):
+            file = fmt
+        elif cls.endswith("StreamHandler"):
+            console = fmt
+    return console, file
+
+
+def env_set_of(spec: Spec) -> tuple:
+    """The job's hydra.job.env_set, as a key for grouping runs into chunks (it is process-wide)."""
+    return tuple(sorted((str(k), str(v)) for k, v in (spec.hydra["job"].get("env_set") or {}).items()))
+
+
+@dataclass
+class Chunk:
+    """Runs of one shape and one env_set, trained by `batch` (the project's batched twin) in one call."""
+    specs: list[Spec]
+    batch: Callable
+    hydra_context: Any = None
+    task_function: Any = None
+    planner: Any = None  # builds the DictConfigs callbacks receive
+    lean: bool = False  # skip each run's hydra.yaml and log (documented switch for huge grids)
+    job_id: Optional[str] = None  # the scheduler's job id (SLURM), else each run's job number
+
+    def __call__(self) -> list[JobReturn]:
+        specs = self.specs
+        callbacks = self.hydra_context.callbacks if self.hydra_context is not None else None
+        observed = callbacks is not None and bool(callbacks.callbacks)
+        console, file_fmt = _formatters(specs[0].hydra)
+        env = dict(env_set_of(specs[0]))
+        configs: list[Optional[DictConfig]] = [None] * len(specs)
+        for s in specs:
+            if self.job_id is not None:
+                s.hydra["job"]["id"] = self.job_id
+        results: list = [None] * len(specs)
+        with env_override(env):
+            started = []
+            for i, s in enumerate(specs):
+                try:  # a run whose folder cannot be written fails alone, as its own job would
+                    self._begin(s)
+                except Exception as exc:  # noqa: BLE001
+                    results[i] = (exc, [f"failed: {s.output_dir}: {type(exc).__name__}: {exc}"])
+                    continue
+                if observed:
+                    configs[i] = self.planner.config(s)
+                    with _job_context(configs[i], s):
+                        callbacks.on_job_start(config=configs[i], task_function=self.task_function)
+                started.append(i)
+            for i, res in zip(started, self.batch([specs[i] for i in started]) if started else []):
+                results[i] = res
+        returns = []
+        for i, (s, (value, lines)) in enumerate(zip(specs, results)):
+            ret = LazyJobReturn(s, overrides=list(s.overrides), working_dir=s.output_dir, task_name=s.name)
+            ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
+            ret.return_value = value
+            try:
+                self._log(s, lines, console, file_fmt)
+            except OSError:
+                pass  # the run's own error says why its folder is unusable
+            if observed and configs[i] is not None:
+                ret.cfg = _task_part(configs[i])
+                ret.hydra_cfg = _hydra_part(configs[i])
+                with _job_context(configs[i], s):
+                    callbacks.on_job_end(config=configs[i], job_return=ret)
+            returns.append(ret)
+        return returns
+
+    def _begin(self, s: Spec) -> None:
+        out = Path(s.output_dir)
+        sub = s.hydra.get("output_subdir")
+        if sub is None:
+            out.mkdir(parents=True, exist_ok=True)
+            return
+        (out / sub).mkdir(parents=True, exist_ok=True)
+        _write(out / sub / "config.yaml", to_yaml(s.task))
+        if not self.lean:
+            _write(out / sub / "hydra.yaml", to_yaml({"hydra": s.hydra}))
+        _write(out / sub / "overrides.yaml", to_yaml(list(s.overrides)))
+
+    def _log(self, s: Spec, lines: Sequence[str], console, file_fmt) -> None:
+        if console is not None:
+            for line in lines:
+                print(console.format(_record(line)), flush=True)
+        if file_fmt is not None and not self.lean:
+            text = "".join(file_fmt.format(_record(line)) + "\n" for line in lines)
+            with open(Path(s.output_dir) / f"{s.name}.log", "a", encoding="utf-8") as fh:
+                fh.write(text)
+
+
+def _record(msg: str) -> logging.LogRecord:
+    rec = logging.LogRecord("rw_sweeps.app", logging.INFO, __file__, 0, msg, None, None)
+    rec.created = time.time()
+    return rec
+
+
+def _task_part(cfg: DictConfig) -> DictConfig:
+    out = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(out, False)
+    OmegaConf.set_struct(out, False)
+    out.pop("hydra", None)
+    return out
+
+
+def _hydra_part(cfg: DictConfig) -> DictConfig:
+    return copy.deepcopy(OmegaConf.masked_copy(cfg, "hydra"))
+
+
+class _job_context:
+    """HydraConfig (so `${hydra:...}` and HydraConfig.get() work in callbacks) and the job's cwd when
+    hydra.job.chdir, as run_job has them around on_job_start and on_job_end."""
+
+    def __init__(self, config: DictConfig, spec: Spec):
+        self.config, self.spec = config, spec
+
+    def __enter__(self):
+        from hydra.core.hydra_config import HydraConfig
+
+        self.old_hydra, self.old_cwd = HydraConfig.instance().cfg, os.getcwd()
+        HydraConfig.instance().set_config(self.config)
+        if self.spec.hydra["job"].get("chdir"):
+            os.chdir(self.spec.output_dir)
+
+    def __exit__(self, *exc):
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().cfg = self.old_hydra
+        os.chdir(self.old_cwd)

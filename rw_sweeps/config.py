@@ -243,32 +243,49 @@ _TYPE_RULE = {"float": "must be a number", "int": "must be an integer", "bool": 
               "str": "must be a string"}
 
 
+def _allowed_keys(dotted: str) -> str:
+    cls = RunConfig
+    for part in dotted.split(".")[:-1]:
+        f = {f.name: f for f in dataclasses.fields(cls)}.get(part)
+        sub = f.default_factory if f is not None and f.default_factory is not dataclasses.MISSING else None
+        if not dataclasses.is_dataclass(sub):
+            return "none"
+        cls = sub
+    return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
 def from_hydra_error(exc: BaseException) -> ConfigError | None:
     """Hydra's / OmegaConf's composition errors (a value of the wrong type against the schema, a key the
-    schema has no place for, an unknown group option) as the same one-line ConfigError, or None."""
-    from omegaconf.errors import ConfigKeyError, ValidationError
+    schema has no place for, a deleted required key, an unknown group option) as the same one-line
+    ConfigError, or None."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
 
     chain, e = [], exc
     while e is not None and e not in chain:
         chain.append(e)
         e = e.__cause__ or e.__context__
     for e in chain:
+        key = getattr(e, "full_key", None)
         if isinstance(e, ConfigError):
             return e
-        if isinstance(e, ValidationError) and getattr(e, "full_key", None):
-            ref = str(getattr(e, "ref_type_str", "") or "").replace("Optional[", "").rstrip("]")
-            rule = _TYPE_RULE.get(ref.lower(), str(e).splitlines()[0])
-            return ConfigError(e.full_key, getattr(e, "value", None), rule)
-        if isinstance(e, ConfigKeyError) and getattr(e, "full_key", None):
-            return ConfigError(e.full_key, getattr(e, "value", None), "unknown key: the schema has no place for it")
+        if not key:
+            continue
+        if isinstance(e, ValidationError):
+            key = key.split("[")[0]
+            typ = (schema_type(key) or "").replace("Optional[", "").rstrip("]")
+            rule = _TYPE_RULE.get(typ, "must be a list of integers" if typ == "List[int]" else str(e).splitlines()[0])
+            return ConfigError(key, getattr(e, "value", None), rule)
+        if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
+            m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)
+            return ConfigError(key, m.group(1) if m else None, f"unknown key; allowed here: {_allowed_keys(key)}")
+        if isinstance(e, ConfigTypeError) and "deletion" in str(e):
+            return ConfigError(key, "<deleted>", "is required by the schema and cannot be removed")
     text = str(exc)
-    m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'.*?Available options in '[^']+':\s*(.*)", text, re.S)
+    m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'.*?Available options in '[^']+':\s*(.*?)(?:Config search path|$)",
+                  text, re.S)
     if m:
         options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
         return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}")
-    m = re.search(r"Could not override '([^']+)'.*?Key '([^']+)' is not in struct", text, re.S)
-    if m:
-        return ConfigError(m.group(1), None, "unknown key: the schema has no place for it")
     return None
 
 

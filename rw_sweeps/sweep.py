@@ -142,8 +142,8 @@ class Planner:
             full = OmegaConf.to_container(template, resolve=False, enum_to_str=True)
             hydra = full.pop("hydra")
             task = full
-            resolved = OmegaConf.to_container(template, resolve=True)
-            resolved.pop("hydra")
+            task_keys = [k for k in template if k != "hydra"]
+            resolved = OmegaConf.to_container(OmegaConf.masked_copy(template, task_keys), resolve=True)
         spec = Spec(num, overrides, task, resolved, hydra, template=key if key is not None else template)
         spec.output_dir = self.output_dir(spec)
         spec.hydra["runtime"]["output_dir"] = spec.output_dir

@@ -9,6 +9,7 @@ import sys
 import yaml
 
 from rw_sweeps import packing, run
+from rw_sweeps.sweep import Spec
 from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 from .conftest import ROOT, SMALL, launch, summaries
@@ -25,10 +26,12 @@ def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
             + [mk(data=DataConfig(K=20, N=101, p=0.5))]  # another K, N
             + [mk(precision="float32"), mk(optim=OptimConfig(steps=20)), mk(model=ModelConfig(M=500))]
             + [mk(init=InitConfig("gaussian", 0.01), optim=OptimConfig(lr=0.3))])  # same shape as the first 6
-    runs = [packing.Run(c, tmp_path / str(i), [], i) for i, c in enumerate(cfgs)]
+    runs = [Spec(i, [], {}, {}, {"job": {}}, str(tmp_path / str(i)), c) for i, c in enumerate(cfgs)]
+    runs[1].hydra["job"]["env_set"] = {"OMP_NUM_THREADS": "1"}  # env_set is process-wide: its own chunk
     groups = packing.chunks(runs, memory_gb=100)
-    assert sorted(sorted(r.num for r in g) for g in groups) == [[0, 1, 2, 3, 4, 5, 10], [6], [7], [8], [9]]
+    assert sorted(sorted(r.num for r in g) for g in groups) == [[0, 2, 3, 4, 5, 10], [1], [6], [7], [8], [9]]
     # memory caps a chunk; chunks of a group are balanced
+    runs[1].hydra["job"]["env_set"] = {}
     small = packing.chunks(runs[:6], memory_gb=3 * packing.bytes_per_run(cfgs[0]) / 2**30)
     assert [len(g) for g in small] == [3, 3]
     assert [len(g) for g in packing.chunks(runs[:6], memory_gb=100, max_runs=4)] == [3, 3]
@@ -69,6 +72,7 @@ def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
 MEASURE = """
 import dataclasses, resource, sys, tempfile
 from rw_sweeps import run
+from rw_sweeps.sweep import Spec
 from rw_sweeps.config import RunConfig, validate
 R = int(sys.argv[1])
 base = validate(RunConfig(wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"), eval_every=10))

@@ -202,6 +202,7 @@ class RwLauncher(Launcher):
 
     # ---------------------------------------------------------------------------------------- launch
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Optional[Sequence[JobReturn]]:
+        self._reset_logging()
         twin = self.batch_function()
         if twin is None:  # any other task: Hydra's own semantics, job by job
             return self._launch_jobs(job_overrides, initial_job_idx)
@@ -209,13 +210,21 @@ class RwLauncher(Launcher):
 
         if self.planner is None:
             self.planner = Planner(self.hydra_context.config_loader, self.config)
-        return self.launch_specs(self.planner.plan(job_overrides, initial_job_idx), twin)
+        return self.launch_specs(self.planner.plan(job_overrides, initial_job_idx), twin, self.planner)
 
-    def launch_specs(self, specs: list, twin: Callable) -> Optional[Sequence[JobReturn]]:
-        """The project's jobs, already planned (the rw sweeper passes its validated specs)."""
+    def _reset_logging(self) -> None:
+        """As Hydra's basic launcher: the sweep's own logging, not the last job's (its log file may be gone)."""
+        from hydra.core.utils import configure_log, setup_globals
+
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+
+    def launch_specs(self, specs: list, twin: Callable, planner) -> Optional[Sequence[JobReturn]]:
+        """The project's jobs, already planned by `planner` (the rw sweeper passes its validated specs)."""
         from rw_sweeps import packing, run, status
         from rw_sweeps.hydra_job import Chunk
 
+        self._reset_logging()
         p = self.params
         todo = [s for s in specs if not run.is_done(s.cfg, Path(s.output_dir))]
         done = [s for s in specs if s not in todo]
@@ -236,7 +245,7 @@ class RwLauncher(Launcher):
 
         def chunk(group: list) -> Chunk:
             return Chunk(group, twin, self.hydra_context, self.task_function,
-                         self.planner if observed else None, lean=p["lean"])
+                         planner if observed else None, lean=p["lean"])
 
         returns: Dict[int, JobReturn] = {}
         if done:  # finished runs still go through their Hydra job (callbacks, JobReturn), without training

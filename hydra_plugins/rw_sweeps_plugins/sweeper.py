@@ -67,11 +67,12 @@ class RwSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         self.overrides = self.split_arguments(parser.parse_overrides(params_conf), self.max_batch_size)
         twin = batch_function(self.task_function)
-        specs = None
+        specs = planner = None
         if twin is not None:
             jobs = [job for batch in self.overrides for job in batch]
             try:
-                specs = Planner(self.hydra_context.config_loader, self.config).plan(jobs)
+                planner = Planner(self.hydra_context.config_loader, self.config)
+                specs = planner.plan(jobs)
             except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
                 msg = [str(exc)] if isinstance(exc, ConfigError) else str(exc).strip().splitlines()
                 print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr, flush=True)
@@ -87,7 +88,7 @@ class RwSweeper(BasicSweeper):
         while not self.is_done():
             batch = self.get_job_batch()
             if by_specs:
-                results = self.launcher.launch_specs(specs[idx:idx + len(batch)], twin)
+                results = self.launcher.launch_specs(specs[idx:idx + len(batch)], twin, planner)
             else:
                 results = self.launcher.launch(batch, initial_job_idx=idx)
             idx += len(batch)

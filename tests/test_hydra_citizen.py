@@ -1,0 +1,210 @@
+"""The rw launchers are Hydra launchers: Hydra's own launcher test suite passes for every way of running
+them, packing is invisible to what a Hydra user observes (callbacks, env_set, `.hydra/` files, logs,
+JobReturns), and every valid Hydra command line works: glob sweeps, ConfigStore launchers, Optuna."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.test_utils.launcher_common_tests import LauncherTestSuite
+
+from .conftest import ROOT, SMALL, launch, summaries
+from .test_slurm import _cluster_problem
+
+QUIET = [*SMALL, "wandb.mode=disabled"]
+
+
+# -------------------------------------------------------------------- Hydra's own launcher test suite
+@pytest.mark.parametrize("launcher_name, overrides", [
+    ("rw", []),                                    # `packed`: the default
+    ("rw", ["hydra.launcher.pack=false"]),         # unpacked, in this process
+    ("rw", ["hydra.launcher.backend=local_gpus"]),  # `local_gpus` / `packed_gpus` (the CPU here)
+])
+class TestRwLauncher(LauncherTestSuite):
+    """Any task but the project's own runs through Hydra's run_job, job by job, as Hydra's launchers do."""
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher_name, overrides", [
+    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.timeout_min=5", "hydra.launcher.poll_s=1"]),
+])
+class TestRwLauncherOnSlurm(LauncherTestSuite):
+    @pytest.fixture(autouse=True)
+    def _cluster(self):
+        import os
+
+        problem = _cluster_problem()
+        if problem:
+            if os.environ.get("RW_REQUIRE_SLURM") == "1":
+                pytest.fail(f"RW_REQUIRE_SLURM=1 but {problem}")
+            pytest.skip(problem)
+
+
+# -------------------------------------------------------------------- packing is invisible
+def _events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _callback(path: Path) -> list[str]:
+    return [f"+hydra.callbacks.record._target_=tests.callbacks.Record", f"+hydra.callbacks.record.path={path}"]
+
+
+@pytest.mark.parametrize("preset", ["packed", "packed_gpus"])
+def test_callbacks_and_env_set_see_every_packed_run_as_its_own_job(preset, tmp_path):
+    events = tmp_path / "events.jsonl"
+    sweep = tmp_path / "s"
+    # device=cuda:99 passes validation and fails at run time: run 2 fails, the others are done
+    r = launch("-m", f"hydra/launcher={preset}", "data.p=0.3,0.5", "device=cpu,cuda:99", *QUIET,
+               "+hydra.job.env_set.RW_TEST_ENV=hello", *_callback(events), f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 1, r.stdout + r.stderr  # a run failed: non-zero, after on_multirun_end
+    ev = _events(events)
+    kinds = [e["event"] for e in ev]
+    assert kinds[0] == "multirun_start" and kinds[-1] == "multirun_end"
+    starts = sorted(e["num"] for e in ev if e["event"] == "job_start")
+    ends = {e["num"]: e for e in ev if e["event"] == "job_end"}
+    assert starts == [0, 1, 2, 3] and sorted(ends) == [0, 1, 2, 3]  # once per run
+    assert all(e["env"] == "hello" for e in ev if e["event"] == "job_start")  # env_set applies
+    assert all(e["output_dir"] == str(sweep / str(e["num"])) for e in ev if e["event"] == "job_start")
+    runs = summaries(sweep)
+    for num, e in ends.items():
+        assert e["working_dir"] == str(sweep / str(num)) and e["task_name"] == "launch" and e["hydra_num"] == num
+        assert e["overrides"] == yaml.safe_load((sweep / str(num) / ".hydra" / "overrides.yaml").read_text())
+        assert e["cfg_p"] == runs[str(num)]["p"]
+        if runs[str(num)]["status"] == "done":
+            assert e["status"] == "COMPLETED" and e["value"] == runs[str(num)]["test_acc"]
+        else:
+            assert e["status"] == "FAILED" and "cuda" in e["value"].lower()
+    assert [runs[str(i)]["status"] for i in range(4)] == ["done", "failed", "done", "failed"]
+
+
+def test_a_packed_run_folder_is_the_folder_hydra_writes(tmp_path):
+    """.hydra/config.yaml and overrides.yaml byte for byte, hydra.yaml but for the launcher, a job log."""
+    grid = ["data.p=0,0.5", "init=zero,gaussian", *QUIET]
+    packed, basic = tmp_path / "packed", tmp_path / "basic"
+    for sweep, extra in ((packed, []), (basic, ["hydra/launcher=basic"])):
+        r = launch("-m", *extra, *grid, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    for i in range(4):
+        for name in ("config.yaml", "overrides.yaml"):
+            a = (packed / str(i) / ".hydra" / name).read_text()
+            assert a == (basic / str(i) / ".hydra" / name).read_text().replace(str(basic), str(packed))
+        ha = yaml.safe_load((packed / str(i) / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        hb = yaml.safe_load((basic / str(i) / ".hydra" / "hydra.yaml").read_text())["hydra"]
+        for h in (ha, hb):
+            h.pop("launcher"), h["runtime"].pop("output_dir"), h["runtime"]["choices"].pop("hydra/launcher")
+            h["overrides"]["hydra"] = [o for o in h["overrides"]["hydra"] if "sweep.dir" not in o and "launcher" not in o]
+            h["sweep"].pop("dir"), h["job"].pop("id")
+        assert ha == hb
+        for sweep in (packed, basic):
+            log = (sweep / str(i) / "launch.log").read_text()
+            assert log.count("done: p=") == 1 and "[rw_sweeps.app][INFO]" in log
+        sa, sb = (json.loads((s / str(i) / "summary.json").read_text()) for s in (packed, basic))
+        assert abs(sa["test_acc"] - sb["test_acc"]) < 1e-12 and abs(sa["train_loss"] - sb["train_loss"]) < 1e-12
+
+
+def test_an_edited_or_wrapped_task_is_not_packed(tmp_path):
+    """Packing applies only to the declared, unedited task: an edit takes effect under the default launcher."""
+    src = (ROOT / "launch.py").read_text()
+    edited = src.replace("    return train(cfg)", "    print('edited task ran', flush=True)\n    return train(cfg)")
+    assert edited != src
+    script = tmp_path / "launch_edited.py"
+    script.write_text(edited.replace('config_path="conf"', f'config_path="{ROOT / "conf"}"')
+                      .replace('__file__, "conf")', f'__file__, "{ROOT / "conf"}")'))
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(script), "-m", "data.p=0.3,0.5", *QUIET, f"hydra.sweep.dir={tmp_path / 's'}"],
+                       capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("edited task ran") == 2  # once per job, through run_job
+    assert [s["status"] for s in summaries(tmp_path / "s").values()] == ["done", "done"]
+
+    from rw_sweeps.app import batch_function
+    import functools
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("launch_mod", ROOT / "launch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    task = mod.main.__wrapped__  # what hydra.main hands to the launcher
+    assert batch_function(task) is not None
+
+    @functools.wraps(task)
+    def wrapped(cfg):
+        return task(cfg)
+
+    assert batch_function(wrapped) is None  # the copied declaration does not make a wrapper the task
+
+
+# -------------------------------------------------------------------- every valid command line
+def test_glob_runs_every_experiment_preset(tmp_path):
+    sweep = tmp_path / "s"
+    r = launch("-m", "experiment=glob(*)", "optim.steps=2", "data.n_train=64", "data.n_test=64", "model.M=200",
+               "eval_every=1", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = summaries(sweep)
+    assert sorted(s["data"] + "/" + str((sweep / n / "config.yaml").read_text().split("experiment: ")[1].split()[0])
+                  for n, s in runs.items()) == sorted(
+        ["qa_majority/fig10", "random_walk/fig4", "random_walk/fig5", "random_walk/fig6", "qa_majority/fig7",
+         "random_walk/fig8", "random_walk/fig9"])
+    assert all(s["status"] == "done" and s["steps"] == 2 for s in runs.values())
+
+
+@pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
+def test_hydra_s_own_launchers_run_the_app(launcher, tmp_path):
+    sweep = tmp_path / "s"
+    extra = ["hydra.launcher.timeout_min=10", "hydra.launcher.gpus_per_node=0"] if launcher == "submitit_local" else []
+    r = launch("-m", f"hydra/launcher={launcher}", *extra, "data.p=0.5,1", *QUIET, f"hydra.sweep.dir={sweep}",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 2 runs: 2 done, 0 skipped, 0 failed, 0 diverged"
+    runs = {s["p"]: s for s in summaries(sweep).values()}
+    assert abs(runs[0.5]["test_acc"] - 0.5) < 0.05 and runs[0.5]["parent_attention"] > 0.99
+    assert runs[1.0]["attention_spread"] == 0.0  # Thm 4.1's symmetric point, exactly
+    assert all((sweep / n / ".hydra" / "hydra.yaml").exists() for n in ("0", "1"))
+
+
+def test_interpolated_and_plus_overrides_are_checked_when_resolved(tmp_path):
+    sweep = tmp_path / "s"
+    r = launch("-m", "data.p=0.3,0.5", "optim.lr=${data.p}", *QUIET, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cfgs = [yaml.safe_load((sweep / n / "config.yaml").read_text()) for n in ("0", "1")]
+    assert [c["optim"]["lr"] for c in cfgs] == [0.3, 0.5]
+    r = launch("-m", "data.p=0.3,7", "optim.lr=${data.p}", *QUIET, f"hydra.sweep.dir={tmp_path / 'bad'}", cwd=tmp_path)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "data.p=7" in lines[0] and not (tmp_path / "bad").exists()
+    for bad, key in (("~data.p", "data.p"), ("+data.q=1", "data.q"), ("++model.depth=2", "model.depth")):
+        r = launch("-m", "seed=0,1", bad, *QUIET, f"hydra.sweep.dir={tmp_path / 'bad'}", cwd=tmp_path)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and key in lines[0], r.stderr
+        assert not (tmp_path / "bad").exists()
+
+
+def test_an_experiment_from_config_dir_runs(tmp_path):
+    extra = tmp_path / "more" / "experiment"
+    extra.mkdir(parents=True)
+    (extra / "mine.yaml").write_text("# @package _global_\nexperiment: mine\ndata:\n  p: 0.7\n")
+    r = launch("--config-dir", str(tmp_path / "more"), "experiment=mine", *QUIET, f"hydra.run.dir={tmp_path / 'r'}",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["p"] == 0.7 and abs(s["test_acc"] - 0.7) < 0.07
+
+
+def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "s"
+    r = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=6", "hydra.sweeper.n_jobs=3",
+               "hydra.sweeper.direction=maximize", "hydra.sweeper.sampler.seed=0",
+               "data.p=interval(0.55,0.95)", "optim.lr=choice(0.5,1.0)", "objective=test_acc", *QUIET,
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "local launcher: 3 runs" in r.stdout + r.stderr  # each batch of parallel trials is one packed job
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    runs = summaries(sweep)
+    assert len(runs) == 6 and all(s["status"] == "done" for s in runs.values())
+    assert best["best_value"] == max(s["test_acc"] for s in runs.values())
+    assert 0.55 <= best["best_params"]["data.p"] <= 0.95 and best["best_params"]["optim.lr"] in (0.5, 1.0)
+    assert best["best_value"] > 0.5  # p > 0.55: the optimum max(p, 1 − p) is above chance

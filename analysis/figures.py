@@ -22,21 +22,14 @@ import pandas as pd               # noqa: E402
 import seaborn as sns             # noqa: E402
 
 from .load import load_history, load_snapshots   # noqa: E402
+from rw_sweeps.markov import Pi                           # noqa: E402  (plain numpy: the one Π)
+
 from .phase import _fmt, drawless, swept_keys             # noqa: E402
 
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")
 PAPER_STEPS = (100, 400, 700, 1000)   # the snapshot steps of Figs. 12-13
 ZOOM = 10                             # last positions shown in the attention zoom, Fig. 4(d)
-
-
-def Pi(K: int, p: float) -> np.ndarray:
-    """Transition matrix Π (K×K): row i is the law of the next node given node i."""
-    out = np.zeros((K, K))
-    for i in range(K):                # += so that K = 2, where i+1 ≡ i−1, still sums to 1
-        out[i, (i + 1) % K] += p
-        out[i, (i - 1) % K] += 1 - p
-    return out
 
 
 def fig_pi(K: int = 6, ps=(0.5, 0.7, 1.0)):

@@ -50,7 +50,7 @@ BOUND_NS = {"float64": 55.0, "float32": 28.0}  # the kernel's instruction-mix bo
 
 
 def make_batches(R: int, seed0: int = 0):
-    """The R runs' train and test sets (seeds seed0 … seed0+R−1), as run._train stacks them."""
+    """The R runs' train and test sets (seeds seed0 … seed0+R−1), as training.train stacks them."""
     cfg = RunConfig()
     cfg.data.K, cfg.data.N, cfg.data.p, cfg.data.n_train, cfg.data.n_test = K, N, P, N_TRAIN, N_TEST
     splits = [data_mod.make(cfg.data, seed0 + r) for r in range(R)]

@@ -50,6 +50,11 @@ class ModelConfig:
     gram: str = "exact"  # exact: p_iᵀp_j = ‖p‖²·1[i=j] | numeric: P Pᵀ as rounded (fragility studies, §8.9)
     m: Optional[int] = None  # FFN width (transformer_ffn only)
 
+    @property
+    def is_ffn(self) -> bool:
+        """The F.1 variant, f = A·ReLU(V·X·S): the one place that asks."""
+        return self.name == "transformer_ffn"
+
 
 @dataclass
 class InitConfig:
@@ -194,7 +199,7 @@ def validate(c: RunConfig) -> RunConfig:
         raise ConfigError("model.M", mo.M, f"must be > data.N ({d.N}) with model.pos_denom=M (p_M = 0)")
     if not mo.pos_scale > 0:
         raise ConfigError("model.pos_scale", mo.pos_scale, "must be > 0")
-    if mo.name == "transformer_ffn":
+    if mo.is_ffn:
         if mo.m is None or mo.m < 1:
             raise ConfigError("model.m", mo.m, "must be an integer >= 1 for model=transformer_ffn")
     elif mo.m is not None:
@@ -277,7 +282,13 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
             m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)
-            return ConfigError(key, m.group(1) if m else None, f"unknown key; allowed here: {_allowed_keys(key)}")
+            value = m.group(1) if m else None
+            if key.startswith("hydra.launcher."):
+                return ConfigError(key, value, "unknown launcher key; any other sbatch option goes in "
+                                   f"'+hydra.launcher.additional_parameters.{key.rsplit('.', 1)[1]}=...'")
+            if key.startswith("hydra."):
+                return ConfigError(key, value, "unknown Hydra key")
+            return ConfigError(key, value, f"unknown key; allowed here: {_allowed_keys(key)}")
         if isinstance(e, ConfigTypeError) and "deletion" in str(e):
             return ConfigError(key, "<deleted>", "is required by the schema and cannot be removed")
     text = str(exc)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import markov
+
 from .config import DataConfig
 
 VOCAB = ["apple", "orange", "Based", "on", "the", "which", "type", "of", "fruit", "list", "appears", "most",
@@ -26,12 +28,8 @@ class Split:
 
 
 def Pi(K: int, p: float, dtype=torch.float64) -> torch.Tensor:
-    """Transition matrix Π: π_{i,i+1} = p (clockwise), π_{i,i−1} = 1 − p, indices mod K (App. B)."""
-    i = torch.arange(K)
-    P = torch.zeros(K, K, dtype=dtype)
-    P[i, (i + 1) % K] += p
-    P[i, (i - 1) % K] += 1 - p
-    return P
+    """Transition matrix Π (`rw_sweeps.markov.Pi`) as a tensor."""
+    return torch.from_numpy(markov.Pi(K, p)).to(dtype)
 
 
 def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Split:

@@ -15,6 +15,8 @@ and u = W x̂_N moves by −lr·κ·Σ_bj ∂L/∂z_bj x̂_bj (Lemma B.1: the W-
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 from . import model
@@ -62,9 +64,9 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     wh = (omega * at.h).sum(2)  # ω_b·h_b
     # Ψ_bk = g_b α_k (ω_bk − ω_b·h_b) / Z_b, so that Σ_b δ_bj = −β_j Σ_b Ψ_{b, s_bj} (the gather-sum pass).
     psi = (g / at.Z)[..., None] * at.alpha[:, None, :] * (omega - wh[..., None])
-    D = torch.empty_like(state.c)
-    D[:, :L] = -at.beta * psi.gather(2, data.tokens).sum(1)
-    D[:, L] = (g * at.S_q * wh).sum(1)
+    Gc = torch.empty_like(state.c)  # ∂L/∂c (before the 1/ν of each column)
+    Gc[:, :L] = -at.beta * psi.gather(2, data.tokens).sum(1)
+    Gc[:, L] = (g * at.S_q * wh).sum(1)
     # Summed along a contiguous last axis so that every token k is reduced by the same operations: at
     # Thm 4.1's symmetric point the entries of a then stay bit-identical in float32 too.
     Ga = -((g[..., None] * (omega - wh[..., None]) * at.h).transpose(1, 2).contiguous().sum(2)) / geo.nu_tok
@@ -74,9 +76,9 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     nu = torch.full_like(state.c[:1], geo.nu_tok)
     nu[:, L] = geo.nu_q
     if geo.gram is None:  # c_i = p_iᵀ u[K:] moves by ‖p‖² times its own gradient (exact Gram)
-        state.c -= step * geo.pp * D / nu
+        state.c -= step * geo.pp * Gc / nu
     else:
-        state.c -= step * (D / nu) @ geo.gram.to(D).T
+        state.c -= step * (Gc / nu) @ geo.gram.to(Gc).T
     state.params["V"] = V + lr[:, None, None] * dV
     if r is not None:
         state.params["A"] = state.params["A"] + lr[:, None, None] * dA
@@ -103,10 +105,24 @@ class Probe:
     spread: torch.Tensor  # max_b (max_{j<N} S_bj − min_{j<N} S_bj)
     h_example: torch.Tensor  # (R, K) X·S of sequence 0
     h_var: torch.Tensor  # (R, K) variance of X·S across sequences
+    v_pi_cosine: Optional[torch.Tensor] = None  # cos(V, Πᵀ) (Thm 3.1's limit), for eq. 2.1 on random walks
+
+    @property
+    def parent_attention(self) -> torch.Tensor:
+        """Mean S_{N−1}: the attention on the direct parent x_{N−1} (Thm 3.1: → 1)."""
+        return self.attention[:, -2]
 
 
-def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry) -> Probe:
-    """Forward pass on a fixed set; accuracy uses argmax's first maximum, i.e. ties → smallest label (Def. 2.1)."""
+def v_pi_cosine(V: torch.Tensor, PiT: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """cos(V, Πᵀ) per run, as flattened matrices; None where Πᵀ is not V's target (QA data, the FFN)."""
+    if PiT is None:
+        return None
+    return (V * PiT).sum((1, 2)) / (V.norm(dim=(1, 2)) * PiT.norm(dim=(1, 2))).clamp_min(1e-300)
+
+
+def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: Optional[torch.Tensor] = None) -> Probe:
+    """Forward pass on a fixed set and every metric of a history row. Accuracy uses argmax's first maximum,
+    i.e. ties → smallest label (Def. 2.1). PiT: Πᵀ per run, for cos(V, Πᵀ)."""
     at = model.attend(state.a, state.c, data.tokens, geo)
     f, _ = model.output(state.params, at.h)
     F = f.gather(2, data.y[..., None])[..., 0]
@@ -127,7 +143,8 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry) -> Pro
     S = S / at.Z[..., None]
     attention = torch.cat([S.mean(1), at.S_q.mean(1, keepdim=True)], 1)
     spread = (S.amax(2) - S.amin(2)).amax(1)
-    return Probe(loss, acc, kl, pred_dist, attention, spread, at.h[:, 0].clone(), at.h.var(1, unbiased=False))
+    return Probe(loss, acc, kl, pred_dist, attention, spread, at.h[:, 0].clone(), at.h.var(1, unbiased=False),
+                 v_pi_cosine(state.params["V"], PiT))
 
 
 def init_state(params: list[dict], ac: list[tuple[torch.Tensor, torch.Tensor]]) -> State:

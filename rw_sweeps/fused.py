@@ -330,7 +330,7 @@ def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: 
     """`steps` GD steps on every run, in place (V is replaced by a new tensor, as engine.train_step does).
 
     Returns (loss, bad): loss (R, steps) is each run's training loss before each step; bad (R,) int64 is
-    the first step t whose loss or updated parameters are not all finite, or −1 (what run._train's
+    the first step t whose loss or updated parameters are not all finite, or −1 (what training.train's
     divergence check needs when it hands the kernel several steps at once)."""
     lib = _kernel_for(state, data, geo)
     if lib is None:
@@ -389,11 +389,12 @@ def train_step(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: t
     return train_steps(state, data, lr, eps, w, geo, steps)[0]
 
 
-def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Geometry) -> engine.Probe:
+def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Geometry,
+             PiT: Optional[torch.Tensor] = None) -> engine.Probe:
     """engine.evaluate, fused: the forward pass and every metric of engine.Probe."""
     lib = _kernel_for(state, data, geo)
     if lib is None:
-        return engine.evaluate(state, data, eps, geo)
+        return engine.evaluate(state, data, eps, geo, PiT)
     V = state.params["V"]
     dtype = V.dtype
     R, K = V.shape[0], V.shape[2]
@@ -412,4 +413,5 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
             _threads(R), 0)
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
-    return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv)
+    return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv,
+                        engine.v_pi_cosine(V, PiT))

@@ -88,10 +88,15 @@ def output(params: dict, h: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.
     return torch.bmm(torch.relu(r), params["A"].transpose(1, 2)), r
 
 
+def init_generator(seed: int) -> torch.Generator:
+    """Initial parameters get their own stream, so changing n_train or n_test leaves them unchanged."""
+    return torch.Generator().manual_seed(seed + 2**32)
+
+
 def init_dense(cfg_model: ModelConfig, K: int, sigma: float, gen: torch.Generator, dtype) -> dict:
     """The literal initial parameters: A (FFN), V, W ~ N(0, σ²) i.i.d. (§4), drawn in that order."""
     out = {}
-    if cfg_model.name == "transformer_ffn":
+    if cfg_model.is_ffn:
         out["A"] = sigma * torch.randn(K, cfg_model.m, generator=gen, dtype=torch.float64)
         out["V"] = sigma * torch.randn(cfg_model.m, K, generator=gen, dtype=torch.float64)
     else:

@@ -70,13 +70,12 @@ def initial(cfg: RunConfig, dtype) -> dict:
     K, M = cfg.data.K, cfg.model.M
     if cfg.init.name == "zero":
         theta = {"V": torch.zeros(K, K, dtype=dtype)}
-        if cfg.model.name == "transformer_ffn":
+        if cfg.model.is_ffn:
             theta = {"A": torch.zeros(K, cfg.model.m, dtype=dtype), "V": torch.zeros(cfg.model.m, K, dtype=dtype)}
         theta["W"] = torch.zeros(K + M, K + M, dtype=dtype)
         return theta
-    from .run import init_generator  # the engine's own seeding, so both start from the same draw
-
-    return model.init_dense(cfg.model, K, cfg.init.sigma, init_generator(cfg.seed), dtype)
+    # the engine's own seeding, so both start from the same draw
+    return model.init_dense(cfg.model, K, cfg.init.sigma, model.init_generator(cfg.seed), dtype)
 
 
 def main(argv: list[str]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .config import RunConfig
 from .hydra_job import env_set_of
-from .run import shape_key
+from .training import group_by, shape_key
 
 
 def bytes_per_run(c: RunConfig) -> int:
@@ -24,11 +24,9 @@ def bytes_per_run(c: RunConfig) -> int:
 def chunks(specs: list, memory_gb: float, max_runs: int | None = None) -> list[list]:
     """Group by shape (K, N, M, model, data sizes, steps, precision…) and env_set, then split each group so
     that one chunk fits in `memory_gb` (and holds at most `max_runs`). Chunks are balanced within a group."""
-    groups: dict[tuple, list] = {}
-    for s in specs:
-        groups.setdefault((shape_key(s.cfg), env_set_of(s)), []).append(s)
     out = []
-    for group in groups.values():
+    for idx in group_by(specs, lambda s: (shape_key(s.cfg), env_set_of(s))).values():
+        group = [specs[i] for i in idx]
         cap = max(1, int(memory_gb * 2**30 // bytes_per_run(group[0].cfg)))
         if max_runs:
             cap = min(cap, max_runs)

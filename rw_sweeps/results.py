@@ -1,10 +1,13 @@
-"""The run-folder contract (README, "Results"): config.yaml, summary.json, history.jsonl, snapshots.jsonl.
+"""The run-folder contract (README, "Results"): config.yaml, summary.json, history.jsonl, snapshots.jsonl,
+and the checkpoint.pt of an unfinished run.
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader (or a
-resumed sweep) never sees half a file; summary.json is written last and marks the run as finished.
+resumed sweep) never sees half a file; summary.json is written last and marks the run as finished. Files
+get the permissions the umask allows (group-readable on a shared file system), as `open` would give them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -13,7 +16,22 @@ from pathlib import Path
 
 import yaml
 
-SUMMARY, CONFIG, HISTORY, SNAPSHOTS = "summary.json", "config.yaml", "history.jsonl", "snapshots.jsonl"
+SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml", "history.jsonl",
+                                                   "snapshots.jsonl", "checkpoint.pt")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's own 0600 would hide results from the group
+
+
+def run_id(run_dir: Path) -> str:
+    """Deterministic per folder, so a re-run or requeued job continues the same wandb run."""
+    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -21,6 +39,7 @@ def atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, path)
@@ -83,3 +102,32 @@ def same_run(a: dict | None, b: dict | None) -> bool:
     if a is None or b is None:
         return False
     return {k: v for k, v in a.items() if k != "wandb"} == {k: v for k, v in b.items() if k != "wandb"}
+
+
+def save_checkpoint(run_dir: Path, blob: dict) -> None:
+    """The training state of an unfinished run (`rw_sweeps.training.checkpoint`), written atomically."""
+    import torch
+
+    path = Path(run_dir) / CHECKPOINT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{CHECKPOINT}.{os.getpid()}.tmp")
+    torch.save(blob, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(cfg: dict, run_dir: Path) -> dict | None:
+    """A run's checkpoint if it exists and belongs to this exact config (else it is ignored)."""
+    import torch
+
+    path = Path(run_dir) / CHECKPOINT
+    if not path.exists():
+        return None
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # noqa: BLE001 - a torn or foreign file: start over
+        return None
+    return blob if isinstance(blob, dict) and same_run(blob.get("config"), cfg) else None
+
+
+def drop_checkpoint(run_dir: Path) -> None:
+    (Path(run_dir) / CHECKPOINT).unlink(missing_ok=True)

@@ -13,19 +13,13 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from rw_sweeps.markov import Pi
+
 # grid keys (Hydra dotted names) -> write_run keyword
 KEYS = {"data.p": "p", "data.K": "K", "data.N": "N", "model.M": "M", "init": "init",
         "init.sigma": "sigma", "optim.lr": "lr", "optim.steps": "steps", "seed": "seed",
         "data.name": "data", "experiment": "experiment"}
 SNAPSHOT_STEPS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 400, 700, 1000]
-
-
-def Pi(K: int, p: float) -> np.ndarray:
-    out = np.zeros((K, K))
-    for i in range(K):
-        out[i, (i + 1) % K] += p
-        out[i, (i - 1) % K] += 1 - p
-    return out
 
 
 def write_run(run_dir, *, p=0.5, K=6, N=97, M=1000, init="zero", sigma=0.0, lr=1.0, steps=10,

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from rw_sweeps import data as data_mod
-from rw_sweeps import engine, model, oracle, run
+from rw_sweeps import engine, model, oracle, run, training
 from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 
@@ -23,8 +24,8 @@ def trajectory(c: RunConfig, steps: int, on: str = "train"):
     dtype = getattr(torch, c.precision)
     geo = model.geometry(c.model, c.data.N)
     tr, te = data_mod.make(c.data, c.seed)
-    B = run._stack_data([tr], dtype, "cpu")
-    st = run.initial_state([c], geo, dtype)
+    B = training.stack_data([tr], dtype, "cpu")
+    st = training.initial_state([c], geo, dtype)
     one = lambda x: torch.tensor([x], dtype=dtype)  # noqa: E731
     w = one(1 / c.data.n_train if c.optim.reduction == "mean" else 1.0)
     out = []
@@ -44,7 +45,6 @@ ORACLE_CASES = {
     "ffn-gaussian": dict(model=ModelConfig(name="transformer_ffn", M=64, m=7), init=InitConfig("gaussian", 0.1)),
     "ffn-gaussian-normalized": dict(model=ModelConfig(name="transformer_ffn", M=64, m=7, normalize=True),
                                     init=InitConfig("gaussian", 0.1), optim=OptimConfig(lr=2.0, steps=50)),
-    "ffn-zero": dict(model=ModelConfig(name="transformer_ffn", M=64, m=7)),
     "float32": dict(precision="float32"),
 }
 
@@ -59,8 +59,20 @@ def test_engine_matches_the_literal_oracle(case):
     dS = max((S - r[2]).abs().max().item() for (_, S), r in zip(ours, ref))
     assert dV < tol and dS < tol, (dV, dS)
     # and the run really moved: attention left uniform and V grew (a frozen model would also "match")
-    if case != "ffn-zero":
-        assert ours[-1][0].abs().max() > 10 * tol and (ours[-1][1] - ours[0][1]).abs().max() > 1e-4
+    assert ours[-1][0].abs().max() > 10 * tol and (ours[-1][1] - ours[0][1]).abs().max() > 1e-4
+
+
+def test_the_ffn_from_zero_init_is_a_fixed_point(tmp_path):
+    """F.1 from A = V = W = 0: f ≡ 0, and every gradient carries a factor A or ReLU'(0) = 0, so nothing ever
+    moves: the loss stays −log ε and the attention uniform, in the engine as in the oracle."""
+    c = cfg(model=ModelConfig(name="transformer_ffn", M=64, m=7), optim=OptimConfig(lr=5.0, steps=20))
+    ref = oracle.train(c, 20)
+    assert all(float(r[3]["A"].abs().max()) == 0 and float(r[3]["V"].abs().max()) == 0 for r in ref)
+    ours, st = trajectory(c, 20)
+    assert float(st.params["A"].abs().max()) == 0 and float(st.params["V"].abs().max()) == 0
+    assert float(st.a.abs().max()) == 0 and float(st.c.abs().max()) == 0
+    s = run.run_batch([c], [tmp_path])[0]
+    assert s["train_loss"] == pytest.approx(-math.log(c.optim.eps), abs=1e-12) and s["attention_spread"] == 0.0
 
 
 def test_engine_matches_the_oracle_on_the_symmetric_point_until_the_oracle_breaks():
@@ -99,7 +111,7 @@ def test_lemma_C1_population_form():
 
 
 @pytest.mark.parametrize("precision", ["float64", "float32"])
-def test_theorem_4_1_symmetric_point_is_exact(precision):
+def test_theorem_4_1_symmetric_point_is_exact(precision, tmp_path):
     # p = 1, N = rK + 1, zero init: attention stays exactly uniform over the N − 1 real tokens, every
     # column of V stays equal, and accuracy sits at chance for all 50 steps.
     c = cfg(data=DataConfig(K=6, N=97, p=1.0, n_train=300, n_test=300), model=ModelConfig(M=200),
@@ -109,7 +121,7 @@ def test_theorem_4_1_symmetric_point_is_exact(precision):
         assert (S[:-1] == S[0]).all()  # bit-identical, not approximately
         assert (V == V[:, :1]).all()
     assert (st.c[0, :-1] == st.c[0, 0]).all() and (st.a[0] == st.a[0, 0]).all()
-    s = run.run_batch([c], ["/tmp/rw-sweeps-test-thm41"])[0]
+    s = run.run_batch([c], [tmp_path])[0]
     assert s["attention_spread"] == 0.0 and s["symmetry_break_step"] is None
     assert s["test_acc"] < 0.3  # ≈ 1/K: every score ties, so the prediction is one fixed label
 

@@ -39,7 +39,7 @@ def _cfg(seed, p=0.5, init="zero", sigma=0.0, lr=1.0, normalize=False, K=6, N=25
 
 
 def _batch(cfgs):
-    """Train/test Batches, initial State, lr, eps, w and Geometry of runs of one shape (as run._train does)."""
+    """Train/test Batches, initial State, lr, eps, w and Geometry of runs of one shape (as training.train does)."""
     c0 = cfgs[0]
     dtype, K, N = getattr(torch, c0.precision), c0.data.K, c0.data.N
     geo = model.geometry(c0.model, N)
@@ -200,7 +200,7 @@ def test_symmetric_point_exact(kernel, precision, N):
 
 def test_one_step_api_and_divergence(kernel, monkeypatch):
     """steps=None behaves as engine.train_step (loss (R,)); train_steps reports the first non-finite step
-    exactly as run._train's check would (loss before the step, parameters after it)."""
+    exactly as training.train's check would (loss before the step, parameters after it)."""
     cfgs = [_cfg(s, p=0.5) for s in range(3)]
     train, test, state, lr, eps, w, geo = _batch(cfgs)
     a, b = _clone(state), _clone(state)

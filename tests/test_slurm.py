@@ -303,9 +303,26 @@ def test_e_the_sbatch_script_carries_what_the_user_asked_for(tmp_path):  # no cl
     assert r.stdout.count("#!/bin/bash") == 2 and "#SBATCH --array=0-1%2" in r.stdout  # 3 jobs, arrays of ≤ 2
     assert "#SBATCH --gpus-per-node=2" in r.stdout and "#SBATCH --no-requeue" in r.stdout
     assert "#SBATCH --requeue" not in r.stdout and "#SBATCH --time=60" in r.stdout
-    assert "#SBATCH --cpus-per-task=1" in r.stdout and "--partition" not in r.stdout
+    assert "--cpus-per-task" not in r.stdout and "--partition" not in r.stdout  # SLURM's own defaults
     r = dry_run(tmp_path, "hydra.launcher.gpus_per_node=1", "hydra.launcher.gres=gpu:1")
     assert r.returncode != 0 and "set gres or gpus_per_node, not both" in r.stderr
+
+    # the keys of hydra-submitit-launcher 1.2.0's submitit_slurm, with the same names and meanings
+    r = dry_run(tmp_path, "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=4", "hydra.launcher.name=myjob",
+                "hydra.launcher.comment=note", "hydra.launcher.constraint=a100", "hydra.launcher.exclude=node7",
+                "hydra.launcher.cpus_per_gpu=8", "hydra.launcher.gpus_per_task=1", "hydra.launcher.mem_per_gpu=40G",
+                "hydra.launcher.stderr_to_stdout=true", "hydra.launcher.srun_args=['--cpu-bind=none']")
+    assert r.returncode == 0, r.stderr
+    for flag in ("--nodes=2", "--ntasks-per-node=4", "--job-name=myjob", "--comment=note", "--constraint=a100",
+                 "--exclude=node7", "--cpus-per-gpu=8", "--gpus-per-task=1", "--mem-per-gpu=40G"):
+        assert f"#SBATCH {flag}\n" in r.stdout, flag
+    assert "--srun-args" not in r.stdout and "--cpu-bind=none" in r.stdout.split("srun ")[-1]  # srun's own flags
+    assert "#SBATCH --error" not in r.stdout  # stderr goes to the job's stdout file
+    r = dry_run(tmp_path, "hydra.launcher.mem_per_cpu=4G")
+    assert r.returncode == 0 and "#SBATCH --mem-per-cpu=4G\n" in r.stdout
+    r = dry_run(tmp_path, "hydra.launcher.reservation=lab")  # not a launcher key: one line that says where it goes
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "additional_parameters.reservation" in lines[0], r.stderr
 
 
 # ------------------------------------------------------------------------------------------ (f)

@@ -277,7 +277,8 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             continue
         if isinstance(e, ValidationError):
             key = key.split("[")[0]
-            typ = (schema_type(key) or "").replace("Optional[", "").rstrip("]")
+            typ = schema_type(key) or ""
+            typ = typ[len("Optional["):-1] if typ.startswith("Optional[") else typ
             rule = _TYPE_RULE.get(typ, "must be a list of integers" if typ == "List[int]" else str(e).splitlines()[0])
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):

@@ -8,7 +8,6 @@ folder (`rw_sweeps.results`) and wandb run (`rw_sweeps.tracking`).
 from __future__ import annotations
 
 import math
-import os
 import socket
 import subprocess
 import sys

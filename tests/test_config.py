@@ -90,22 +90,55 @@ BAD = [
     ("data.K=3.5", "data.K", "integer"), ("model.normalize=maybe", "model.normalize", "true or false"),
     ("optim.reduction=max", "optim.reduction", "mean"), ("wandb.mode=loud", "wandb.mode", "offline"),
     ("data.q=1", "data.q", "unknown key"), ("init=uniform", "init", "gaussian, zero"),
+    ("~data.p", "data.p", "cannot be removed"), ("+data.q=1", "data.q", "unknown key"),
+    ("objective=foo", "objective", "test_acc"), ("seed=abc", "seed", "integer"),
+    ("snapshot_steps=[a]", "snapshot_steps", "list of integers"), ("optim.lr=${init.sigma}", "optim.lr", "> 0"),
     ("data=qa_majority data.N=20", "data.N", "17"), ("model=transformer_ffn model.m=0", "model.m", ">= 1"),
 ]
 
 
+def checked(*args: str) -> None:
+    """What `python launch.py ARGS` checks before any job starts, in process: the pre-check (Hydra's own
+    composition, every value in single-run mode), then in multirun mode the rw sweeper's grid validation."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    from rw_sweeps.app import preflight
+    from rw_sweeps.sweep import Planner
+
+    preflight(list(args), str(ROOT / "launch.py"), "conf")
+    if args and args[0] == "-m":
+        overrides = list(args[1:])
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+            cfg = loader.load_configuration("config", overrides=overrides, run_mode=RunMode.MULTIRUN)
+            parser = OverridesParser.create(config_loader=loader)
+            jobs = [j for b in BasicSweeper.split_arguments(parser.parse_overrides(overrides), None) for j in b]
+            Planner(loader, cfg).plan(jobs)
+
+
 @pytest.mark.parametrize("mode", ["run", "multirun"])
 @pytest.mark.parametrize("override,key,allowed", BAD)
-def test_bad_input_is_one_line_and_writes_nothing(tmp_path, override, key, allowed, mode):
-    out = tmp_path / "out"
-    args = override.split() + [f"hydra.run.dir={out}", f"hydra.sweep.dir={out}"]
+def test_bad_input_is_one_config_error(override, key, allowed, mode):
+    args = override.split()
     if mode == "multirun":  # the bad value hides behind a good one in a grid
         args = ["-m", "seed=0,1"] + args
-    r = launch(*args, cwd=tmp_path)
-    assert r.returncode != 0
+    with pytest.raises(ConfigError) as err:
+        checked(*args)
+    line = str(err.value)
+    assert "\n" not in line and key in line and allowed in line, line
+
+
+@pytest.mark.parametrize("args", [["data.p=1.5"], ["-m", "seed=0,1", "data.p=abc"]], ids=["run", "multirun"])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args):
+    """The real front door, as users run it: one line on stderr, exit 2, no folder."""
+    out = tmp_path / "out"
+    r = launch(*args, f"hydra.run.dir={out}", f"hydra.sweep.dir={out}", cwd=tmp_path)
+    assert r.returncode == 2
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    assert key in lines[0] and allowed in lines[0], lines[0]
+    assert len(lines) == 1 and lines[0].startswith("error: invalid config: data.p="), r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert not out.exists() and not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
@@ -124,6 +157,7 @@ def test_config_error_names_key_value_and_rule():
 def test_bad_launcher_settings_are_one_line_too(tmp_path):
     for override, key in [("hydra.launcher.backend=moon", "hydra.launcher.backend"),
                           ("hydra.launcher.memory_gb=0", "hydra.launcher.memory_gb"),
+                          ("hydra.launcher.memory_gb=lots", "hydra.launcher.memory_gb"),
                           ("hydra/launcher=packed_slurm hydra.launcher.gres=gpu:1 hydra.launcher.gpus_per_node=1",
                            "hydra.launcher.gres")]:
         r = launch("-m", "seed=0,1", *override.split(), f"hydra.sweep.dir={tmp_path / 's'}", cwd=tmp_path)

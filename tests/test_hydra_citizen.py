@@ -17,19 +17,32 @@ QUIET = [*SMALL, "wandb.mode=disabled"]
 
 
 # -------------------------------------------------------------------- Hydra's own launcher test suite
+@pytest.fixture(autouse=True)
+def _unset_version_base():
+    """Hydra's suite runs its apps without a version_base: forget the one earlier tests' compose() set."""
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
+
+    Singleton._instances.pop(VersionBase, None)
+    yield
+
+# Each preset is the `rw` launcher plus its deltas (conf/hydra/launcher/*.yaml); Hydra's suite apps have
+# their own config folders, so it is selected by its ConfigStore name with the preset's deltas.
 @pytest.mark.parametrize("launcher_name, overrides", [
-    ("rw", []),                                    # `packed`: the default
-    ("rw", ["hydra.launcher.pack=false"]),         # unpacked, in this process
-    ("rw", ["hydra.launcher.backend=local_gpus"]),  # `local_gpus` / `packed_gpus` (the CPU here)
-])
+    ("rw", []),                                                                 # packed
+    ("rw", ["hydra.launcher.pack=false"]),                                      # unpacked, in this process
+    ("rw", ["hydra.launcher.backend=local_gpus", "hydra.launcher.pack=false"]),  # local_gpus (the CPU here)
+    ("rw", ["hydra.launcher.backend=local_gpus"]),                              # packed_gpus
+], ids=["packed", "unpacked", "local_gpus", "packed_gpus"])
 class TestRwLauncher(LauncherTestSuite):
     """Any task but the project's own runs through Hydra's run_job, job by job, as Hydra's launchers do."""
 
 
 @pytest.mark.slurm
 @pytest.mark.parametrize("launcher_name, overrides", [
-    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.timeout_min=5", "hydra.launcher.poll_s=1"]),
-])
+    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.pack=false", "hydra.launcher.timeout_min=5"]),
+    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.timeout_min=5"]),
+], ids=["slurm", "packed_slurm"])
 class TestRwLauncherOnSlurm(LauncherTestSuite):
     @pytest.fixture(autouse=True)
     def _cluster(self):
@@ -48,7 +61,7 @@ def _events(path: Path) -> list[dict]:
 
 
 def _callback(path: Path) -> list[str]:
-    return [f"+hydra.callbacks.record._target_=tests.callbacks.Record", f"+hydra.callbacks.record.path={path}"]
+    return ["+hydra.callbacks.record._target_=tests.callbacks.Record", f"+hydra.callbacks.record.path={path}"]
 
 
 @pytest.mark.parametrize("preset", ["packed", "packed_gpus"])
@@ -77,31 +90,6 @@ def test_callbacks_and_env_set_see_every_packed_run_as_its_own_job(preset, tmp_p
         else:
             assert e["status"] == "FAILED" and "cuda" in e["value"].lower()
     assert [runs[str(i)]["status"] for i in range(4)] == ["done", "failed", "done", "failed"]
-
-
-def test_a_packed_run_folder_is_the_folder_hydra_writes(tmp_path):
-    """.hydra/config.yaml and overrides.yaml byte for byte, hydra.yaml but for the launcher, a job log."""
-    grid = ["data.p=0,0.5", "init=zero,gaussian", *QUIET]
-    packed, basic = tmp_path / "packed", tmp_path / "basic"
-    for sweep, extra in ((packed, []), (basic, ["hydra/launcher=basic"])):
-        r = launch("-m", *extra, *grid, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
-        assert r.returncode == 0, r.stderr
-    for i in range(4):
-        for name in ("config.yaml", "overrides.yaml"):
-            a = (packed / str(i) / ".hydra" / name).read_text()
-            assert a == (basic / str(i) / ".hydra" / name).read_text().replace(str(basic), str(packed))
-        ha = yaml.safe_load((packed / str(i) / ".hydra" / "hydra.yaml").read_text())["hydra"]
-        hb = yaml.safe_load((basic / str(i) / ".hydra" / "hydra.yaml").read_text())["hydra"]
-        for h in (ha, hb):
-            h.pop("launcher"), h["runtime"].pop("output_dir"), h["runtime"]["choices"].pop("hydra/launcher")
-            h["overrides"]["hydra"] = [o for o in h["overrides"]["hydra"] if "sweep.dir" not in o and "launcher" not in o]
-            h["sweep"].pop("dir"), h["job"].pop("id")
-        assert ha == hb
-        for sweep in (packed, basic):
-            log = (sweep / str(i) / "launch.log").read_text()
-            assert log.count("done: p=") == 1 and "[rw_sweeps.app][INFO]" in log
-        sa, sb = (json.loads((s / str(i) / "summary.json").read_text()) for s in (packed, basic))
-        assert abs(sa["test_acc"] - sb["test_acc"]) < 1e-12 and abs(sa["train_loss"] - sb["train_loss"]) < 1e-12
 
 
 def test_an_edited_or_wrapped_task_is_not_packed(tmp_path):
@@ -208,3 +196,47 @@ def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
     assert best["best_value"] == max(s["test_acc"] for s in runs.values())
     assert 0.55 <= best["best_params"]["data.p"] <= 0.95 and best["best_params"]["optim.lr"] in (0.5, 1.0)
     assert best["best_value"] > 0.5  # p > 0.55: the optimum max(p, 1 − p) is above chance
+
+
+def test_choice_range_and_tag_sweeps_run(tmp_path):
+    sweep = tmp_path / "s"
+    r = launch("-m", "data.p=choice(0.3,0.7)", "seed=range(0,2)", "init.sigma=tag(small,0.0)", *QUIET,
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = summaries(sweep)
+    assert sorted((s["p"], s["seed"]) for s in runs.values()) == [(0.3, 0), (0.3, 1), (0.7, 0), (0.7, 1)]
+
+
+# -------------------------------------------------------------------- packaging
+def test_the_installed_commands_work_from_any_folder(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    bindir = Path(sys.executable).parent
+    launch_cmd, status_cmd = shutil.which("rw-launch", path=str(bindir)), shutil.which("rw-status", path=str(bindir))
+    assert launch_cmd and status_cmd and shutil.which("rw-analysis", path=str(bindir)), "pip install -e . (make install)"
+    r = subprocess.run([launch_cmd, "-m", "data.p=0.5,1", *QUIET, "hydra.sweep.dir=s"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = {s["p"]: s for s in summaries(tmp_path / "s").values()}
+    assert runs[0.5]["parent_attention"] > 0.99 and runs[1.0]["attention_spread"] == 0.0
+    st = subprocess.run([status_cmd, "s"], cwd=tmp_path, capture_output=True, text=True)
+    assert st.returncode == 0 and "2 runs: 2 done" in st.stdout, st.stdout + st.stderr
+
+
+def test_the_wheel_carries_the_configs(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = zipfile.ZipFile(next(tmp_path.glob("rw_sweeps-*.whl"))).namelist()
+    conf = sorted(str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml"))
+    assert sorted(n[len("rw_sweeps_conf/"):] for n in names if n.startswith("rw_sweeps_conf/") and n.endswith(".yaml")) == conf
+    assert "hydra_plugins/rw_sweeps_plugins/launcher.py" in names and "rw_sweeps/fused.c" in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(next(tmp_path.glob("rw_sweeps-*.whl"))).read(entry).decode()
+    assert "rw-launch = rw_sweeps.app:cli" in text

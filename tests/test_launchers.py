@@ -2,7 +2,6 @@
 a run resumed from its checkpoint, `local_gpus` on a machine without a GPU, packed runs against unpacked."""
 from __future__ import annotations
 
-import json
 import re
 import signal
 from pathlib import Path
@@ -89,23 +88,3 @@ def test_local_gpus_without_a_gpu_runs_the_jobs_on_the_cpu_and_says_so(tmp_path)
     assert all(s["status"] == "done" for s in runs.values()) and runs["1"]["test_acc"] > 0.7
     logs = sorted((sweep / ".submitit").glob("*/*_log.out"))  # each run was its own submitit job
     assert len(logs) == 2 and all("done: p=" in p.read_text() for p in logs)
-
-
-def test_packed_runs_equal_unpacked_runs_run_by_run(tmp_path):
-    grid = ["data.p=0,0.1,0.5,1", "init=zero,gaussian"]
-    for launcher in ("local", "packed"):
-        r = launch("-m", f"hydra/launcher={launcher}", *grid, *QUIET, f"hydra.sweep.dir={tmp_path / launcher}")
-        assert r.returncode == 0, r.stderr
-    local, packed = summaries(tmp_path / "local"), summaries(tmp_path / "packed")
-    assert sorted(local) == sorted(packed) and len(local) == 8
-    for name in local:
-        a, b = local[name], packed[name]
-        assert (a["p"], a["init"], a["seed"]) == (b["p"], b["init"], b["seed"]) and b["status"] == "done"
-        for k in ("test_acc", "train_loss", "test_loss", "parent_attention", "test_kl", "v_pi_cosine"):
-            assert abs(a[k] - b[k]) <= 1e-8, (name, k)
-        ha = [json.loads(x) for x in (tmp_path / "local" / name / "history.jsonl").read_text().splitlines()]
-        hb = [json.loads(x) for x in (tmp_path / "packed" / name / "history.jsonl").read_text().splitlines()]
-        assert [h["step"] for h in ha] == [h["step"] for h in hb] == list(range(11))
-        for x, y in zip(ha, hb):
-            for k, v in x.items():
-                assert v == y[k] if v is None else abs(v - y[k]) <= 1e-8, (name, x["step"], k)

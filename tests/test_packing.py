@@ -50,6 +50,9 @@ def test_a_diverging_run_does_not_disturb_its_chunk(tmp_path):
 
 
 def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
+    """Hydra's basic launcher (one run_job per run) and the packed launcher give the same results and the
+    same Hydra job folders: .hydra/config.yaml and overrides.yaml byte for byte, hydra.yaml but for the
+    launcher's own node, a job log with the run's line."""
     args = ["-m", "data.p=0,0.3,0.5,1", "init=zero,gaussian", *SMALL, "wandb.mode=disabled"]
     a = launch(*args, "hydra/launcher=packed", f"hydra.sweep.dir={tmp_path / 'packed'}", cwd=tmp_path)
     b = launch(*args, "hydra/launcher=local", f"hydra.sweep.dir={tmp_path / 'local'}", cwd=tmp_path)
@@ -65,8 +68,23 @@ def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
         ha = [json.loads(x) for x in (tmp_path / "packed" / k / "history.jsonl").read_text().splitlines()]
         hb = [json.loads(x) for x in (tmp_path / "local" / k / "history.jsonl").read_text().splitlines()]
         assert len(ha) == len(hb) == 11
-        assert max(abs(x["test_loss"] - y["test_loss"]) for x, y in zip(ha, hb)) < 1e-8
-        assert (tmp_path / "packed" / k / ".hydra" / "overrides.yaml").exists()
+        assert [h["step"] for h in ha] == list(range(11))
+        for x, y in zip(ha, hb):
+            for key, v in x.items():
+                assert v == y[key] if v is None else abs(v - y[key]) <= 1e-8, (k, x["step"], key)
+        packed, local = tmp_path / "packed" / k, tmp_path / "local" / k
+        for name in ("config.yaml", "overrides.yaml"):
+            assert (packed / ".hydra" / name).read_text() == (local / ".hydra" / name).read_text().replace(
+                "/local", "/packed")
+        ha_, hb_ = (yaml.safe_load((d / ".hydra" / "hydra.yaml").read_text())["hydra"] for d in (packed, local))
+        for h in (ha_, hb_):
+            h.pop("launcher"), h["runtime"].pop("output_dir"), h["runtime"]["choices"].pop("hydra/launcher")
+            h["overrides"]["hydra"] = [o for o in h["overrides"]["hydra"] if "sweep.dir" not in o and "launcher" not in o]
+            h["sweep"].pop("dir"), h["job"].pop("id")
+        assert ha_ == hb_
+        for d in (packed, local):
+            log = (d / "launch.log").read_text()
+            assert log.count("done: p=") == 1 and "[rw_sweeps.app][INFO]" in log
 
 
 MEASURE = """

@@ -31,6 +31,8 @@ from hydra.plugins.launcher import Launcher
 
 log = logging.getLogger(__name__)
 LOCAL_TIMEOUT_MIN = 60 * 24 * 365  # local jobs have no time limit (timeout_min is SLURM's)
+CPU_CHUNK_GB = 2.0  # a chunk's budget on a CPU when memory_gb is null
+SLURM_GPU_PLAN_GB = 16.0  # packed_slurm with GPUs, memory_gb null: chunks planned for a 16 GB share of a GPU
 
 
 @dataclass
@@ -39,7 +41,7 @@ class RwLauncherConf:
     _target_: str = "hydra_plugins.rw_sweeps_plugins.launcher.RwLauncher"
     backend: str = "local"  # local | local_gpus | slurm
     pack: bool = True  # many same-shape runs per job, trained as one batched program (project's task only)
-    memory_gb: float = 2.0  # packed: memory budget of one chunk (on a GPU: its free memory, at most this if set)
+    memory_gb: Optional[float] = None  # packed: a chunk's memory budget (null: 2 GB on a CPU, a GPU's free memory)
     max_runs_per_job: Optional[int] = None  # packed: cap on runs per chunk (null: by memory only)
     lean: bool = False  # packed: skip each run's .hydra/hydra.yaml and <job>.log (grids of 100k runs)
     detach: bool = False  # slurm: submit, print the job ids and return
@@ -107,7 +109,7 @@ class HydraJob:
             setup_globals()
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
         with open_dict(cfg.hydra.job):
-            cfg.hydra.job.id = _job_id() or f"job_id_for_{self.num}"
+            cfg.hydra.job.id = _job_id() or str(self.num)  # as Hydra's basic launcher, or submitit's job id
             cfg.hydra.job.num = self.num
         ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
@@ -125,8 +127,8 @@ class HydraJob:
 class ChunkJob:
     """A packed chunk, wherever it runs (this process, a process pinned to a GPU, a SLURM array task)."""
 
-    def __init__(self, chunk):
-        self.chunk, self.singleton_state = chunk, Singleton.get_state()
+    def __init__(self, chunk, memory_gb: Optional[float] = None):
+        self.chunk, self.memory_gb, self.singleton_state = chunk, memory_gb, Singleton.get_state()
 
     def __call__(self) -> List[JobReturn]:
         from hydra.core.utils import setup_globals
@@ -136,13 +138,24 @@ class ChunkJob:
             Singleton.set_state(self.singleton_state)
             setup_globals()
             self.chunk.job_id = job_id
-        returns = self.chunk()
+        returns = self._train()
         failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
         if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
             from rw_sweeps.packing import RunsFailed
 
             raise RunsFailed(f"{len(failed)} run(s) failed: " + ", ".join(failed[:5]))
         return returns
+
+    def _train(self) -> List[JobReturn]:
+        """The chunk, in pieces that fit this process's GPU when it has one (a SLURM job's allocated GPU)."""
+        from dataclasses import replace
+
+        from rw_sweeps.packing import chunks
+
+        budget = gpu_budget_gb(self.memory_gb) if self.chunk.specs and _job_id() is not None else None
+        if budget is None:
+            return self.chunk()
+        return [r for part in chunks(self.chunk.specs, budget) for r in replace(self.chunk, specs=part)()]
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
         import submitit
@@ -182,7 +195,7 @@ class RwLauncher(Launcher):
             _bad("gres", p["gres"], "set gres or gpus_per_node, not both")
         if p["detach"] and p["backend"] != "slurm":
             _bad("detach", True, "needs the slurm backend (hydra/launcher=slurm or packed_slurm)")
-        if not p["memory_gb"] > 0:
+        if p["memory_gb"] is not None and not p["memory_gb"] > 0:
             _bad("memory_gb", p["memory_gb"], "must be > 0")
         if p.get("max_runs_per_job") is not None and p["max_runs_per_job"] < 1:
             _bad("max_runs_per_job", p["max_runs_per_job"], "must be >= 1 or null")
@@ -250,7 +263,7 @@ class RwLauncher(Launcher):
         returns: Dict[int, JobReturn] = {}
         if done:  # finished runs still go through their Hydra job (callbacks, JobReturn), without training
             returns.update({r_num: r for r_num, r in zip([s.num for s in done], chunk(done)())})
-        payloads = [ChunkJob(chunk(job)) if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True)
+        payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True)
                     for job in jobs]
         results = self._dispatch(payloads, jobs, rec)
         if results is None:
@@ -329,18 +342,18 @@ class RwLauncher(Launcher):
         return self._local_gpus(payloads)
 
     def _memory_gb(self) -> float:
-        """A chunk's budget: memory_gb, or on a GPU its free memory (at most memory_gb when the user set it)."""
+        """A chunk's budget when it is planned: memory_gb if set; else on local GPUs the smallest GPU's free
+        memory, for SLURM jobs that ask for GPUs a 16 GB share (each job then fits its chunk to its own
+        GPU: `gpu_budget_gb`), and 2 GB on a CPU."""
         p = self.params
-        if p["backend"] != "local_gpus" or not visible_gpus():
+        if p["backend"] == "local_gpus" and visible_gpus():
+            free = gpu_budget_gb(p["memory_gb"], all_gpus=True)
+            return free if free is not None else p["memory_gb"] or CPU_CHUNK_GB
+        if p["memory_gb"] is not None:
             return p["memory_gb"]
-        try:
-            import torch
-
-            free = 0.8 * torch.cuda.mem_get_info()[0] / 2**30
-        except Exception:  # noqa: BLE001
-            return p["memory_gb"]
-        user_set = p["memory_gb"] != RwLauncherConf.memory_gb
-        return min(free, p["memory_gb"]) if user_set else max(free, p["memory_gb"])
+        if p["backend"] == "slurm" and _asks_for_gpus(p):
+            return SLURM_GPU_PLAN_GB
+        return CPU_CHUNK_GB
 
     def _local_gpus(self, payloads: list) -> list:
         """At most one job per GPU at a time, each pinned to its device through CUDA_VISIBLE_DEVICES."""
@@ -462,6 +475,25 @@ def visible_gpus() -> List[str]:
         return []
     env = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     return env[:n] if env else [str(i) for i in range(n)]
+
+
+def gpu_budget_gb(memory_gb: Optional[float], all_gpus: bool = False) -> Optional[float]:
+    """80 % of this process's GPU's free memory (the smallest over the visible GPUs with `all_gpus`), at
+    most memory_gb when it is set; None without a GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        devices = range(torch.cuda.device_count()) if all_gpus else [torch.cuda.current_device()]
+        free = min(0.8 * torch.cuda.mem_get_info(d)[0] / 2**30 for d in devices)
+    except Exception:  # noqa: BLE001
+        return None
+    return min(free, memory_gb) if memory_gb is not None else free
+
+
+def _asks_for_gpus(p: Dict[str, Any]) -> bool:
+    return bool(p.get("gpus_per_node") or p.get("gpus_per_task") or "gpu" in str(p.get("gres") or ""))
 
 
 def slurm_max_array_size() -> int:

@@ -200,7 +200,7 @@ def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
 
 def test_choice_range_and_tag_sweeps_run(tmp_path):
     sweep = tmp_path / "s"
-    r = launch("-m", "data.p=choice(0.3,0.7)", "seed=range(0,2)", "init.sigma=tag(small,0.0)", *QUIET,
+    r = launch("-m", "data.p=choice(0.3,0.7)", "seed=tag(fast,range(0,2))", *QUIET,
                f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     runs = summaries(sweep)

@@ -157,10 +157,11 @@ def test_b_a_requeued_job_resumes_from_its_checkpoint_and_ends_as_if_uninterrupt
     run_dir = sweep_dir / "0"
     wait_until(lambda: (run_dir / "checkpoint.pt").exists(), 120, "the SLURM job's first checkpoint")
     job_id = next(iter(record(sweep_dir)["jobs"]))
-    # Freeze the job (SIGSTOP) before requeueing it, so it cannot finish in between: the first checkpoint
-    # comes at 2 % of a ≥ 15 s run, and from here on nothing depends on how fast this machine is.
+    # Freeze the job (SIGSTOP) while we look, so it cannot finish before we requeue it: the first checkpoint
+    # comes at 2 % of a ≥ 15 s run; SLURM will not requeue a suspended job, so it is resumed just before.
     subprocess.run(["scontrol", "suspend", job_id], check=True, capture_output=True)
     assert not (run_dir / "summary.json").exists(), "the run ended before its job was suspended"
+    subprocess.run(["scontrol", "resume", job_id], check=True, capture_output=True)
     subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True)
     out, err = job.communicate(timeout=600)
     wall = time.monotonic() - t0
@@ -172,7 +173,7 @@ def test_b_a_requeued_job_resumes_from_its_checkpoint_and_ends_as_if_uninterrupt
 
     # it really was requeued, and the second start continued from a checkpoint mid-run
     records = sacct([job_id.split("_")[0]], "State", duplicates=True)[job_id]
-    assert records[0] in ("REQUEUED", "SUSPENDED") and records[-1] == "COMPLETED", records
+    assert records[0] == "REQUEUED" and records[-1] == "COMPLETED", records
     log = next((sweep_dir / ".submitit" / job_id).glob("*_log.out")).read_text()
     assert log.count("Starting with JobEnvironment") == 2
     resumed = re.search(r"resuming .* from its checkpoint at step (\d+)", log)

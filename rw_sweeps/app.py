@@ -98,7 +98,7 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
             out[i] = (exc, [f"error: {exc}"])
             continue
         if rc.wandb.group is None:
-            rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group_of(s.hydra, True)))
+            rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group_of(s.base_hydra, True)))
         todo.append((i, rc))
     summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo])
     for (i, rc), summary in zip(todo, summaries):

@@ -14,6 +14,7 @@ access of a JobReturn's field (~10 ms each; Hydra's own per-job cost is ~100 ms)
 from __future__ import annotations
 
 import copy
+import io
 import logging
 import os
 import time
@@ -36,9 +37,50 @@ class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
 _Dumper.add_representer(str, OmegaConfDumper.str_representer)
 
 
+_OPTIONS = dict(default_flow_style=False, allow_unicode=True, sort_keys=False)  # OmegaConf.to_yaml's
+
+
 def to_yaml(node: Any) -> str:
     """The text `OmegaConf.to_yaml` writes for plain data (same options and quoting), ~10× faster."""
-    return yaml.dump(node, Dumper=_Dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
+    return yaml.dump(node, Dumper=_Dumper, **_OPTIONS)
+
+
+class YamlTemplates:
+    """The YAML text of a job's dict built from its composition's YAML node tree, with only the job's own
+    values represented anew: byte for byte `to_yaml(job's dict)`, but the shared part of a grid's configs is
+    represented once (PyYAML's Python representer is most of the cost of writing them)."""
+
+    def __init__(self) -> None:
+        self._roots: dict[int, tuple[dict, yaml.Node]] = {}  # id(base) → (base, its node): keeps base alive
+        self._rep = _Dumper(io.StringIO(), **_OPTIONS)
+
+    def _node(self, data: Any) -> yaml.Node:
+        self._rep.represented_objects, self._rep.object_keeper, self._rep.alias_key = {}, [], None
+        return self._rep.represent_data(data)
+
+    def text(self, base: dict, changes: dict, wrap: Optional[str] = None) -> str:
+        if id(base) not in self._roots:
+            self._roots[id(base)] = (base, self._node({wrap: base} if wrap else base))
+        node = self._roots[id(base)][1]
+        for dotted, value in changes.items():
+            node = _replaced(node, ([wrap] if wrap else []) + dotted.split("."), self._node(value))
+        stream = io.StringIO()
+        dumper = _Dumper(stream, **_OPTIONS)
+        dumper.open()
+        dumper.serialize(node)
+        dumper.close()
+        return stream.getvalue()
+
+
+def _replaced(node: yaml.MappingNode, path: list, new: yaml.Node) -> yaml.MappingNode:
+    """A copy of the mapping node with the value at `path` replaced (the nodes along the path are copied)."""
+    out = copy.copy(node)
+    out.value = list(node.value)
+    for i, (k, v) in enumerate(out.value):
+        if k.value == path[0]:
+            out.value[i] = (k, _replaced(v, path[1:], new) if len(path) > 1 else new)
+            return out
+    raise KeyError(".".join(path))
 
 
 def _write(path: Path, text: str) -> None:
@@ -89,7 +131,7 @@ def _formatters(hydra: dict) -> tuple[Optional[logging.Formatter], Optional[logg
 
 def env_set_of(spec: Spec) -> tuple:
     """The job's hydra.job.env_set, as a key for grouping runs into chunks (it is process-wide)."""
-    return tuple(sorted((str(k), str(v)) for k, v in (spec.hydra["job"].get("env_set") or {}).items()))
+    return tuple(sorted((str(k), str(v)) for k, v in (spec.base_hydra["job"].get("env_set") or {}).items()))
 
 
 @dataclass
@@ -107,18 +149,19 @@ class Chunk:
         specs = self.specs
         callbacks = self.hydra_context.callbacks if self.hydra_context is not None else None
         observed = callbacks is not None and bool(callbacks.callbacks)
-        console, file_fmt = _formatters(specs[0].hydra)
+        console, file_fmt = _formatters(specs[0].base_hydra)
+        yaml_of = YamlTemplates()
         env = dict(env_set_of(specs[0]))
         configs: list[Optional[DictConfig]] = [None] * len(specs)
         for s in specs:
             if self.job_id is not None:
-                s.hydra["job"]["id"] = self.job_id
+                s.set_hydra("job.id", self.job_id)
         results: list = [None] * len(specs)
         with env_override(env):
             started = []
             for i, s in enumerate(specs):
                 try:  # a run whose folder cannot be written fails alone, as its own job would
-                    self._begin(s)
+                    self._begin(s, yaml_of)
                 except Exception as exc:  # noqa: BLE001
                     results[i] = (exc, [f"failed: {s.output_dir}: {type(exc).__name__}: {exc}"])
                     continue
@@ -146,16 +189,18 @@ class Chunk:
             returns.append(ret)
         return returns
 
-    def _begin(self, s: Spec) -> None:
+    def _begin(self, s: Spec, yaml_of: YamlTemplates) -> None:
+        """The job's folder and `.hydra/` files, as run_job makes them (before the task is called)."""
         out = Path(s.output_dir)
-        sub = s.hydra.get("output_subdir")
+        sub = s.base_hydra.get("output_subdir")
         if sub is None:
             out.mkdir(parents=True, exist_ok=True)
             return
         (out / sub).mkdir(parents=True, exist_ok=True)
-        _write(out / sub / "config.yaml", to_yaml(s.task))
+        task = yaml_of.text(s.base_task, s.task_changes) if s.base_task is not None else to_yaml(s.task)
+        _write(out / sub / "config.yaml", task)
         if not self.lean:
-            _write(out / sub / "hydra.yaml", to_yaml({"hydra": s.hydra}))
+            _write(out / sub / "hydra.yaml", yaml_of.text(s.base_hydra, s.hydra_changes, wrap="hydra"))
         _write(out / sub / "overrides.yaml", to_yaml(list(s.overrides)))
 
     def _log(self, s: Spec, lines: Sequence[str], console, file_fmt) -> None:
@@ -198,7 +243,7 @@ class _job_context:
 
         self.old_hydra, self.old_cwd = HydraConfig.instance().cfg, os.getcwd()
         HydraConfig.instance().set_config(self.config)
-        if self.spec.hydra["job"].get("chdir"):
+        if self.spec.base_hydra["job"].get("chdir"):
             os.chdir(self.spec.output_dir)
 
     def __exit__(self, *exc):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -28,19 +29,39 @@ from .config import ConfigError, RunConfig, as_schema, from_dict, from_hydra_err
 
 @dataclass
 class Spec:
-    """One Hydra job, as plain data (cheap to build, copy and pickle)."""
+    """One Hydra job, as plain data (cheap to build, copy and pickle).
+
+    Jobs composed from one set of group choices share their composition's dicts (`base_task`,
+    `base_hydra`, never mutated, pickled once per chunk) and hold only what differs (`*_changes`: dotted
+    key → value); `task` and `hydra` are the job's own, built from them.
+    """
     num: int
     overrides: list[str]
     task: dict  # the composed task config, unresolved (what `.hydra/config.yaml` holds)
     resolved: dict  # the same, resolved (what the task function sees)
-    hydra: dict  # the job's `hydra` node, unresolved but for job.num/id and runtime.output_dir
+    base_hydra: dict = field(repr=False, default_factory=dict)  # the composition's `hydra` node
+    hydra_changes: dict = field(default_factory=dict)  # this job's own: overrides, job.num/id, output_dir…
+    base_task: dict | None = field(repr=False, default=None)  # the composition's task config (None: `task`)
+    task_changes: dict = field(default_factory=dict)  # this job's value overrides
     output_dir: str = ""  # absolute
     cfg: RunConfig | None = None  # validated, for the project's own task
     template: Any = field(default=None, repr=False)  # key of the composed DictConfig it came from
 
+    @cached_property
+    def hydra(self) -> dict:
+        """The job's `hydra` node, unresolved but for job.num/id and runtime.output_dir."""
+        out = _copy(self.base_hydra)
+        for key, value in self.hydra_changes.items():
+            set_key(out, key, value)
+        return out
+
     @property
     def name(self) -> str:
-        return str(self.hydra["job"]["name"])
+        return str(self.base_hydra["job"]["name"])
+
+    def set_hydra(self, key: str, value: Any) -> None:
+        self.hydra_changes[key] = value
+        self.__dict__.pop("hydra", None)
 
 
 def _has_interpolation(node: Any) -> bool:
@@ -87,6 +108,7 @@ class Planner:
         self.loader, self.primary, self.validate = config_loader, primary, validate
         self.parser = OverridesParser.create(config_loader=config_loader)
         self._templates: dict[tuple, tuple[DictConfig, dict | None, dict]] = {}
+        self._parsed: dict[str, Override] = {}  # grids repeat their override strings: parse each once
         sweep = primary.hydra.sweep
         self.sweep_dir = os.path.abspath(str(sweep.dir))
         self.subdir = OmegaConf.to_container(sweep, resolve=False)["subdir"]
@@ -117,22 +139,26 @@ class Planner:
             self._templates[key] = (cfg, None if _has_interpolation(full) else full, hydra)
         return self._templates[key]
 
+    def _parse(self, overrides: list[str]) -> list[Override]:
+        if any(s not in self._parsed for s in overrides):
+            self._parsed.update(zip(overrides, self.parser.parse_overrides(overrides)))
+        return [self._parsed[s] for s in overrides]
+
     def spec(self, overrides: Sequence[str], num: int) -> Spec:
         overrides = list(overrides)
-        parsed = self.parser.parse_overrides(overrides)
+        parsed = self._parse(overrides)
         key = tuple(s for s, o in zip(overrides, parsed) if self._is_template_key(o))
         values = [o for o in parsed if not self._is_template_key(o)]
         simple = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in values)
         template, base, hydra = self._template(key, overrides, num)
         if simple and base is not None:
             task = _copy(base)
-            for o in values:
-                set_key(task, o.key_or_group, as_schema(o.key_or_group, o.value()))
-            resolved = task
-            hydra = _copy(hydra)
-            hydra["overrides"]["task"] = list(overrides)
-            hydra["job"]["override_dirname"] = override_dirname(parsed, hydra["job"])
-            hydra["job"]["num"], hydra["job"]["id"] = num, str(num)
+            changes = {o.key_or_group: as_schema(o.key_or_group, o.value()) for o in values}
+            for k, v in changes.items():
+                set_key(task, k, v)
+            spec = Spec(num, overrides, task, task, hydra, {
+                "overrides.task": list(overrides), "job.override_dirname": override_dirname(parsed, hydra["job"]),
+                "job.num": num, "job.id": str(num)}, base, changes, template=key)
         else:  # Hydra composes this job itself; `${hydra:...}` resolves against its own node
             from hydra.core.hydra_config import HydraConfig
 
@@ -144,11 +170,11 @@ class Planner:
             task = full
             task_keys = [k for k in template if k != "hydra"]
             resolved = OmegaConf.to_container(OmegaConf.masked_copy(template, task_keys), resolve=True)
-        spec = Spec(num, overrides, task, resolved, hydra, template=key if key is not None else template)
+            spec = Spec(num, overrides, task, resolved, hydra, template=template)
         spec.output_dir = self.output_dir(spec)
-        spec.hydra["runtime"]["output_dir"] = spec.output_dir
+        spec.set_hydra("runtime.output_dir", spec.output_dir)
         if self.validate:
-            spec.cfg = from_dict(resolved, complete=True)
+            spec.cfg = from_dict(spec.resolved, complete=True)
         return spec
 
     def output_dir(self, spec: Spec) -> str:
@@ -165,15 +191,11 @@ class Planner:
         else:
             cfg = copy.deepcopy(self._templates[spec.template][0])
             with open_dict(cfg):
-                for o in self.parser.parse_overrides(spec.overrides):
-                    if not self._is_template_key(o):
-                        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=False)
-                cfg.hydra.overrides.task = list(spec.overrides)
-                cfg.hydra.job.override_dirname = spec.hydra["job"]["override_dirname"]
-                cfg.hydra.job.num, cfg.hydra.job.id = spec.num, spec.hydra["job"]["id"]
+                for k, v in spec.task_changes.items():
+                    OmegaConf.update(cfg, k, v, merge=False)
         with open_dict(cfg):
-            cfg.hydra.runtime.output_dir = spec.output_dir
-            cfg.hydra.job.id = spec.hydra["job"]["id"]
+            for k, v in spec.hydra_changes.items():
+                OmegaConf.update(cfg, "hydra." + k, v, merge=False)
         return cfg
 
     def plan(self, jobs: Sequence[Sequence[str]], initial_job_idx: int = 0) -> list[Spec]:

@@ -26,12 +26,12 @@ def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
             + [mk(data=DataConfig(K=20, N=101, p=0.5))]  # another K, N
             + [mk(precision="float32"), mk(optim=OptimConfig(steps=20)), mk(model=ModelConfig(M=500))]
             + [mk(init=InitConfig("gaussian", 0.01), optim=OptimConfig(lr=0.3))])  # same shape as the first 6
-    runs = [Spec(i, [], {}, {}, {"job": {}}, str(tmp_path / str(i)), c) for i, c in enumerate(cfgs)]
-    runs[1].hydra["job"]["env_set"] = {"OMP_NUM_THREADS": "1"}  # env_set is process-wide: its own chunk
+    runs = [Spec(i, [], {}, {}, {"job": {}}, output_dir=str(tmp_path / str(i)), cfg=c) for i, c in enumerate(cfgs)]
+    runs[1].base_hydra["job"]["env_set"] = {"OMP_NUM_THREADS": "1"}  # env_set is process-wide: its own chunk
     groups = packing.chunks(runs, memory_gb=100)
     assert sorted(sorted(r.num for r in g) for g in groups) == [[0, 2, 3, 4, 5, 10], [1], [6], [7], [8], [9]]
     # memory caps a chunk; chunks of a group are balanced
-    runs[1].hydra["job"]["env_set"] = {}
+    runs[1].base_hydra["job"]["env_set"] = {}
     small = packing.chunks(runs[:6], memory_gb=3 * packing.bytes_per_run(cfgs[0]) / 2**30)
     assert [len(g) for g in small] == [3, 3]
     assert [len(g) for g in packing.chunks(runs[:6], memory_gb=100, max_runs=4)] == [3, 3]

@@ -25,6 +25,7 @@ test: install
 	$(PY) -m pytest
 
 bench: install
+	$(PY) benchmarks/bench_hydra.py
 	$(PY) benchmarks/bench_sweep.py
 
 slurm-up:

@@ -221,6 +221,14 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 # one run folder
 
+# Keys of the results contract whose type a table column relies on (a number written as text would make
+# the column mixed, and Parquet refuses it): such a folder is corrupt, never a crash.
+_NUM = (int, float)
+CONTRACT_TYPES = {"seed": int, "data.K": int, "data.N": int, "data.n_train": int, "data.n_test": int,
+                  "model.M": int, "optim.steps": int, "eval_every": int, "data.p": _NUM, "init.sigma": _NUM,
+                  "optim.lr": _NUM, "optim.eps": _NUM, "model.pos_scale": _NUM, "model.normalize": bool}
+
+
 def _read_run(path: Path):
     """-> (row, config keys, None) or (None, None, skip record)."""
     try:
@@ -242,6 +250,15 @@ def _read_run(path: Path):
     if not isinstance(config, dict):
         return None, None, _skip(path, "corrupt", "config.yaml is not a mapping")
     row = flatten_config(config)
+    for key, kind in CONTRACT_TYPES.items():   # the results contract's types (README, "Results")
+        v = row.get(key)
+        if v is not None and not (isinstance(v, kind) and not (kind is not bool and isinstance(v, bool))):
+            what = "number" if kind is _NUM else kind.__name__
+            return None, None, _skip(path, "corrupt", f"config.yaml: {key}={v!r} is not a {what}")
+    if summary.get("status") == "done":
+        for name in ("history.jsonl", "snapshots.jsonl"):
+            if not os.path.isfile(path / name) or os.path.getsize(path / name) == 0:
+                return None, None, _skip(path, "corrupt", f"a done run without its {name}")
     cfg_keys = set(row)
     for k, v in summary.items():           # the config wins where both say it (seed, init, ...)
         row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)

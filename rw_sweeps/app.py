@@ -69,8 +69,11 @@ def train(cfg: DictConfig) -> Any:
 
     from . import run
 
+    from .resources import check
+
     hc = HydraConfig.get()
     rc = from_dict(OmegaConf.to_container(cfg, resolve=True), complete=True)
+    check(rc)  # its device is visible here and it fits in memory
     if rc.wandb.group is None:
         rc.wandb.group = group_of({"sweep": {"dir": hc.sweep.dir}, "run": {"dir": hc.run.dir}},
                                   hc.mode.name == "MULTIRUN")
@@ -88,12 +91,23 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
     """`train` for many jobs (`rw_sweeps.sweep.Spec`s) at once: per job, what `train` would have returned
     (or raised) and the lines it would have logged. Runs of one shape are one batched program."""
     from . import run
+    from .resources import check
 
     out: list = [None] * len(specs)
     todo = []
+    checked: dict = {}
     for i, s in enumerate(specs):
         try:
             rc = s.cfg if s.cfg is not None else from_dict(s.resolved, complete=True)
+            key = (rc.device, rc.init.name, *run.shape_key(rc))
+            if key not in checked:  # once per shape: its device is visible here and a run fits in memory
+                try:
+                    check(rc)
+                    checked[key] = None
+                except ConfigError as exc:
+                    checked[key] = exc
+            if checked[key] is not None:
+                raise checked[key]
         except ConfigError as exc:
             out[i] = (exc, [f"error: {exc}"])
             continue
@@ -176,10 +190,13 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
         mode = RunMode.MULTIRUN if args.multirun else (mode or RunMode.RUN)
         cfg = hydra.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
                                    run_mode=mode, with_log_configuration=False)
+        _no_group_deleted(overrides)
         if mode == RunMode.RUN:
+            from .resources import check
+
             HydraConfig.instance().set_config(cfg)
             task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-            from_dict(OmegaConf.to_container(task, resolve=True), complete=True)
+            check(from_dict(OmegaConf.to_container(task, resolve=True), complete=True))
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -191,6 +208,18 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
         GlobalHydra.instance().clear()
 
 
+SCHEMA_GROUPS = ("data", "model", "init", "optim")
+
+
+def _no_group_deleted(overrides: Sequence[str]) -> None:
+    """`~data` would drop the group's YAML and train on the schema's defaults without a word: refuse it."""
+    for o in overrides:
+        name = o[1:].split("=")[0] if o.startswith("~") else None
+        if name in SCHEMA_GROUPS:
+            raise ConfigError(name, "<deleted>", "is a required config group and cannot be removed; choose an "
+                              f"option instead ({name}=...)")
+
+
 def run_front_door(main: Callable, argv: list[str], calling_file: str, config_path: str) -> None:
     """launch.py's and `rw-launch`'s `__main__`: the pre-check, Hydra, then the exit status."""
     try:
@@ -199,7 +228,12 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
         msg = str(exc).strip().splitlines()
         print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr)
         sys.exit(2)
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # one line; finished runs are on disk, the others checkpointed at their step
+        print("\ninterrupted: finished runs are kept and the others checkpointed; run the same command "
+              "again to resume", file=sys.stderr, flush=True)
+        sys.exit(130)
     sys.exit(exit_status())
 
 

@@ -10,6 +10,7 @@ Hydra's and OmegaConf's own composition errors to the same line.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -161,9 +162,18 @@ def _choice(key: str, value: Any, allowed: tuple) -> None:
         raise ConfigError(key, value, f"must be one of {', '.join(map(str, allowed))}")
 
 
+SEED_MAX = 2**32 - 1  # seeds are 0 … 2³²−1: the initial parameters draw from seed + 2³² (model.init_generator)
+
+
 def validate(c: RunConfig) -> RunConfig:
     """Every rule the engine relies on, each failing with the dotted key, the value and what is allowed."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
+    for key, val in (("data.p", d.p), ("model.pos_scale", mo.pos_scale), ("init.sigma", i.sigma),
+                     ("optim.lr", o.lr), ("optim.eps", o.eps)):
+        if not math.isfinite(val):
+            raise ConfigError(key, val, "must be a finite number")
+    if not 0 <= c.seed <= SEED_MAX:
+        raise ConfigError("seed", c.seed, f"must be in [0, {SEED_MAX}] (2³² − 1)")
     _choice("data.name", d.name, ("random_walk", *QA_SHAPES))
     _choice("model.name", mo.name, ("transformer", "transformer_ffn"))
     _choice("init.name", i.name, ("zero", "gaussian"))

@@ -110,15 +110,22 @@ def _build(cc: str, flags: list[str], version: str) -> Path:
                                      _cpu_signature().encode(), str(ABI).encode()])).hexdigest()[:20]
     out_dir = cache_dir()
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         probe = out_dir / f".probe-{os.getpid()}"
         probe.touch()
         probe.unlink()
-    except OSError:  # read-only home: a per-user temp folder instead
+        if not _private(out_dir):
+            raise PermissionError(f"{out_dir} is not owned by this user or is writable by others")
+    except OSError:  # read-only or foreign home cache: a per-user temp folder instead, if it is ours alone
         out_dir = Path(tempfile.gettempdir()) / f"rw_sweeps-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        if not _private(out_dir):  # someone else made it, or opened it up: build in a fresh private folder
+            out_dir = Path(tempfile.mkdtemp(prefix="rw_sweeps-"))
     target = out_dir / f"fused-{key}.so"
-    if target.exists():
+    if target.exists() and _private(target):
         return target
     tmpdir = tempfile.mkdtemp(prefix=f".fused-{key}-", dir=out_dir)
     tmp = os.path.join(tmpdir, "fused.so")
@@ -140,6 +147,20 @@ def _build(cc: str, flags: list[str], version: str) -> Path:
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return target
+
+
+def _private(path: Path) -> bool:
+    """Loading a shared object runs its code: only trust a folder or file owned by this user that no one
+    else may write to (a file also must not be a symlink to somewhere else)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return False
+    if st.st_mode & 0o022:  # group- or world-writable
+        return False
+    return not (path.is_symlink())
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -83,23 +83,39 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    """The run's summary, or None when it is missing or unreadable (an unfinished run)."""
+    """The run's summary, or None when it is missing, unreadable or not a JSON object (an unfinished run)."""
     try:
-        return json.loads((Path(run_dir) / SUMMARY).read_text())
+        s = json.loads((Path(run_dir) / SUMMARY).read_text())
     except (OSError, ValueError):
         return None
+    return s if isinstance(s, dict) else None
 
 
 def read_config(run_dir: Path) -> dict | None:
+    """The run's config, or None when it is missing, unreadable (bad bytes, bad YAML) or not a mapping."""
     try:
-        return yaml.safe_load((Path(run_dir) / CONFIG).read_text())
-    except (OSError, yaml.YAMLError):
+        c = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
         return None
+    return c if isinstance(c, dict) else None
+
+
+def complete(run_dir: Path) -> bool:
+    """Every file of the contract is there and parses: a summary says `done` only together with them."""
+    for name in (HISTORY, SNAPSHOTS):
+        try:
+            with open(Path(run_dir) / name, encoding="utf-8") as fh:
+                for line in fh:
+                    if not isinstance(json.loads(line), dict):
+                        return False
+        except (OSError, ValueError):
+            return False
+    return True
 
 
 def same_run(a: dict | None, b: dict | None) -> bool:
     """Two configs train the same run: equal but for where they are logged (wandb settings)."""
-    if a is None or b is None:
+    if not isinstance(a, dict) or not isinstance(b, dict):
         return False
     return {k: v for k, v in a.items() if k != "wandb"} == {k: v for k, v in b.items() if k != "wandb"}
 

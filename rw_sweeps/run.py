@@ -43,27 +43,36 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         traceback.print_exc(file=sys.stderr)
         records = [Record(cfgs[0], Path(run_dirs[0]), status="failed", error=_one_line(exc))]
     wall = (time.time() - t0) / len(cfgs)
-    entries = []
+    entries, unwritable = [], {}
     for rec in records:
         summary = {**training.summary(rec, wall), **provenance()}
         cfg_dict = rec.cfg.to_dict()
-        results.write_run(rec.run_dir, cfg_dict, rec.history, rec.snapshots)
+        try:  # a folder that cannot be written fails its own run, never the others
+            results.write_run(rec.run_dir, cfg_dict, rec.history, rec.snapshots)
+        except Exception as exc:  # noqa: BLE001
+            summary.update(status="failed", error=f"writing the results: {_one_line(exc)}")
+            unwritable[id(summary)] = summary
         entries.append({"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"],
                         "history": rec.history, "summary": summary})
     try:  # before the summaries: a job stopped while logging is not yet "done", and logs again when resumed
-        tracking.log_runs(entries)
+        tracking.log_runs([e for e in entries if id(e["summary"]) not in unwritable])
     except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
         print(f"warning: wandb logging failed: {_one_line(exc)}", file=sys.stderr)
     for e in entries:
-        results.write_summary(e["run_dir"], e["summary"])
-        results.drop_checkpoint(e["run_dir"])  # the finished results supersede it
+        try:
+            results.write_summary(e["run_dir"], e["summary"])
+            results.drop_checkpoint(e["run_dir"])  # the finished results supersede it
+        except Exception as exc:  # noqa: BLE001
+            if id(e["summary"]) not in unwritable:
+                e["summary"].update(status="failed", error=f"writing the results: {_one_line(exc)}")
     return [e["summary"] for e in entries]
 
 
 def done_summary(c: RunConfig, run_dir: Path) -> dict | None:
     """The run folder's summary if it says `done` for exactly this config, else None."""
     s = results.read_summary(run_dir)
-    if s is not None and s.get("status") == "done" and results.same_run(results.read_config(run_dir), c.to_dict()):
+    if (s is not None and s.get("status") == "done" and results.same_run(results.read_config(run_dir), c.to_dict())
+            and results.complete(run_dir)):
         return s
     return None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 _SETTINGS = dict(console="off", x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True)
@@ -54,9 +55,18 @@ def log_runs(entries: list[dict]) -> None:
         _log_job(entries)
 
 
+def _drop_partial(wandb_dir: Path, run_id: str) -> None:
+    """A run is logged whole when it ends, so an offline run left by a killed or concurrent attempt is
+    replaced, never kept beside the new one (`wandb sync` would upload both under one id)."""
+    for old in Path(wandb_dir).glob(f"offline-run-*-{run_id}"):
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def _log_one(e: dict) -> None:
     wandb = _wandb()
     cfg, w = e["cfg"], e["cfg"]["wandb"]
+    if w["mode"] == "offline":
+        _drop_partial(Path(e["run_dir"]) / "wandb", e["run_id"])
     name = f"p={cfg['data']['p']} {cfg['init']['name']} seed={cfg['seed']}"
     tags = list(w.get("tags") or []) + ([cfg["experiment"]] if cfg.get("experiment") else [])
     run = wandb.init(project=w["project"], group=w["group"], job_type="train", tags=tags, name=name,
@@ -80,6 +90,11 @@ def _log_job(entries: list[dict]) -> None:
     sweep_dir = Path(entries[0]["run_dir"]).parent
     folder = sweep_dir / "wandb_jobs" / job_id
     folder.mkdir(parents=True, exist_ok=True)
+    if w["mode"] == "offline":
+        _drop_partial(folder / "wandb", job_id)
+    # wandb stages artifact files under ~/.local/share/wandb unless told otherwise: keep everything that
+    # `wandb sync` needs inside the sweep folder, so the folder can be synced from another machine.
+    os.environ["WANDB_DATA_DIR"] = str(sweep_dir / "wandb_jobs" / ".wandb_data")
     tags = list(w.get("tags") or []) + sorted({e["cfg"]["experiment"] for e in entries if e["cfg"].get("experiment")})
     run = wandb.init(project=w["project"], group=w["group"], job_type="packed", tags=tags, id=job_id,
                      name=f"packed {len(entries)} runs", resume="allow", mode=w["mode"], dir=str(folder),
@@ -98,7 +113,7 @@ def _log_job(entries: list[dict]) -> None:
                              for e, f in zip(entries, flat) for row in e["history"]])
         hist.to_parquet(folder / "history.parquet", index=False)
         art = wandb.Artifact(f"history-{job_id}", type="history", metadata={"swept": swept})
-        art.add_file(str(folder / "history.parquet"))
+        art.add_file(str(folder / "history.parquet"), policy="immutable")  # referenced in place, not copied
         run.log_artifact(art)
         run.log({"runs": wandb.Table(columns=cols, data=rows, allow_mixed_types=True)})
         done = [e["summary"] for e in entries if e["summary"].get("status") == "done"]

@@ -7,8 +7,12 @@ whose loss or parameters stop being finite is `diverged` at that step while the 
 """
 from __future__ import annotations
 
+import math
 import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,37 +116,102 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         from tqdm import tqdm
 
         bar = tqdm(total=T, initial=state.step, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
-    alive = torch.tensor([rec.status == "done" for rec in recs], device=dev)
-    for t in range(state.step, T + 1):
-        evaluating = t % c0.eval_every == 0 or t == T
-        # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
-        probe = fused.evaluate(state, test_set, eps, geo, PiT) if evaluating else None
-        # θ at step t; a and c are what W's relevant blocks reduce to: z_bj = (a[s_bj] + c_j)/ν
-        theta = {k: v.clone() for k, v in {**state.params, "a": state.a, "c": state.c}.items()} if evaluating else None
-        if t < T:
-            loss = fused.train_step(state, train_set, lr, eps, w, geo)
-        else:
-            loss = fused.evaluate(state, train_set, eps, geo).loss
-        finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
-        for v in state.params.values():
-            finite &= torch.isfinite(v).flatten(1).all(1)
-        if probe is not None:
-            _record(recs, alive, t, loss, probe, theta, t in snap_steps)
-        newly = alive & ~finite
-        for r in newly.nonzero().flatten().tolist():
-            recs[r].status, recs[r].steps = "diverged", t
-            recs[r].error = f"non-finite loss or parameters at step {t}"
-        alive &= finite
-        for r in alive.nonzero().flatten().tolist():
-            recs[r].steps = t
-        if bar is not None and t < T:
-            bar.update(1)
-        if c0.checkpoint_every and t < T and (t + 1) % c0.checkpoint_every == 0:
-            for r, rec in enumerate(recs):
-                results.save_checkpoint(rec.run_dir, checkpoint(rec, state, r))
+    # Without a terminal (CI, a SLURM log) a long batch says where it is every PROGRESS_S seconds.
+    ticker = _Ticker(len(cfgs), state.step, T) if bar is None else None
+    stop = _SaveOnSignal()  # SLURM's USR2 (preemption, time limit), SIGTERM, Ctrl-C: checkpoint, then go on
+    with stop:
+        alive = torch.tensor([rec.status == "done" for rec in recs], device=dev)
+        for t in range(state.step, T + 1):
+            evaluating = t % c0.eval_every == 0 or t == T
+            # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
+            probe = fused.evaluate(state, test_set, eps, geo, PiT) if evaluating else None
+            # θ at step t; a and c are what W's relevant blocks reduce to: z_bj = (a[s_bj] + c_j)/ν
+            theta = {k: v.clone() for k, v in {**state.params, "a": state.a, "c": state.c}.items()} if evaluating else None
+            if t < T:
+                loss = fused.train_step(state, train_set, lr, eps, w, geo)
+            else:
+                loss = fused.evaluate(state, train_set, eps, geo).loss
+            finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
+            for v in state.params.values():
+                finite &= torch.isfinite(v).flatten(1).all(1)
+            if probe is not None:
+                _record(recs, alive, t, loss, probe, theta, t in snap_steps)
+            newly = alive & ~finite
+            for r in newly.nonzero().flatten().tolist():
+                recs[r].status, recs[r].steps = "diverged", t
+                recs[r].error = f"non-finite loss or parameters at step {t}"
+            alive &= finite
+            for r in alive.nonzero().flatten().tolist():
+                recs[r].steps = t
+            if bar is not None and t < T:
+                bar.update(1)
+            elif ticker is not None:
+                ticker(t)
+            if t < T and ((c0.checkpoint_every and (t + 1) % c0.checkpoint_every == 0) or stop.pending):
+                for r, rec in enumerate(recs):
+                    results.save_checkpoint(rec.run_dir, checkpoint(rec, state, r))
+                stop.deliver()  # the signal's own handler now: submitit requeues, Ctrl-C interrupts, …
     if bar is not None:
         bar.close()
     return recs
+
+
+PROGRESS_S = float(os.environ.get("RW_SWEEPS_PROGRESS_S", 30))  # seconds between progress lines in logs
+SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGUSR2", "SIGTERM", "SIGINT") if hasattr(signal, n))
+
+
+class _SaveOnSignal:
+    """Defers USR2 (SLURM's warning before a preemption or the time limit; submitit requeues on it), SIGTERM
+    and SIGINT to the end of the current step, where every run is checkpointed; then the signal's own
+    handler runs (submitit's requeue, Ctrl-C's KeyboardInterrupt, the default exit). A preempted or
+    interrupted batch so loses at most one step per run, even with checkpoint_every=0."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in SAVE_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # an ignored signal stays ignored
+                    self.previous[sig] = signal.signal(sig, lambda signum, frame: self.pending.append(signum))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
+
+    def deliver(self) -> None:
+        if not self.pending:
+            return
+        signum, self.pending[:] = self.pending[0], []
+        handler = self.previous.get(signum)
+        print(f"rw_sweeps: signal {signal.Signals(signum).name}: every run checkpointed", file=sys.stderr, flush=True)
+        if callable(handler):
+            handler(signum, None)  # may raise (KeyboardInterrupt) or exit (submitit's requeue)
+        elif handler == signal.SIG_DFL:
+            self.__exit__()
+            os.kill(os.getpid(), signum)
+
+
+class _Ticker:
+    """A progress line at a steady interval, for logs (no terminal, so no progress bar)."""
+
+    def __init__(self, runs: int, start: int, T: int):
+        self.runs, self.start, self.T = runs, start, T
+        self.t0 = self.last = time.monotonic()
+        print(f"training {runs} run(s): step {start} → {T}", flush=True)
+
+    def __call__(self, t: int) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_S or t >= self.T:
+            return
+        self.last = now
+        done = max(t - self.start, 1)
+        left = (now - self.t0) / done * (self.T - t)
+        print(f"training {self.runs} run(s): step {t}/{self.T} ({100 * t / self.T:.0f} %), "
+              f"{now - self.t0:.0f} s so far, ~{left:.0f} s left", flush=True)
 
 
 def checkpoint(rec: Record, state: engine.State, r: int) -> dict:
@@ -174,15 +243,29 @@ def _record(recs: list[Record], alive, t: int, loss, probe: engine.Probe, theta:
                                   "attention": att[r], "h_example": hx[r], "h_var": hv[r]})
 
 
+METRICS = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
+           "attention_spread")
+
+
+def _finite(row: dict) -> bool:
+    """Every metric of a history row is a finite number (cos(V, Πᵀ) may be undefined: QA data, the FFN)."""
+    for k in METRICS:
+        v = row.get(k)
+        if v is None and k == "v_pi_cosine":
+            continue
+        if not (isinstance(v, (int, float)) and math.isfinite(v)):
+            return False
+    return True
+
+
 def summary(rec: Record, wall: float) -> dict:
-    """summary.json of a run (README, "Results"): the last evaluation, the outcome and the run's keys."""
+    """summary.json of a run (README, "Results"): its last evaluation whose every metric is finite (for a
+    diverged run, the last one before it diverged; `eval_step` names it), the outcome and the run's keys."""
     cfg = rec.cfg
-    last = rec.history[-1] if rec.history else {}
-    metrics = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine",
-               "pred_dist", "attention_spread")
+    last = next((row for row in reversed(rec.history) if _finite(row)), {})
     return {
         "status": rec.status, "error": rec.error,
-        **{k: last.get(k) for k in metrics},
+        **{k: last.get(k) for k in METRICS}, "eval_step": last.get("step"),
         "opt_acc": cfg.opt_acc, "symmetry_break_step": rec.break_step, "steps": rec.steps,
         "wall_s": round(wall, 6),
         "p": cfg.data.p, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,

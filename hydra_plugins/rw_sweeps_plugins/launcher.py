@@ -15,6 +15,7 @@ collect (a JobReturn per job, in job order, keyed by run name; a job that died i
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -44,6 +45,7 @@ class RwLauncherConf:
     memory_gb: Optional[float] = None  # packed: a chunk's memory budget (null: 2 GB on a CPU, a GPU's free memory)
     max_runs_per_job: Optional[int] = None  # packed: cap on runs per chunk (null: by memory only)
     lean: bool = False  # packed: skip each run's .hydra/hydra.yaml and <job>.log (grids of 100k runs)
+    wait_for_lock: bool = False  # another launch holds the sweep folder: wait for it (else: refuse, one line)
     detach: bool = False  # slurm: submit, print the job ids and return
     dry_run: bool = False  # print the plan (slurm: the sbatch scripts) and stop: nothing written or submitted
     poll_s: float = 5.0  # slurm, blocking: seconds between questions to SLURM while waiting
@@ -81,6 +83,30 @@ ConfigStore.instance().store(group="hydra/launcher", name="rw", node=RwLauncherC
 SLURM_KEYS = ("partition", "account", "qos", "comment", "constraint", "exclude", "cpus_per_task", "gpus_per_node",
               "gres", "cpus_per_gpu", "gpus_per_task", "mem_per_gpu", "mem_per_cpu", "nodes", "stderr_to_stdout",
               "srun_args")
+
+
+# Values that become `#SBATCH` lines or shell lines of the job script. A newline would start a line of its
+# own (a command), and shlex.quote does not neutralise it there: control characters are refused everywhere,
+# and scheduler names get the character set SLURM itself uses.
+NAME_KEYS = ("partition", "account", "qos", "name", "gres", "constraint", "exclude", "mem_per_gpu", "mem_per_cpu")
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.,:=+@%/\-\[\]|&*!()]+")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_script_values(p: Dict[str, Any]) -> None:
+    """One line and exit 2 for any value that could smuggle a command into a generated sbatch script."""
+    for key in NAME_KEYS:
+        v = p.get(key)
+        if v is not None and not SAFE_NAME.fullmatch(str(v)):
+            _bad(key, v, "may only hold letters, digits and _.,:=+@%/-[]|&*!() (it becomes an #SBATCH line)")
+    values = [(k, v) for k, v in p.items() if k not in NAME_KEYS and k != "additional_parameters"]
+    values += [(f"additional_parameters.{k}", v) for k, v in (p.get("additional_parameters") or {}).items()]
+    values += [(f"additional_parameters.{k}", k) for k in (p.get("additional_parameters") or {})]
+    for key, v in values:
+        for item in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(item, str) and CONTROL.search(item):
+                _bad(key, item, "must not contain control characters such as newlines (each would become a "
+                     "line of the job script)")
 
 
 def _bad(key: str, value: Any, allowed: str) -> None:
@@ -199,6 +225,8 @@ class RwLauncher(Launcher):
             _bad("memory_gb", p["memory_gb"], "must be > 0")
         if p.get("max_runs_per_job") is not None and p["max_runs_per_job"] < 1:
             _bad("max_runs_per_job", p["max_runs_per_job"], "must be >= 1 or null")
+        if p["backend"] == "slurm":
+            check_script_values(p)
 
     @property
     def sweep_label(self) -> str:
@@ -249,7 +277,7 @@ class RwLauncher(Launcher):
         if p["dry_run"]:
             self._dry_run(specs, done, jobs)
             return None
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
         rec = self._record(specs, done, todo)
         log.info(f"{p['backend']} launcher: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
                  f"{' (packed)' if p['pack'] else ''}; sweep folder {self.sweep_dir}")
@@ -301,6 +329,21 @@ class RwLauncher(Launcher):
                 ret.status, ret.return_value = JobStatus.FAILED, res
                 out.append(ret)
         return out
+
+    def _lock(self) -> None:
+        """One launch per sweep folder (`rw_sweeps.lock`), held until this process ends."""
+        import atexit
+
+        from rw_sweeps import lock
+
+        if self.record is not None:
+            return  # a later batch of this sweep: already held
+        try:
+            lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])
+        except lock.SweepLocked as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        atexit.register(lock.release, self.sweep_dir)
 
     # ---------------------------------------------------------------------------------------- record
     def _record(self, specs, done, todo) -> dict:
@@ -411,6 +454,9 @@ class RwLauncher(Launcher):
         follow = f"python -m rw_sweeps.status {shlex.quote(str(self.sweep_dir))} --wait"
         n = sum(len(job) for job in names)
         if p["detach"]:
+            from rw_sweeps import lock
+
+            lock.hand_to_jobs(self.sweep_dir, rec["arrays"])
             print(f"submitted {n} run(s) ({len(rec['skipped'])} already done) as {len(submitted)} SLURM "
                   f"job(s): {ids or 'none'}\nsweep folder: {self.sweep_dir}\nfollow with: {follow}", flush=True)
             return None

@@ -73,6 +73,15 @@ class RwSweeper(BasicSweeper):
             try:
                 planner = Planner(self.hydra_context.config_loader, self.config)
                 specs = planner.plan(jobs)
+                if getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
+                    from rw_sweeps.resources import check
+                    from rw_sweeps.training import shape_key
+
+                    seen = set()  # runs that cannot work here fail now, in one line, not after training
+                    for s in specs:
+                        if (k := (s.cfg.init.name, shape_key(s.cfg))) not in seen:
+                            seen.add(k)
+                            check(s.cfg)
             except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
                 msg = [str(exc)] if isinstance(exc, ConfigError) else str(exc).strip().splitlines()
                 print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr, flush=True)

@@ -1,0 +1,71 @@
+"""Will a run fit where it is about to run? Its device must be visible, and its estimated peak memory must
+fit in what the device has free: checked before anything is trained or written, so that a run that cannot
+work fails in one line (`invalid config: model.M=30000: one run needs ~7.3 GB …`) rather than after minutes.
+"""
+from __future__ import annotations
+
+import os
+
+from .config import ConfigError, RunConfig
+
+
+def run_bytes(cfg: RunConfig) -> tuple[int, str]:
+    """Peak bytes of one run, and the key that drives it: the batched data and state (as
+    packing.bytes_per_run), the K×K matrices (Π, V, Πᵀ), and the dense Gaussian draw of W, (K+M)² float64,
+    that init=gaussian reduces to (a, c)."""
+    from .packing import bytes_per_run
+
+    d, m = cfg.data, cfg.model
+    terms = {
+        "model.M": (d.K + m.M) ** 2 * 8 + d.N * m.M * 8 if cfg.init.name == "gaussian" else 0,
+        "data.K": 3 * d.K * max(d.K, m.m or 0) * 8,
+        "data.n_train" if d.n_train >= d.n_test else "data.n_test": bytes_per_run(cfg),
+    }
+    return sum(terms.values()), max(terms, key=terms.get)
+
+
+def available_bytes(device: str) -> int | None:
+    """Free memory of the device a run will use (host: MemAvailable; GPU: its free memory), or None."""
+    if device.startswith("cuda"):
+        import torch
+
+        idx = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        return torch.cuda.mem_get_info(idx)[0]
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def resolve_device(device: str) -> str:
+    """`auto` → cuda when a GPU is visible, else cpu; `cuda:N` checked against the visible GPUs."""
+    import torch
+
+    n = torch.cuda.device_count() if device != "cpu" else 0
+    if device == "auto":
+        return "cuda" if n else "cpu"
+    if device.startswith("cuda"):
+        idx = int(device.split(":")[1]) if ":" in device else 0
+        if idx >= n:
+            seen = "none is" if n == 0 else f"only cuda:0 … cuda:{n - 1} are" if n > 1 else "only cuda:0 is"
+            raise ConfigError("device", device, f"no such GPU here: {seen} visible (CUDA_VISIBLE_DEVICES)")
+    return device
+
+
+def check(cfg: RunConfig) -> None:
+    """Raise ConfigError (one line) if the run's device is not visible or the run cannot fit its memory."""
+    device = resolve_device(cfg.device)
+    need, key = run_bytes(cfg)
+    free = available_bytes(device)
+    if free is not None and need > free:
+        value = {"model.M": cfg.model.M, "data.n_train": cfg.data.n_train, "data.n_test": cfg.data.n_test,
+                 "data.K": cfg.data.K}[key]
+        raise ConfigError(key, value, f"one run needs ~{need / 2**30:.1f} GB (estimate), more than the "
+                          f"{free / 2**30:.1f} GB free on {device} here")

@@ -1,0 +1,349 @@
+"""Nothing a user types, a disk holds or a cluster does loses a result or runs a stranger's code (issue 9).
+
+Each test reproduces one fault the way it happens (real processes for kills, Ctrl-C, two launches, SLURM's
+USR2) and checks what a user now sees. `L` below is the issue's small sweep.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rw_sweeps import fused, lock
+
+from .conftest import launch, start_launch, wait_until
+from .test_config import checked
+from .test_slurm import _cluster_problem, record, sacct
+
+L = ["model.M=200", "data.n_train=200", "data.n_test=200", "optim.steps=20", "wandb.mode=disabled"]
+FIVE = ["seed=range(0,5)"]
+
+
+def summaries(sweep: Path) -> dict[str, dict]:
+    """The run folders' summaries (a directory planted at a summary's place is no summary)."""
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(sweep).glob("*/summary.json")) if p.is_file()}
+
+
+def sweep_line(r: subprocess.CompletedProcess) -> str:
+    return r.stdout.strip().splitlines()[-1]
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------- isolation, resume
+@pytest.mark.parametrize("culprit", ["2/summary.json", "3/history.jsonl"])
+def test_1_an_unwritable_run_folder_fails_only_its_own_run(tmp_path, culprit):
+    sweep = tmp_path / "S"
+    (sweep / culprit).mkdir(parents=True)  # a directory where a result file must go
+    for _ in range(2):  # and again: the others stay done, the culprit fails again with its own message
+        r = launch("-m", *L, *FIVE, f"hydra.sweep.dir={sweep}")
+        assert r.returncode == 1
+        runs = summaries(sweep)
+        bad = culprit.split("/")[0]
+        assert {n: s["status"] for n, s in runs.items() if n != bad} == {n: "done" for n in "01234" if n != bad}
+        assert f"failed {sweep / bad}: " in r.stderr and culprit.split("/")[1] in r.stderr
+        assert r.stderr.count("failed /") == 1
+
+
+def test_2_a_file_where_a_run_folder_must_go_fails_only_that_run(tmp_path):
+    sweep = tmp_path / "S"
+    sweep.mkdir()
+    (sweep / "2").write_text("x")
+    r = launch("-m", *L, *FIVE, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert sweep_line(r) == f"sweep {sweep}: 5 runs: 4 done, 0 skipped, 1 failed, 0 diverged"
+    assert f"failed {sweep / '2'}: " in r.stderr and "Not a directory" in r.stderr
+
+
+def test_3_4_damaged_or_incomplete_folders_are_retrained_and_counted_corrupt(tmp_path):
+    sweep = tmp_path / "S"
+    r = launch("-m", *L, "seed=range(0,9)", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    good = summaries(sweep)
+    (sweep / "5" / "config.yaml").write_bytes(b"x\xff")       # not UTF-8
+    (sweep / "7" / "config.yaml").write_text("hello\n")       # not a mapping
+    (sweep / "8" / "summary.json").write_text("[1,2]\n")      # not an object
+    (sweep / "4" / "history.jsonl").unlink()                  # a contract file missing
+    (sweep / "6" / "snapshots.jsonl").write_text("garbage\n")  # a contract file that does not parse
+    cfg = (sweep / "3" / "config.yaml").read_text()
+    (sweep / "3" / "config.yaml").write_text(cfg.replace("seed: 3", "seed: three"))  # ill-typed
+
+    from analysis import load_runs
+
+    df = load_runs([sweep], cache=False)  # never crashes: the damaged folders are corrupt, not rows
+    corrupt = {Path(s["path"]).name for s in df.attrs["skipped"] if s["status"] == "corrupt"}
+    assert {"3", "4", "5", "7", "8"} <= corrupt and len(df) == 9 - len(corrupt)
+
+    r = launch("-m", *L, "seed=range(0,9)", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert sweep_line(r) == f"sweep {sweep}: 9 runs: 6 done, 3 skipped, 0 failed, 0 diverged"
+    again = summaries(sweep)
+    for n in "345678":  # retrained to the very same numbers
+        assert again[n]["status"] == "done" and again[n]["test_acc"] == good[n]["test_acc"], n
+    assert len(load_runs([sweep], cache=False)) == 9
+
+
+def test_5_a_second_launch_into_a_busy_sweep_folder_refuses_in_one_line_or_waits(tmp_path):
+    sweep = tmp_path / "S"
+    first = start_launch("-m", "data.n_test=100", "optim.steps=200000", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
+    try:
+        wait_until(lambda: (sweep / lock.LOCK).exists(), 120, "the first launch to take the lock")
+        r = launch("-m", "data.n_test=100", "optim.steps=19", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
+        assert r.returncode == 2
+        line = one_error_line(r)
+        assert f"is in use by pid {first.pid}" in line and "wait_for_lock=true" in line
+        assert not (sweep / "0" / "summary.json").exists()
+        waiting = start_launch("-m", "data.n_test=100", "optim.steps=19", "wandb.mode=disabled",
+                               "hydra.launcher.wait_for_lock=true", f"hydra.sweep.dir={sweep}")
+        time.sleep(1)
+        assert waiting.poll() is None  # it waits…
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=120) == 130
+        out, err = waiting.communicate(timeout=300)  # …and runs once the first is gone
+        assert waiting.returncode == 0, err
+        assert summaries(sweep)["0"]["steps"] == 19
+    finally:
+        first.kill()
+    assert not (sweep / lock.LOCK).exists()  # released at exit
+
+
+def test_5_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
+    sweep = tmp_path / "S"
+    sweep.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (sweep / lock.LOCK).write_text(json.dumps({"host": os.uname().nodename, "pid": dead.pid, "since": 0, "arrays": []}))
+    r = launch("-m", *L, "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+
+
+def _interrupt(tmp_path: Path, sig: int, extra: list[str]) -> tuple[Path, subprocess.Popen, list[str]]:
+    sweep = tmp_path / "S"
+    args = ["-m", "data.n_test=100", "optim.steps=100000", "eval_every=1000", "wandb.mode=disabled", *extra,
+            f"hydra.sweep.dir={sweep}"]
+    p = start_launch(*args)
+    # the loop announces itself before its first step; a 100,000-step run lasts far longer than this test waits
+    line = wait_until(lambda: p.stdout.readline() if p.poll() is None else "gone", 120, "the training to start")
+    while "training" not in line:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+    time.sleep(0.5)
+    p.send_signal(sig)
+    return sweep, p, args
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_6_8_an_interrupted_sweep_checkpoints_every_run_and_resumes_from_there(tmp_path, sig):
+    sweep, p, args = _interrupt(tmp_path, sig, ["seed=0,1"])  # checkpoint_every=0, the default
+    out, err = p.communicate(timeout=120)
+    if sig == signal.SIGINT:  # one line, exit 130
+        assert p.returncode == 130 and "Traceback" not in err
+        assert [ln for ln in err.splitlines() if ln.strip()][-1].startswith("interrupted: finished runs are kept")
+    else:
+        assert p.returncode == -signal.SIGTERM
+    import torch
+
+    steps = [torch.load(sweep / n / "checkpoint.pt", weights_only=False)["state"]["step"] for n in "01"]
+    assert all(s > 0 for s in steps), steps  # progress kept: at most one step lost per run
+    assert not list(sweep.glob("*/summary.json"))  # and nothing is falsely finished
+
+
+def test_6_resumed_runs_continue_from_the_signal_checkpoint_bit_for_bit(tmp_path):
+    sweep, p, args = _interrupt(tmp_path, signal.SIGINT, ["optim.steps=100000"])
+    p.communicate(timeout=120)
+    import torch
+
+    blob = torch.load(sweep / "0" / "checkpoint.pt", weights_only=False)
+    step = blob["state"]["step"]
+    assert 0 < step < 100000
+    # Resume that run with the same config; it must go on from `step`, not from 0 (the log says so), and
+    # its history up to `step` is the checkpoint's.
+    p2 = start_launch(*args)
+    line = ""
+    while "resuming" not in line:
+        line = p2.stdout.readline()
+        assert line, p2.stderr.read()
+    assert f"from its checkpoint at step {step}" in line
+    p2.send_signal(signal.SIGINT)
+    p2.communicate(timeout=120)
+    assert torch.load(sweep / "0" / "checkpoint.pt", weights_only=False)["state"]["step"] >= step
+
+
+def test_7_a_resumed_run_keeps_one_offline_wandb_run(tmp_path):
+    sweep = tmp_path / "S"
+    args = ["-m", *L[:-1], "wandb.mode=offline", "seed=0", f"hydra.sweep.dir={sweep}"]
+    assert launch(*args).returncode == 0
+    first = list((sweep / "0" / "wandb").glob("offline-run-*"))
+    assert len(first) == 1
+    (sweep / "0" / "summary.json").unlink()  # as if the job had been killed after logging
+    partial = first[0].with_name(first[0].name.replace(first[0].name[12:27], "19990101_000000"))
+    shutil.copytree(first[0], partial)  # and an older partial attempt under the same id
+    assert launch(*args).returncode == 0
+    runs = list((sweep / "0" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and runs[0].name.endswith(summaries(sweep)["0"]["run_id"])
+
+
+def test_7_packed_wandb_jobs_keep_their_artifacts_inside_the_sweep_folder(tmp_path):
+    sweep = tmp_path / "S"
+    home = tmp_path / "home"
+    r = launch("-m", *L[:-1], "wandb.mode=offline", "wandb.granularity=job", "seed=0,1", f"hydra.sweep.dir={sweep}",
+               env={"HOME": str(home), "XDG_DATA_HOME": str(home / "data")})
+    assert r.returncode == 0, r.stderr
+    assert list((sweep / "wandb_jobs").glob(".wandb_data/artifacts/staging/*")) or \
+        list((sweep / "wandb_jobs").glob("*/history.parquet"))
+    assert not list(home.rglob("staging/*"))  # nothing staged outside the sweep folder
+
+
+def test_9_a_diverged_run_reports_its_last_finite_evaluation(tmp_path):
+    r = launch("init=gaussian", "init.sigma=0.01", "optim.lr=1e200", "data.n_test=100", "optim.steps=5",
+               "wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'r'}")
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    first = json.loads((tmp_path / "r" / "history.jsonl").read_text().splitlines()[0])
+    assert s["status"] == "diverged" and s["eval_step"] == 0 and s["steps"] == 1
+    for k in ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "pred_dist"):
+        assert s[k] == first[k] and s[k] is not None, k  # all from one evaluation, none left null
+
+
+# ------------------------------------------------------------------------------------- validation gaps
+@pytest.mark.parametrize("override,key,rule", [
+    ("optim.eps=inf", "optim.eps", "finite"), ("optim.lr=inf", "optim.lr", "finite"),
+    ("init=gaussian init.sigma=inf", "init.sigma", "finite"), ("init=gaussian init.sigma=nan", "init.sigma", "finite"),
+    ("model.pos_scale=inf", "model.pos_scale", "finite"), ("seed=-1", "seed", "[0, 4294967295]"),
+    ("seed=100000000000000000000", "seed", "[0, 4294967295]"), ("seed=18446744073709551616", "seed", "[0, "),
+    ("~data", "data", "required config group"), ("~seed", "seed", "cannot be removed"), ("+foo=1", "foo", "unknown key"),
+])
+def test_10_12_bad_values_are_one_line(override, key, rule):
+    from rw_sweeps.config import ConfigError
+
+    for args in (override.split(), ["-m", "seed=0,1", *override.split()]):
+        with pytest.raises(ConfigError) as err:
+            checked(*args)
+        assert key in str(err.value) and rule in str(err.value)
+
+
+@pytest.mark.parametrize("override,key", [("device=cuda:9", "device"), ("data.K=100000", "data.K"),
+                                          ("data.n_train=1000000000", "data.n_train")])
+def test_11_runs_that_cannot_work_here_are_one_line_before_anything_is_written(tmp_path, override, key):
+    import torch
+
+    if override.startswith("device") and torch.cuda.device_count() > 9:
+        pytest.skip("this machine has a tenth GPU")
+    for mode in (["hydra.run.dir=" + str(tmp_path / "r")], ["-m", "seed=0,1", "hydra.sweep.dir=" + str(tmp_path / "s")]):
+        r = launch(*mode, override, cwd=tmp_path)
+        assert r.returncode == 2, r.stdout + r.stderr
+        line = one_error_line(r)
+        assert f"invalid config: {key}=" in line and ("GB" in line or "GPU" in line), line
+        assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()
+
+
+def test_12_plus_key_in_a_single_run_writes_nothing(tmp_path):
+    r = launch("+foo=1", cwd=tmp_path)
+    assert r.returncode == 2 and "foo" in one_error_line(r) and not (tmp_path / "outputs").exists()
+
+
+def test_13_long_runs_print_progress_lines_without_a_terminal(tmp_path):
+    r = launch("data.n_test=100", "optim.steps=3000", "wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'r'}",
+               env={"RW_SWEEPS_PROGRESS_S": "0.05"})
+    assert r.returncode == 0, r.stderr
+    ticks = [ln for ln in r.stdout.splitlines() if ln.startswith("training 1 run(s): step ") and "left" in ln]
+    assert len(ticks) >= 2, r.stdout
+
+
+# ------------------------------------------------------------------------------------- security
+@pytest.mark.parametrize("override", [
+    "hydra.launcher.partition='gpu\ntouch {pwned} #'", "hydra.launcher.gres='gpu:1\ntouch {pwned}'",
+    "+hydra.launcher.additional_parameters.comment='x\ntouch {pwned}'", "hydra.job.name='job\ntouch {pwned}'",
+    "hydra.sweep.dir='{tmp}/s\ntouch {pwned}'", "hydra.launcher.partition='gpu;touch {pwned}'",
+])
+def test_14_no_value_smuggles_a_command_into_an_sbatch_script(tmp_path, override):
+    pwned = tmp_path / "pwned"
+    r = launch("-m", "hydra/launcher=packed_slurm", "hydra.launcher.dry_run=true",
+               override.format(pwned=pwned, tmp=tmp_path), *L, f"hydra.sweep.dir={tmp_path / 's'}"
+               if "sweep.dir" not in override else "seed=0", cwd=tmp_path)
+    assert r.returncode == 2 and "#!/bin/bash" not in r.stdout
+    assert "invalid config: hydra." in one_error_line(r)
+    assert not pwned.exists()
+
+
+def test_15_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, monkeypatch):
+    if not fused.available():
+        pytest.skip(f"no compiled kernel here: {fused.last_error()}")
+    cc = shutil.which(fused.CC)
+    version = fused._compiler_version(cc)
+    flags = fused.VARIANTS[fused._variant()][0]
+    own = tmp_path / "own"
+    monkeypatch.setenv("RW_SWEEPS_CACHE", str(own))
+    name = fused._build(cc, flags, version).name  # the file name the kernel would be loaded from
+    # A cache folder others can write to, holding a planted library under that name: not loaded.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / name).write_bytes(b"planted")
+    monkeypatch.setenv("RW_SWEEPS_CACHE", str(shared))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    # …and the per-user temp folder already made, world-writable, by someone else, with the same plant
+    planted = tmp_path / "tmp" / f"rw_sweeps-{os.getuid()}"
+    planted.mkdir()
+    os.chmod(planted, 0o777)
+    (planted / name).write_bytes(b"planted")
+    got = fused._build(cc, flags, version)
+    assert got.read_bytes() != b"planted" and got.parent not in (shared, planted)
+    st = os.stat(got.parent)
+    assert st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+# ------------------------------------------------------------------------------------- SLURM
+@pytest.fixture
+def cluster():
+    problem = _cluster_problem()
+    if problem:
+        if os.environ.get("RW_REQUIRE_SLURM") == "1":
+            pytest.fail(f"RW_REQUIRE_SLURM=1 but {problem}")
+        pytest.skip(problem)
+
+
+@pytest.mark.slurm
+def test_6_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path, cluster):
+    sweep = tmp_path / "S"
+    args = ["-m", "hydra/launcher=packed_slurm", "hydra.launcher.detach=true", "data.n_test=100",
+            "optim.steps=60000", "eval_every=1000", "seed=0,1", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]
+    r = launch(*args)
+    assert r.returncode == 0, r.stderr
+    try:
+        # a detached sweep's lock belongs to its jobs: a second launch names them
+        job = next(iter(record(sweep)["jobs"]))
+        r2 = launch(*args)
+        assert r2.returncode == 2 and f"SLURM job(s) {job.split('_')[0]}" in one_error_line(r2)
+
+        log = lambda: "\n".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.out"))  # noqa: E731
+        wait_until(lambda: "training 2 run(s): step 0" in log(), 180, "the job's training to start")
+        subprocess.run(["scontrol", "suspend", job], check=True, capture_output=True)  # nothing moves while we look
+        assert not (sweep / "0" / "summary.json").exists()
+        subprocess.run(["scontrol", "resume", job], check=True, capture_output=True)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)  # as before a preemption
+        wait_until(lambda: "from its checkpoint at step" in log(), 300, "the requeued job to resume")
+        import re
+
+        step = int(re.search(r"from its checkpoint at step (\d+)", log()).group(1))
+        assert step > 0  # with checkpoint_every=0: the progress before the signal was kept
+        wait_until(lambda: len(summaries(sweep)) == 2, 600, "the runs to end")
+        assert all(s["status"] == "done" and s["steps"] == 60000 for s in summaries(sweep).values())
+        assert "REQUEUED" in sacct([job.split("_")[0]], "State", duplicates=True)[job]
+    finally:
+        subprocess.run(["scancel", *record(sweep).get("arrays", [])], capture_output=True)

@@ -73,7 +73,17 @@ def train(cfg: DictConfig) -> Any:
 
     hc = HydraConfig.get()
     rc = from_dict(OmegaConf.to_container(cfg, resolve=True), complete=True)
-    check(rc)  # its device is visible here and it fits in memory
+    try:
+        check(rc)  # its device is visible here and it fits in memory
+    except ConfigError as exc:
+        if hc.mode.name == "RUN":
+            raise  # the pre-check said it already, before anything was written
+        summary = run.failed_summary(rc, Path(hc.runtime.output_dir), str(exc))
+        value, lines = _finish(rc, summary)
+        for line in lines:
+            log.info(line)
+        note_failed()
+        raise value
     if rc.wandb.group is None:
         rc.wandb.group = group_of({"sweep": {"dir": hc.sweep.dir}, "run": {"dir": hc.run.dir}},
                                   hc.mode.name == "MULTIRUN")
@@ -106,8 +116,9 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
                     checked[key] = None
                 except ConfigError as exc:
                     checked[key] = exc
-            if checked[key] is not None:
-                raise checked[key]
+            if checked[key] is not None:  # the folder says why, as for any run that failed where it ran
+                out[i] = _finish(rc, run.failed_summary(rc, Path(s.output_dir), str(checked[key])))
+                continue
         except ConfigError as exc:
             out[i] = (exc, [f"error: {exc}"])
             continue

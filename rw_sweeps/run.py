@@ -68,6 +68,18 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     return [e["summary"] for e in entries]
 
 
+def failed_summary(cfg: RunConfig, run_dir: Path, error: str) -> dict:
+    """A run that could not start where it ran (its device is not there, it cannot fit): written `failed`
+    with the reason, so that the folder, the source of truth, says why."""
+    summary = {**training.summary(Record(cfg, Path(run_dir), status="failed", error=error), 0.0), **provenance()}
+    try:
+        results.write_config(run_dir, cfg.to_dict())
+        results.write_summary(run_dir, summary)
+    except OSError:
+        pass  # the returned summary still says why
+    return summary
+
+
 def done_summary(c: RunConfig, run_dir: Path) -> dict | None:
     """The run folder's summary if it says `done` for exactly this config, else None."""
     s = results.read_summary(run_dir)

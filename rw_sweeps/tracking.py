@@ -94,7 +94,7 @@ def _log_job(entries: list[dict]) -> None:
         _drop_partial(folder / "wandb", job_id)
     # wandb stages artifact files under ~/.local/share/wandb unless told otherwise: keep everything that
     # `wandb sync` needs inside the sweep folder, so the folder can be synced from another machine.
-    os.environ["WANDB_DATA_DIR"] = str(sweep_dir / "wandb_jobs" / ".wandb_data")
+    os.environ["WANDB_DATA_DIR"] = str(folder / ".wandb_data")
     tags = list(w.get("tags") or []) + sorted({e["cfg"]["experiment"] for e in entries if e["cfg"].get("experiment")})
     run = wandb.init(project=w["project"], group=w["group"], job_type="packed", tags=tags, id=job_id,
                      name=f"packed {len(entries)} runs", resume="allow", mode=w["mode"], dir=str(folder),

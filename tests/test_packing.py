@@ -105,7 +105,7 @@ def test_memory_per_run_is_bounded():
     # §5 shape (K=6, N=97, M=1000, 1000 + 1000 sequences): the dense formulation needs X̃ of
     # n·(K+M)·N·8 B ≈ 0.78 GB per 1000 sequences; the compact engine needs a few MB per run.
     per_run = float(subprocess.run([sys.executable, "-c", MEASURE, "32"], cwd=ROOT, capture_output=True, text=True,
-                                   check=True).stdout.strip())
+                                   check=True).stdout.strip().splitlines()[-1])
     c = RunConfig()
     dense = c.data.n_train * (c.data.K + c.model.M) * c.data.N * 8
     assert per_run <= packing.bytes_per_run(c), (per_run, packing.bytes_per_run(c))

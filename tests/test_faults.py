@@ -20,7 +20,7 @@ from rw_sweeps import fused, lock
 
 from .conftest import launch, start_launch, wait_until
 from .test_config import checked
-from .test_slurm import _cluster_problem, record, sacct
+from .test_slurm import cluster, record, sacct  # noqa: F401 - cluster: the SLURM fixture
 
 L = ["model.M=200", "data.n_train=200", "data.n_test=200", "optim.steps=20", "wandb.mode=disabled"]
 FIVE = ["seed=range(0,5)"]
@@ -308,17 +308,9 @@ def test_15_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, 
 
 
 # ------------------------------------------------------------------------------------- SLURM
-@pytest.fixture
-def cluster():
-    problem = _cluster_problem()
-    if problem:
-        if os.environ.get("RW_REQUIRE_SLURM") == "1":
-            pytest.fail(f"RW_REQUIRE_SLURM=1 but {problem}")
-        pytest.skip(problem)
-
-
 @pytest.mark.slurm
-def test_6_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path, cluster):
+@pytest.mark.usefixtures("cluster")
+def test_6_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path):
     sweep = tmp_path / "S"
     args = ["-m", "hydra/launcher=packed_slurm", "hydra.launcher.detach=true", "data.n_test=100",
             "optim.steps=60000", "eval_every=1000", "seed=0,1", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]

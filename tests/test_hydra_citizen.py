@@ -11,7 +11,7 @@ import yaml
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
 from .conftest import ROOT, SMALL, launch, summaries
-from .test_slurm import _cluster_problem
+from .test_slurm import cluster  # noqa: F401 - the SLURM fixture
 
 QUIET = [*SMALL, "wandb.mode=disabled"]
 
@@ -43,16 +43,9 @@ class TestRwLauncher(LauncherTestSuite):
     ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.pack=false", "hydra.launcher.timeout_min=5"]),
     ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.timeout_min=5"]),
 ], ids=["slurm", "packed_slurm"])
+@pytest.mark.usefixtures("cluster")
 class TestRwLauncherOnSlurm(LauncherTestSuite):
-    @pytest.fixture(autouse=True)
-    def _cluster(self):
-        import os
-
-        problem = _cluster_problem()
-        if problem:
-            if os.environ.get("RW_REQUIRE_SLURM") == "1":
-                pytest.fail(f"RW_REQUIRE_SLURM=1 but {problem}")
-            pytest.skip(problem)
+    """The SLURM backend on the test cluster (a SLURM job per job; see tests/test_slurm.py)."""
 
 
 # -------------------------------------------------------------------- packing is invisible

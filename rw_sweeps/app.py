@@ -101,29 +101,25 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
     """`train` for many jobs (`rw_sweeps.sweep.Spec`s) at once: per job, what `train` would have returned
     (or raised) and the lines it would have logged. Runs of one shape are one batched program."""
     from . import run
-    from .resources import check
+    from .resources import problems
 
     out: list = [None] * len(specs)
-    todo = []
-    checked: dict = {}
+    valid = []
     for i, s in enumerate(specs):
         try:
-            rc = s.cfg if s.cfg is not None else from_dict(s.resolved, complete=True)
-            key = (rc.device, rc.init.name, *run.shape_key(rc))
-            if key not in checked:  # once per shape: its device is visible here and a run fits in memory
-                try:
-                    check(rc)
-                    checked[key] = None
-                except ConfigError as exc:
-                    checked[key] = exc
-            if checked[key] is not None:  # the folder says why, as for any run that failed where it ran
-                out[i] = _finish(rc, run.failed_summary(rc, Path(s.output_dir), str(checked[key])))
-                continue
+            valid.append((i, s.cfg if s.cfg is not None else from_dict(s.resolved, complete=True)))
         except ConfigError as exc:
             out[i] = (exc, [f"error: {exc}"])
+    todo = []
+    # its device is visible here and a run fits in memory; if not, the folder says why, as for any run
+    # that failed where it ran
+    for (i, rc), problem in zip(valid, problems([rc for _, rc in valid])):
+        if problem is not None:
+            out[i] = _finish(rc, run.failed_summary(rc, Path(specs[i].output_dir), str(problem)))
             continue
         if rc.wandb.group is None:
-            rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group_of(s.base_hydra, True)))
+            group = group_of(specs[i].base_hydra, True)
+            rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
         todo.append((i, rc))
     summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo])
     for (i, rc), summary in zip(todo, summaries):

@@ -69,3 +69,21 @@ def check(cfg: RunConfig) -> None:
                  "data.K": cfg.data.K}[key]
         raise ConfigError(key, value, f"one run needs ~{need / 2**30:.1f} GB (estimate), more than the "
                           f"{free / 2**30:.1f} GB free on {device} here")
+
+
+def problems(cfgs: list[RunConfig]) -> list[ConfigError | None]:
+    """`check` for every run, asked once per shape (and init: the dense draw counts): the error, or None."""
+    from .training import shape_key
+
+    seen: dict = {}
+    out = []
+    for cfg in cfgs:
+        key = (cfg.init.name, shape_key(cfg))
+        if key not in seen:
+            try:
+                check(cfg)
+                seen[key] = None
+            except ConfigError as exc:
+                seen[key] = exc
+        out.append(seen[key])
+    return out

@@ -74,14 +74,12 @@ class RwSweeper(BasicSweeper):
                 planner = Planner(self.hydra_context.config_loader, self.config)
                 specs = planner.plan(jobs)
                 if getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
-                    from rw_sweeps.resources import check
-                    from rw_sweeps.training import shape_key
+                    from rw_sweeps.resources import problems
 
-                    seen = set()  # runs that cannot work here fail now, in one line, not after training
-                    for s in specs:
-                        if (k := (s.cfg.init.name, shape_key(s.cfg))) not in seen:
-                            seen.add(k)
-                            check(s.cfg)
+                    # runs that cannot work here fail now, in one line, not after training (SLURM: in the job)
+                    problem = next((p for p in problems([s.cfg for s in specs]) if p is not None), None)
+                    if problem is not None:
+                        raise problem
             except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
                 msg = [str(exc)] if isinstance(exc, ConfigError) else str(exc).strip().splitlines()
                 print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr, flush=True)

@@ -104,8 +104,8 @@ def override_dirname(parsed: Sequence[Override], job_cfg: dict) -> str:
 class Planner:
     """Specs for job override lists, composing once per distinct set of group choices."""
 
-    def __init__(self, config_loader, primary: DictConfig, validate: bool = True):
-        self.loader, self.primary, self.validate = config_loader, primary, validate
+    def __init__(self, config_loader, primary: DictConfig):
+        self.loader, self.primary = config_loader, primary
         self.parser = OverridesParser.create(config_loader=config_loader)
         self._templates: dict[tuple, tuple[DictConfig, dict | None, dict]] = {}
         self._parsed: dict[str, Override] = {}  # grids repeat their override strings: parse each once
@@ -173,8 +173,7 @@ class Planner:
             spec = Spec(num, overrides, task, resolved, hydra, template=template)
         spec.output_dir = self.output_dir(spec)
         spec.set_hydra("runtime.output_dir", spec.output_dir)
-        if self.validate:
-            spec.cfg = from_dict(spec.resolved, complete=True)
+        spec.cfg = from_dict(spec.resolved, complete=True)
         return spec
 
     def output_dir(self, spec: Spec) -> str:

@@ -29,6 +29,7 @@ from omegaconf._utils import OmegaConfDumper
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
 from .sweep import Spec
+from .yamltext import Templates
 
 class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
     """libyaml with OmegaConf's rule for strings (quote what would read back as a bool or a number)."""
@@ -46,41 +47,35 @@ def to_yaml(node: Any) -> str:
 
 
 class YamlTemplates:
-    """The YAML text of a job's dict built from its composition's YAML node tree, with only the job's own
-    values represented anew: byte for byte `to_yaml(job's dict)`, but the shared part of a grid's configs is
-    represented once (PyYAML's Python representer is most of the cost of writing them)."""
+    """The YAML text of a job's dict, given as its composition's dict and the job's own changes (dotted
+    keys): byte for byte `to_yaml(job's dict)`, with each shape of a grid's documents dumped once
+    (`rw_sweeps.yamltext`; PyYAML's Python representer and serialiser are most of the cost of writing)."""
 
     def __init__(self) -> None:
-        self._roots: dict[int, tuple[dict, yaml.Node]] = {}  # id(base) → (base, its node): keeps base alive
-        self._rep = _Dumper(io.StringIO(), **_OPTIONS)
-
-    def _node(self, data: Any) -> yaml.Node:
-        self._rep.represented_objects, self._rep.object_keeper, self._rep.alias_key = {}, [], None
-        return self._rep.represent_data(data)
+        self._of: dict[tuple, tuple[dict, Templates]] = {}  # (id(base), wrap) → (base, templates): keeps base alive
 
     def text(self, base: dict, changes: dict, wrap: Optional[str] = None) -> str:
-        if id(base) not in self._roots:
-            self._roots[id(base)] = (base, self._node({wrap: base} if wrap else base))
-        node = self._roots[id(base)][1]
+        key = (id(base), wrap)
+        if key not in self._of:
+            self._of[key] = (base, Templates(to_yaml))
+        doc = {wrap: base} if wrap else base
         for dotted, value in changes.items():
-            node = _replaced(node, ([wrap] if wrap else []) + dotted.split("."), self._node(value))
-        stream = io.StringIO()
-        dumper = _Dumper(stream, **_OPTIONS)
-        dumper.open()
-        dumper.serialize(node)
-        dumper.close()
-        return stream.getvalue()
+            doc = _replaced(doc, ([wrap] if wrap else []) + dotted.split("."), value)
+        return self._of[key][1].text(doc)
+
+    def text_list(self, items: list) -> str:
+        if ("list", None) not in self._of:
+            self._of[("list", None)] = ({}, Templates(to_yaml))
+        return self._of[("list", None)][1].text_list(items)
 
 
-def _replaced(node: yaml.MappingNode, path: list, new: yaml.Node) -> yaml.MappingNode:
-    """A copy of the mapping node with the value at `path` replaced (the nodes along the path are copied)."""
-    out = copy.copy(node)
-    out.value = list(node.value)
-    for i, (k, v) in enumerate(out.value):
-        if k.value == path[0]:
-            out.value[i] = (k, _replaced(v, path[1:], new) if len(path) > 1 else new)
-            return out
-    raise KeyError(".".join(path))
+def _replaced(node: dict, path: list, value: Any) -> dict:
+    """A copy of the dict with the value at `path` replaced (the dicts along the path are copied)."""
+    if path[0] not in node:
+        raise KeyError(".".join(path))
+    out = dict(node)
+    out[path[0]] = _replaced(node[path[0]], path[1:], value) if len(path) > 1 else value
+    return out
 
 
 def _write(path: Path, text: str) -> None:
@@ -201,7 +196,7 @@ class Chunk:
         _write(out / sub / "config.yaml", task)
         if not self.lean:
             _write(out / sub / "hydra.yaml", yaml_of.text(s.base_hydra, s.hydra_changes, wrap="hydra"))
-        _write(out / sub / "overrides.yaml", to_yaml(list(s.overrides)))
+        _write(out / sub / "overrides.yaml", yaml_of.text_list(list(s.overrides)))
 
     def _log(self, s: Spec, lines: Sequence[str], console, file_fmt) -> None:
         if console is not None:

@@ -4,29 +4,24 @@ and the checkpoint.pt of an unfinished run.
 Every file is written to a temporary name in the same folder and renamed into place, so a reader (or a
 resumed sweep) never sees half a file; summary.json is written last and marks the run as finished. Files
 get the permissions the umask allows (group-readable on a shared file system), as `open` would give them.
+Writing costs a few syscalls per file: no temp-file module, no mkdir unless the folder is missing.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import yaml
 
+from .yamltext import Templates
+
 SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml", "history.jsonl",
                                                    "snapshots.jsonl", "checkpoint.pt")
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-FILE_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's own 0600 would hide results from the group
 
 
 def run_id(run_dir: Path) -> str:
@@ -34,14 +29,24 @@ def run_id(run_dir: Path) -> str:
     return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
+_HOST_TOKEN = secrets.token_hex(4)  # with the pid and a counter: temp names unique per write, across hosts
+_count = itertools.count()
+
+
 def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to a temp name in the same folder (created if need be), then rename it into place.
+    os.open's mode goes through the umask, as open()'s does."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = f"{path.parent}/.{path.name}.{os.getpid()}-{_HOST_TOKEN}-{next(_count)}.tmp"
+    data = text.encode("utf-8")
     try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -59,15 +64,34 @@ def clean(x):
     return x
 
 
+try:  # 10–20× faster float formatting; writes NaN/inf as null itself
+    import orjson
+except ImportError:  # pragma: no cover - a declared dependency; the standard library gives the same values
+    orjson = None
+
+
+def _json(x) -> str:
+    """json.dumps with NaN/inf as null. The common case has none: dump once, and clean only a row whose
+    text shows one (a string that merely contains the word costs a second, exact pass, nothing more)."""
+    text = json.dumps(x)
+    if "NaN" in text or "Infinity" in text:
+        text = json.dumps(clean(x), allow_nan=False)
+    return text
+
+
 def _jsonl(rows: list[dict]) -> str:
-    return "".join(json.dumps(clean(r)) + "\n" for r in rows)
+    """One JSON object per line (compact separators with orjson; the same values either way)."""
+    if orjson is not None:
+        return b"".join([orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows]).decode()
+    return "".join([_json(r) + "\n" for r in rows])
 
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: 4× faster, the same YAML
+_configs = Templates(lambda d: yaml.dump(d, Dumper=_Dumper, sort_keys=False))  # a grid's configs share a shape
 
 
 def write_config(run_dir: Path, cfg: dict) -> None:
-    atomic_write(Path(run_dir) / CONFIG, yaml.dump(cfg, Dumper=_Dumper, sort_keys=False))
+    atomic_write(Path(run_dir) / CONFIG, _configs.text(cfg))
 
 
 def write_run(run_dir: Path, cfg: dict, history: list[dict], snapshots: list[dict]) -> None:
@@ -79,7 +103,7 @@ def write_run(run_dir: Path, cfg: dict, history: list[dict], snapshots: list[dic
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    atomic_write(Path(run_dir) / SUMMARY, json.dumps(clean(summary), indent=1) + "\n")
+    atomic_write(Path(run_dir) / SUMMARY, json.dumps(clean(summary), indent=1, allow_nan=False) + "\n")
 
 
 def read_summary(run_dir: Path) -> dict | None:

@@ -115,14 +115,14 @@ class Templates:
 
     def _scalar(self, v: Any) -> Optional[str]:
         """The text of a scalar as a block-document value, or None where it may depend on its place."""
+        if type(v) not in _SCALARS:
+            return None
         key = (type(v), v)
         if key not in self.scalars:
-            s = None
-            if type(v) in _SCALARS:
-                out = self.dump([v])
-                if out.startswith("- ") and out.count("\n") == 1 and out.endswith("\n"):
-                    s = out[2:-1]
-                    if " " in s and len(s) > 30:  # long text with spaces may be folded where it sits
-                        s = None
+            s, out = None, self.dump([v])
+            if out.startswith("- ") and out.count("\n") == 1 and out.endswith("\n"):
+                s = out[2:-1]
+                if " " in s and len(s) > 30:  # long text with spaces may be folded where it sits
+                    s = None
             self.scalars[key] = s
         return self.scalars[key]

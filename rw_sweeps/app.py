@@ -88,6 +88,10 @@ def train(cfg: DictConfig) -> Any:
         rc.wandb.group = group_of({"sweep": {"dir": hc.sweep.dir}, "run": {"dir": hc.run.dir}},
                                   hc.mode.name == "MULTIRUN")
     summary = run.execute([rc], [Path(hc.runtime.output_dir)])[0]
+    if hc.mode.name == "RUN":  # a single run ends here: its wandb run first (a multirun's launcher waits)
+        from . import tracking
+
+        tracking.wait()
     value, lines = _finish(rc, summary)
     for line in lines:
         log.info(line)

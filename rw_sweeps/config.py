@@ -61,6 +61,10 @@ class ModelConfig:
 class InitConfig:
     name: str = "zero"  # zero | gaussian: V, W (and A) i.i.d. N(0, sigma²)
     sigma: float = 0.0
+    # how gaussian draws W (A and V are drawn the same either way): compact (default) draws a = (W x̂_N)[:K]
+    # and c_j = p_jᵀ(W x̂_N)[K:] directly, the same distribution as the dense draw, not the same sample |
+    # dense: the literal (K+M)² W, so the oracle tests and any dense implementation compare run for run
+    draw: str = "compact"
 
 
 @dataclass
@@ -80,6 +84,7 @@ class WandbConfig:
     tags: List[str] = field(default_factory=list)
     granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
     per_run_limit: int = 32  # auto: per-run wandb runs for batches up to this size
+    analysis: bool = True  # a finished sweep logs its phase diagrams and runs table (one job_type=analysis run)
 
 
 @dataclass
@@ -177,6 +182,7 @@ def validate(c: RunConfig) -> RunConfig:
     _choice("data.name", d.name, ("random_walk", *QA_SHAPES))
     _choice("model.name", mo.name, ("transformer", "transformer_ffn"))
     _choice("init.name", i.name, ("zero", "gaussian"))
+    _choice("init.draw", i.draw, ("compact", "dense"))
     _choice("optim.name", o.name, ("gd",))
     _choice("optim.reduction", o.reduction, ("mean", "sum"))
     _choice("precision", c.precision, ("float64", "float32"))

@@ -5,8 +5,14 @@ s_1..s_{N−1} (the one-hot x_i = e_{s_i}) and the target y = s_N.
 """
 from __future__ import annotations
 
+import functools
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from . import markov
@@ -32,8 +38,96 @@ def Pi(K: int, p: float, dtype=torch.float64) -> torch.Tensor:
     return torch.from_numpy(markov.Pi(K, p)).to(dtype)
 
 
-def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Split:
-    """n walks of N nodes: s_1 ~ Unif([K]), then ±1 steps drawn at once and summed (no loop over positions)."""
+@functools.lru_cache(maxsize=1024)
+def _Pi_table(K: int, p: float, dtype: torch.dtype) -> np.ndarray:
+    """Π as a read-only numpy table in `dtype` (cached: a sweep asks for the same few p's again and again)."""
+    table = Pi(K, p, dtype).numpy()
+    table.flags.writeable = False
+    return table
+
+
+_ONES = np.uint64(0x0101010101010101)
+# The walk's positions come from one SWAR prefix sum: with the clockwise flags as bytes, a uint64 word times
+# 0x0101…01 holds in byte k the sum of its bytes 0..k (little-endian); counts stay < 256 for N ≤ 256.
+_SWAR = sys.byteorder == "little"
+_SWAR_MAX_N = 256
+
+
+class _Scratch:
+    """Reusable buffers for walks of one (n, N), one set per thread: the draws and the bytes/int16 passes."""
+
+    def __init__(self, n: int, N: int):
+        L = N - 1
+        words = (L + 7) // 8
+        self.f = torch.empty(n, L)  # torch.rand's float32 draws
+        self.s1 = torch.empty(n, 1, dtype=torch.int64)
+        self.flags = np.zeros((n, 8 * words), np.uint8)  # clockwise_1..clockwise_{N−1}, then pads that stay 0
+        self.prefix = np.empty((n, words), np.uint64)
+        self.total = torch.empty(n, words, dtype=torch.int64)
+        self.carry = torch.empty(n, words, dtype=torch.int64)
+        self.v = np.empty((n, L), np.int16)
+        self.q = np.empty((n, L), np.int16)
+        self.col = np.arange(2, N + 1, dtype=np.int16) - 1  # s_k = s_1 + 2·C_k − (k − 1), k = 2..N
+
+
+_local = threading.local()
+
+
+def _scratch(n: int, N: int) -> _Scratch:
+    cache = _local.__dict__.setdefault("scratch", {})
+    if (n, N) not in cache:
+        if len(cache) > 8:
+            cache.clear()
+        cache[n, N] = _Scratch(n, N)
+    return cache[n, N]
+
+
+def _walks_into(K: int, N: int, p: float, gen: torch.Generator, tokens: np.ndarray, y: np.ndarray,
+                P_true: np.ndarray) -> None:
+    """n walks written into the given arrays (tokens (n, N−1) int64, y (n,) int64, P_true (n, K)), from
+    exactly the draws `random_walks` has always made: s_1 = randint(K, (n, 1)), then rand(n, N − 1) < p in
+    float32. Everything after the draws is narrow integer arithmetic (bytes, int16) and one widening copy."""
+    n, L = tokens.shape[0], N - 1
+    table = _Pi_table(K, float(p), torch.from_numpy(P_true[:0]).dtype)
+    if not (_SWAR and N <= _SWAR_MAX_N and K < 2**14):
+        split = _walks_reference(K, N, p, n, gen)
+        tokens[...], y[...] = split.tokens.numpy(), split.y.numpy()
+        np.take(table, tokens[:, -1], axis=0, out=P_true)
+        return
+    b = _scratch(n, N)
+    torch.randint(K, (n, 1), generator=gen, out=b.s1)
+    torch.rand(n, L, generator=gen, out=b.f)
+    # the float32 comparison torch's `rand < p` makes (a Python float compares in the tensor's dtype)
+    np.less(b.f.numpy(), np.float32(p), out=b.flags.view(np.bool_)[:, :L])
+    # C_k = #clockwise among steps 1..k−1, the inclusive prefix sum of the flags, in bytes: within each word
+    # by the multiplication, then plus the words before it (their totals' exclusive prefix sum) in every byte
+    np.multiply(b.flags.view(np.uint64), _ONES, out=b.prefix)
+    total = b.total.numpy().view(np.uint64)
+    np.right_shift(b.prefix, np.uint64(56), out=total)
+    torch.cumsum(b.total, 1, out=b.carry)
+    carry = b.carry.numpy().view(np.uint64)
+    np.subtract(carry, total, out=carry)
+    np.multiply(carry, _ONES, out=carry)
+    np.add(b.prefix, carry, out=b.prefix)
+    C = b.prefix.view(np.uint8)[:, :L]
+    # s_k = s_1 + #clockwise − #counter-clockwise steps before k, mod K as v − K·⌊v/K⌋ (|v| < 2^15)
+    v, q = b.v, b.q
+    np.multiply(C, np.int16(2), out=v)
+    np.subtract(v, b.col, out=v)
+    s1 = b.s1.numpy()
+    np.add(v, s1.astype(np.int16), out=v)
+    np.floor_divide(v, np.int16(K), out=q)
+    np.multiply(q, np.int16(K), out=q)
+    np.subtract(v, q, out=v)
+    tokens[:, :1] = s1
+    np.copyto(tokens[:, 1:], v[:, :-1])
+    np.copyto(y, v[:, -1])
+    # P(y | x_{N−1}) = Πᵀ x_{N−1}: row s_{N−1} of Π (Markov property, §1).
+    np.take(table, tokens[:, -1], axis=0, out=P_true)
+
+
+def _walks_reference(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Split:
+    """The original all-torch walk (shapes the fast path does not cover: N > 256, big-endian hosts)."""
     s1 = torch.randint(K, (n, 1), generator=gen)
     clockwise = torch.rand(n, N - 1, generator=gen) < p  # float32 draws, so data do not depend on precision
     # s_i = s_1 + (#clockwise − #counter-clockwise steps so far) mod K; the offset keeps it non-negative and
@@ -43,8 +137,15 @@ def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Spli
     walked = 2 * torch.cumsum(steps, 1) - torch.arange(N) + (s1 + K * N)
     s = (torch.arange(K * N + N + K) % K)[walked]
     tokens, y = s[:, :-1].contiguous(), s[:, -1].contiguous()
-    # P(y | x_{N−1}) = Πᵀ x_{N−1}: row s_{N−1} of Π (Markov property, §1).
     return Split(tokens, y, Pi(K, p)[tokens[:, -1]])
+
+
+def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Split:
+    """n walks of N nodes: s_1 ~ Unif([K]), then ±1 steps drawn at once and summed (no loop over positions)."""
+    split = Split(torch.empty(n, N - 1, dtype=torch.int64), torch.empty(n, dtype=torch.int64),
+                  torch.empty(n, K, dtype=torch.float64))
+    _walks_into(K, N, p, gen, split.tokens.numpy(), split.y.numpy(), split.P_true.numpy())
+    return split
 
 
 def qa_majority(n: int, gen: torch.Generator) -> Split:
@@ -66,11 +167,64 @@ def qa_preference(n: int, gen: torch.Generator) -> Split:
     return Split(tokens, first.clone(), torch.nn.functional.one_hot(first, len(VOCAB)).double())
 
 
+def _draw(cfg: DataConfig, n: int, gen: torch.Generator) -> Split:
+    if cfg.name == "random_walk":
+        return random_walks(cfg.K, cfg.N, cfg.p, n, gen)
+    return {"qa_majority": qa_majority, "qa_preference": qa_preference}[cfg.name](n, gen)
+
+
 def make(cfg: DataConfig, seed: int) -> tuple[Split, Split]:
     """The fixed training and test sets of one run: train first, then test, from one generator."""
     gen = torch.Generator().manual_seed(seed)
-    if cfg.name == "random_walk":
-        draw = lambda n: random_walks(cfg.K, cfg.N, cfg.p, n, gen)  # noqa: E731
+    return _draw(cfg, cfg.n_train, gen), _draw(cfg, cfg.n_test, gen)
+
+
+MAX_DATA_WORKERS = 16
+
+
+def data_workers(workers: int | None = None) -> int:
+    """Threads that prepare data: `workers`, else $RW_SWEEPS_DATA_WORKERS, else the box's cores (capped)."""
+    if workers is None:
+        env = os.environ.get("RW_SWEEPS_DATA_WORKERS", "").strip()
+        workers = int(env) if env else min(os.cpu_count() or 1, MAX_DATA_WORKERS)
+    return max(1, int(workers))
+
+
+def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = torch.float64) -> tuple[Split, Split]:
+    """The training and test sets of R runs (RunConfigs of one data shape), stacked: tokens (R, n, N−1) int64,
+    y (R, n) int64, P_true (R, n, K) in `dtype` (float64 by default). Run r's slices are exactly
+    `make(cfgs[r].data, cfgs[r].seed)` (each run has its own generator), whatever the worker count or the
+    mix of runs in the call; they are written straight into the stacked tensors by a pool of threads (the
+    draws and the numpy passes release the GIL)."""
+    d0 = cfgs[0].data
+    shape = (d0.name, d0.K, d0.N, d0.n_train, d0.n_test)
+    for cfg in cfgs:
+        d = cfg.data
+        if (d.name, d.K, d.N, d.n_train, d.n_test) != shape:
+            raise ValueError(f"make_batches: every run must share data.name/K/N/n_train/n_test; {shape} != "
+                             f"{(d.name, d.K, d.N, d.n_train, d.n_test)}")
+    R, K, L = len(cfgs), d0.K, d0.N - 1
+    out = tuple(Split(torch.empty(R, n, L, dtype=torch.int64), torch.empty(R, n, dtype=torch.int64),
+                      torch.empty(R, n, K, dtype=dtype)) for n in (d0.n_train, d0.n_test))
+    views = [(s.tokens.numpy(), s.y.numpy(), s.P_true.numpy()) for s in out]
+    sizes = (d0.n_train, d0.n_test)
+
+    def fill(runs: range) -> None:
+        for r in runs:
+            cfg = cfgs[r]
+            gen = torch.Generator().manual_seed(cfg.seed)
+            for (tok, y, P), (split, n) in zip(views, zip(out, sizes)):
+                if cfg.data.name == "random_walk":
+                    _walks_into(K, cfg.data.N, cfg.data.p, gen, tok[r], y[r], P[r])
+                else:
+                    s = _draw(cfg.data, n, gen)
+                    split.tokens[r], split.y[r], split.P_true[r] = s.tokens, s.y, s.P_true
+
+    workers = min(data_workers(workers), R)
+    if workers <= 1:
+        fill(range(R))
     else:
-        draw = lambda n: {"qa_majority": qa_majority, "qa_preference": qa_preference}[cfg.name](n, gen)  # noqa: E731
-    return draw(cfg.n_train), draw(cfg.n_test)
+        step = max(1, -(-R // (4 * workers)))  # a few chunks per thread, for balance
+        with ThreadPoolExecutor(workers, thread_name_prefix="rw-data") as pool:
+            list(pool.map(fill, [range(i, min(i + step, R)) for i in range(0, R, step)]))
+    return out

@@ -37,7 +37,7 @@
 #define RW_AVX512 0
 #endif
 
-#define RW_ABI 4
+#define RW_ABI 6
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
 
@@ -132,6 +132,7 @@ static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 #define VMASK_MAX _mm512_mask_max_pd
 #define VMASK_MIN _mm512_mask_min_pd
 #define VMAX _mm512_max_pd
+#define VMIN _mm512_min_pd
 #define VLOADU _mm512_loadu_pd
 #define VSTOREU _mm512_storeu_pd
 #define VMASK_STOREU _mm512_mask_storeu_pd
@@ -227,6 +228,7 @@ __m512d _ZGVeN8v_log(__m512d);
 #define VMASK_MAX _mm512_mask_max_ps
 #define VMASK_MIN _mm512_mask_min_ps
 #define VMAX _mm512_max_ps
+#define VMIN _mm512_min_ps
 #define VLOADU _mm512_loadu_ps
 #define VSTOREU _mm512_storeu_ps
 #define VMASK_STOREU _mm512_mask_storeu_ps
@@ -277,6 +279,9 @@ typedef struct {
     REAL nu_tok, nu_q;
     REAL *loss, *acc, *kl, *pred_dist, *attention, *spread, *h_example, *h_var; /* (R), …, (R, L+1), (R), (R, K) ×2 */
     const void *masks;
+    const uint8_t *tokT; /* tokens by block, position, lane (rw_sweeps.fused._by_block), or NULL */
+    int full;            /* 0: of the attention only the parent and query columns (the rest NaN) */
+    const REAL *PB;      /* P by block: [blk][P_0 … P_{K−1}, Σ P log P, 1/‖P‖][lane] (fused._p_by_block), or NULL */
 } SFX(ectx);
 
 /* NaN-propagating max, as torch.amax / torch.maximum */
@@ -517,6 +522,36 @@ ALWAYS_INLINE void SFX(hist)(const int K, const int NB, int64_t L, const MASK *m
     }
 }
 
+/* hist, and per sample the max and min over j of α[s_bj]·β_j (the attention spread before the 1/Z_b),
+   from the tokens by block tT[blk][j][lane]: lanes are samples, so no reduction across lanes is needed */
+ALWAYS_INLINE void SFX(hist_spread)(const int K, const int NB, int64_t L, const MASK *mk, const REAL *beta,
+                                    const uint8_t *tT, const VEC atab, VEC *H, VEC *MX, VEC *MN) {
+#pragma GCC unroll 16
+    for (int i = 0; i < NB * KMAX_FAST; i++) H[i] = VZERO();
+    VEC mx0 = VSET1(-INFINITY), mn0 = VSET1(INFINITY), mx1 = mx0, mn1 = mn0;
+    const MASK *mk1 = mk + L * K;
+    const uint8_t *tT1 = tT + L * LANES;
+    const MASK all = (MASK)~(MASK)0;
+    for (int64_t j = 0; j < L; j++) {
+        const VEC bj = VSET1(beta[j]);
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) {
+            H[k] = VMASK_ADD(H[k], KLOAD(mk + j * K + k), H[k], bj);
+            if (NB == 2) H[KMAX_FAST + k] = VMASK_ADD(H[KMAX_FAST + k], KLOAD(mk1 + j * K + k), H[KMAX_FAST + k], bj);
+        }
+        const VEC x0 = VMUL(VPERM(VIDX(tT + j * LANES, all), atab), bj);
+        mx0 = VMAX(mx0, x0);
+        mn0 = VMIN(mn0, x0);
+        if (NB == 2) {
+            const VEC x1 = VMUL(VPERM(VIDX(tT1 + j * LANES, all), atab), bj);
+            mx1 = VMAX(mx1, x1);
+            mn1 = VMIN(mn1, x1);
+        }
+    }
+    MX[0] = mx0, MN[0] = mn0;
+    if (NB == 2) MX[1] = mx1, MN[1] = mn1;
+}
+
 ALWAYS_INLINE MASK SFX(valid)(int64_t b0, int64_t n) {
     int64_t m = n - b0;
     return m >= LANES ? (MASK)~(MASK)0 : (MASK)((1u << m) - 1u);
@@ -711,7 +746,7 @@ static size_t SFX(eval_avx_scratch)(int64_t n, int64_t L, int64_t K) {
     int64_t nblk = (n + LANES - 1) / LANES;
     return align64(sizeof(MASK) * (size_t)(nblk * L * K)) +
            align64(sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE)) * 2 +
-           align64(sizeof(REAL) * (size_t)(nblk * LANES)) * 3 + align64(sizeof(REAL) * (size_t)(L + 64)) * 2 +
+           align64(sizeof(REAL) * (size_t)(nblk * LANES)) * 4 + align64(sizeof(REAL) * (size_t)(L + 64)) * 2 +
            align64(sizeof(REAL) * (size_t)(KMAX_FAST * KMAX_FAST)) + 4096;
 }
 
@@ -721,7 +756,8 @@ typedef struct {
 
 ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC *H, const uint8_t *yy,
                                    const REAL *Pr, const VEC *alphav, const REAL *V, VEC vbq, VEC veps,
-                                   SFX(eacc) *acc, REAL *azT, REAL *hT, REAL *Zb) {
+                                   SFX(eacc) *acc, REAL *azT, REAL *hT, REAL *Zb, REAL *Zr, int full,
+                                   const REAL *PBr) {
     const MASK vm = SFX(valid)(b0, n);
     const __m512i yi = VIDX(yy + b0, vm);
     const VEC tiny = VSET1(TINY), one = VSET1((REAL)1), zero = VZERO();
@@ -758,11 +794,18 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     }
     MASK hit = VIEQ(bi, yi) & vm;
     acc->A = VMASK_ADD(acc->A, hit, acc->A, one);
-    /* true conditionals of the block's samples: P[k] lane l = Pr[(b0 + l)·K + k] */
-    const __m512i base = _mm512_mullo_epi32(VIOTA(), _mm512_set1_epi32(K));
+    /* true conditionals of the block's samples: P[k] lane l = Pr[(b0 + l)·K + k], from the blocked copy
+       (rows P_0 … P_{K−1}, Σ_k P log P, 1/‖P‖ per block: data, so computed once per data set) or gathered */
+    const REAL *pb = PBr ? PBr + (b0 / LANES) * (K + 2) * LANES : NULL;
+    if (pb) {
 #pragma GCC unroll 8
-    for (int k = 0; k < K; k++)
-        P[k] = VGATHER(zero, vm, _mm512_add_epi32(base, _mm512_set1_epi32(k)), Pr + b0 * K);
+        for (int k = 0; k < K; k++) P[k] = VLOADU(pb + k * LANES);
+    } else {
+        const __m512i base = _mm512_mullo_epi32(VIOTA(), _mm512_set1_epi32(K));
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++)
+            P[k] = VGATHER(zero, vm, _mm512_add_epi32(base, _mm512_set1_epi32(k)), Pr + b0 * K);
+    }
     /* KL(P ‖ q), q = max(f, tiny) / Σ; pred_dist = ‖f/max(‖f‖, tiny) − P/‖P‖‖ */
     VEC q[KMAX_FAST], qs = zero, fn2 = zero, P2 = zero;
 #pragma GCC unroll 8
@@ -776,12 +819,22 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     const VEC rqs = VDIV(one, qs);
 #ifdef VLOG
     acc->L = VMASK_ADD(acc->L, vm, acc->L, VLOG(VADD(F, veps)));
+    if (pb) { /* KL = Σ P log P − Σ_{P>0} P log q: half the logs */
+        VEC cross = zero;
 #pragma GCC unroll 8
-    for (int k = 0; k < K; k++) {
-        MASK pos = VCMP(P[k], zero, _CMP_GT_OQ);
-        VEC term = VMUL(P[k], VSUB(VLOG(VMAX(tiny, P[k])), VLOG(VMUL(q[k], rqs))));
-        term = VMASK_MOV(zero, pos, term);
-        kl = (k == 0) ? term : VADD(kl, term);
+        for (int k = 0; k < K; k++) {
+            MASK pos = VCMP(P[k], zero, _CMP_GT_OQ);
+            cross = VMASK_ADD(cross, pos, cross, VMUL(P[k], VLOG(VMUL(q[k], rqs))));
+        }
+        kl = VSUB(VLOADU(pb + K * LANES), cross);
+    } else {
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) {
+            MASK pos = VCMP(P[k], zero, _CMP_GT_OQ);
+            VEC term = VMUL(P[k], VSUB(VLOG(VMAX(tiny, P[k])), VLOG(VMUL(q[k], rqs))));
+            term = VMASK_MOV(zero, pos, term);
+            kl = (k == 0) ? term : VADD(kl, term);
+        }
     }
 #else
     {
@@ -809,7 +862,7 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     }
 #endif
     acc->KL = VMASK_ADD(acc->KL, vm, acc->KL, kl);
-    const VEC rfn = VDIV(one, VMAX(tiny, VSQRT(fn2))), rPn = VDIV(one, VSQRT(P2));
+    const VEC rfn = VDIV(one, VMAX(tiny, VSQRT(fn2))), rPn = pb ? VLOADU(pb + (K + 1) * LANES) : VDIV(one, VSQRT(P2));
     VEC d2 = zero;
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) {
@@ -826,12 +879,13 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
         VSTOREU(tmp + (KMAX_FAST + k) * LANES, h[k]);
     }
     VSTOREU(Zb + b0, Z);
+    VSTOREU(Zr + b0, rZ);
     const int nv = (int)(n - b0 < LANES ? n - b0 : LANES);
+    if (full)
+        for (int l = 0; l < nv; l++)
+            for (int k = 0; k < K; k++) azT[(b0 + l) * PSTRIDE + k] = tmp[k * LANES + l];
     for (int l = 0; l < nv; l++)
-        for (int k = 0; k < K; k++) {
-            azT[(b0 + l) * PSTRIDE + k] = tmp[k * LANES + l];
-            hT[(b0 + l) * PSTRIDE + k] = tmp[(KMAX_FAST + k) * LANES + l];
-        }
+        for (int k = 0; k < K; k++) hT[(b0 + l) * PSTRIDE + k] = tmp[(KMAX_FAST + k) * LANES + l];
 }
 
 /* one copy with a run-time K: the evaluation chain is not hot, and six unrolled copies per dtype would
@@ -839,8 +893,9 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
 static __attribute__((noinline)) void SFX(eval_chain_rt)(int K, int64_t b0, int64_t n, const VEC *H,
                                                          const uint8_t *yy, const REAL *Pr, const VEC *alphav,
                                                          const REAL *V, VEC vbq, VEC veps, SFX(eacc) *acc,
-                                                         REAL *azT, REAL *hT, REAL *Zb) {
-    SFX(eval_chain)(K, b0, n, H, yy, Pr, alphav, V, vbq, veps, acc, azT, hT, Zb);
+                                                         REAL *azT, REAL *hT, REAL *Zb, REAL *Zr, int full,
+                                                         const REAL *PBr) {
+    SFX(eval_chain)(K, b0, n, H, yy, Pr, alphav, V, vbq, veps, acc, azT, hT, Zb, Zr, full, PBr);
 }
 
 /* the eval gather pass: E_j = Σ_b (α/Z_b)[s_bj]; per sample the max and min over j of α[s_bj]·β_j */
@@ -917,37 +972,65 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     REAL *beta = (REAL *)p;
     p += align64(sizeof(REAL) * (size_t)(L + 64));
     REAL *E = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(L + 64));
+    REAL *Zr = (REAL *)p;
     REAL alpha[KMAX_FAST] = {0}, bq;
     if (x->masks)
         masks = (MASK *)x->masks + r * nblk * L * K;
     else
         SFX(build_masks)(n, L, K, tok, masks);
-    memset(azT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
+    const uint8_t *tT = x->tokT ? x->tokT + r * nblk * L * LANES : NULL;
+    const REAL *PBr = x->PB ? x->PB + r * nblk * (K + 2) * LANES : NULL;
+    const int full = x->full || tT == NULL;
+    if (full) memset(azT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
     memset(beta, 0, sizeof(REAL) * (size_t)(L + 64));
     SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+    REAL atab_s[PSTRIDE] = {0};
+    for (int k = 0; k < K; k++) atab_s[k] = alpha[k];
+    const VEC atab = VTAB(atab_s);
     VEC alphav[KMAX_FAST];
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) alphav[k] = VSET1(alpha[k]);
     const VEC vbq = VSET1(bq), veps = VSET1(x->eps[r]);
     SFX(eacc) acc = {VZERO(), VZERO(), VZERO(), VZERO(), VZERO()};
     /* the histogram accumulates in H, which stays in registers; the out-of-line chain gets a copy (an
-       array whose address escapes would be stored back to memory on every masked add: 2.5× slower) */
-    VEC H[2 * KMAX_FAST], Hc[2 * KMAX_FAST];
+       array whose address escapes would be stored back to memory on every masked add: 2.5× slower).
+       With the tokens by block, the same pass gives every sample's spread (no gather pass but at the
+       snapshot steps, whose full attention needs it). */
+    VEC H[2 * KMAX_FAST], Hc[2 * KMAX_FAST], MX[2], MN[2];
     int64_t blk = 0;
     for (; blk + 1 < nblk; blk += 2) {
-        SFX(hist)(K, 2, L, masks + blk * L * K, beta, H);
+        if (tT) {
+            SFX(hist_spread)(K, 2, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
+            VSTOREU(mx + blk * LANES, MX[0]), VSTOREU(mx + (blk + 1) * LANES, MX[1]);
+            VSTOREU(mn + blk * LANES, MN[0]), VSTOREU(mn + (blk + 1) * LANES, MN[1]);
+        } else {
+            SFX(hist)(K, 2, L, masks + blk * L * K, beta, H);
+        }
 #pragma GCC unroll 16
         for (int i = 0; i < 2 * KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
-        SFX(eval_chain_rt)(K, (blk + 1) * LANES, n, Hc + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr);
+        SFX(eval_chain_rt)(K, (blk + 1) * LANES, n, Hc + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT,
+                           Zb, Zr, full, PBr);
     }
     if (blk < nblk) {
-        SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);
+        if (tT) {
+            SFX(hist_spread)(K, 1, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
+            VSTOREU(mx + blk * LANES, MX[0]), VSTOREU(mn + blk * LANES, MN[0]);
+        } else {
+            SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);
+        }
 #pragma GCC unroll 16
         for (int i = 0; i < KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr);
     }
-    SFX(eval_tiles)(K, n, L, tok, azT, alpha, beta, E, mx, mn);
+    if (full) {
+        SFX(eval_tiles)(K, n, L, tok, azT, alpha, beta, E, mx, mn);
+    } else { /* (α/Z_b)[s_b,L−1] of every sample, a block at a time, for the parent column (below) */
+        for (int64_t b = 0; b < nblk; b++)
+            VSTOREU(Zr + b * LANES, VMUL(VPERM(VIDX(tT + (b * L + L - 1) * LANES, (MASK)~(MASK)0), atab),
+                                         VLOADU(Zr + b * LANES)));
+    }
     /* max_b (mx_b/Z_b − mn_b/Z_b): the divisions (torch's S = αβ/Z, then amax − amin) a vector at a time */
     REAL spread = 0;
     {
@@ -970,7 +1053,14 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     x->pred_dist[r] = VRED_ADD(acc.PD) / nn;
     x->spread[r] = spread;
     REAL *att = x->attention + r * (L + 1);
-    for (int64_t j = 0; j < L; j++) att[j] = beta[j] * E[j] / nn;
+    if (full) {
+        for (int64_t j = 0; j < L; j++) att[j] = beta[j] * E[j] / nn;
+    } else { /* the parent column alone: E_{L−1} = Σ_b (α/Z_b)[s_b,L−1], summed in the gather pass's order */
+        REAL e = 0;
+        for (int64_t b = 0; b < n; b++) e += Zr[b];
+        for (int64_t j = 0; j < L - 1; j++) att[j] = NAN;
+        att[L - 1] = beta[L - 1] * e / nn;
+    }
     att[L] = VRED_ADD(acc.SQ) / nn;
     /* h's mean and variance over samples, every k at once (k innermost: the same sums, in the same order,
        as one k at a time, without a strided dependency chain per k) */
@@ -1062,11 +1152,12 @@ int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const u
 int SFX(rw_eval)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, const uint8_t *y, const REAL *P,
                  const REAL *V, const REAL *a, const REAL *c, const REAL *eps, double nu_tok, double nu_q,
                  REAL *loss, REAL *acc, REAL *kl, REAL *pred_dist, REAL *attention, REAL *spread, REAL *h_example,
-                 REAL *h_var, const void *masks, int nthreads, int impl) {
+                 REAL *h_var, const void *masks, const uint8_t *tokT, int full, const REAL *PB, int nthreads,
+                 int impl) {
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127) return 2;
     if (R == 0) return 0;
     SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_q,
-                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var, masks};
+                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var, masks, tokT, full, PB};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(eval_avx_fns)[K], &x, R, SFX(eval_avx_scratch)(n, L, K), nthreads);

@@ -37,7 +37,7 @@ from .model import Geometry
 
 SOURCE = Path(__file__).with_name("fused.c")
 CC = os.environ.get("CC", "gcc")  # the compiler; tests point it somewhere absent to check the fallback
-ABI = 4  # must match RW_ABI in fused.c
+ABI = 6  # must match RW_ABI in fused.c
 BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 # Build attempts per variant, best first: native ISA with glibc's vector log (libmvec), native ISA, and a
 # portable build with no ISA extensions at all (plain C paths only).
@@ -170,7 +170,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 4 + [vp, vp, vp, i32, i32]
         f.restype = i32
         f = getattr(lib, f"rw_eval_{sfx}")
-        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [vp, i32, i32]
+        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [vp, vp, i32, vp, i32, i32]
         f.restype = i32
         f = getattr(lib, f"rw_masks_bytes_{sfx}")
         f.argtypes, f.restype = [i64] * 3, i64
@@ -338,6 +338,45 @@ def _masks(lib, tokens: torch.Tensor, tok8: torch.Tensor, K: int, dtype) -> Opti
     return out
 
 
+_blocks_cache: dict[tuple, tuple] = {}
+
+
+def _by_block(tokens: torch.Tensor, tok8: torch.Tensor, lanes: int) -> torch.Tensor:
+    """The tokens as tT[r][blk][j][lane] (sample blk·lanes + lane, padded with token 0), built once per token
+    tensor: the evaluation's histogram pass reads a block's tokens at position j as one vector."""
+    key = (id(tokens), lanes)
+    hit = _blocks_cache.get(key)
+    if hit is not None and hit[0]() is tokens and hit[1] == tokens._version:
+        return hit[2]
+    R, n, L = tok8.shape
+    nblk = -(-n // lanes)
+    padded = torch.zeros(R, nblk * lanes, L, dtype=torch.uint8)
+    padded[:, :n] = tok8
+    out = padded.reshape(R, nblk, lanes, L).transpose(2, 3).contiguous()
+    _remember(_blocks_cache, key, tokens, (weakref.ref(tokens), tokens._version, out))
+    return out
+
+
+def _p_by_block(P: torch.Tensor, lanes: int, dtype) -> torch.Tensor:
+    """The true conditionals as [r][blk][row][lane], rows P_0 … P_{K−1}, Σ_k P log P (over P > 0) and 1/‖P‖:
+    what the evaluation needs of the data, laid out for vector loads and built once per data set."""
+    key = (id(P), lanes, dtype)
+    hit = _blocks_cache.get(key)
+    if hit is not None and hit[0]() is P and hit[1] == P._version:
+        return hit[2]
+    R, n, K = P.shape
+    nblk = -(-n // lanes)
+    Pd = P.detach().to(dtype)
+    tiny = torch.finfo(dtype).tiny
+    rows = torch.zeros(R, nblk * lanes, K + 2, dtype=dtype)
+    rows[:, :n, :K] = Pd
+    rows[:, :n, K] = torch.where(Pd > 0, Pd * torch.log(Pd.clamp_min(tiny)), 0.0).sum(2)
+    rows[:, :n, K + 1] = 1 / Pd.norm(dim=2)
+    out = rows.reshape(R, nblk, lanes, K + 2).transpose(2, 3).contiguous()
+    _remember(_blocks_cache, key, P, (weakref.ref(P), P._version, out))
+    return out
+
+
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
@@ -411,8 +450,10 @@ def train_step(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: t
 
 
 def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Geometry,
-             PiT: Optional[torch.Tensor] = None) -> engine.Probe:
-    """engine.evaluate, fused: the forward pass and every metric of engine.Probe."""
+             PiT: Optional[torch.Tensor] = None, full: bool = True) -> engine.Probe:
+    """engine.evaluate, fused: the forward pass and every metric of engine.Probe. With full=False (a history
+    row, not a snapshot) the kernel may skip the per-position attention: then only its parent and query
+    columns (attention[:, −2:]) are set, the others NaN; every other field is the same."""
     lib = _kernel_for(state, data, geo)
     if lib is None:
         return engine.evaluate(state, data, eps, geo, PiT)
@@ -428,9 +469,13 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     att = torch.empty(R, L + 1, dtype=dtype)
     hx, hv = torch.empty(R, K, dtype=dtype), torch.empty(R, K, dtype=dtype)
     fn = lib.rw_eval_f64 if dtype == torch.float64 else lib.rw_eval_f32
+    masks = _masks(lib, data.tokens, tok, K, dtype)
+    lanes = 8 if dtype == torch.float64 else 16
+    blocks = _by_block(data.tokens, tok, lanes) if masks is not None else None
+    PB = _p_by_block(data.P_true, lanes, dtype) if masks is not None else None
     rc = fn(R, n, L, K, _ptr(tok), _ptr(y), _ptr(P), _ptr(Vc), _ptr(a), _ptr(c), _ptr(eps_), float(geo.nu_tok),
             float(geo.nu_q), _ptr(out["loss"]), _ptr(out["acc"]), _ptr(out["kl"]), _ptr(out["pred_dist"]),
-            _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _ptr(_masks(lib, data.tokens, tok, K, dtype)),
+            _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _ptr(masks), _ptr(blocks), int(full), _ptr(PB),
             _threads(R), 0)
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")

@@ -105,6 +105,48 @@ def init_dense(cfg_model: ModelConfig, K: int, sigma: float, gen: torch.Generato
     return {k: v.to(dtype) for k, v in out.items()}
 
 
+def init_compact(cfg_model: ModelConfig, K: int, N: int, sigma: float, gen: torch.Generator, geo: Geometry,
+                 dtype) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
+    """The Gaussian initial state drawn compactly (`init.draw=compact`): A (FFN) and V exactly as
+    `init_dense` draws them (same generator, same order, so the same sample), then (a, c) of W directly
+    instead of the dense (K+M)² W. u = W x̂_N has i.i.d. N(0, σ²κ) entries (κ = ‖x̂_N‖²), a = u[:K], and with
+    the exact Gram c = P u[K:] is i.i.d. N(0, σ²κ‖p‖²): the dense draw's distribution, not its sample.
+    With gram=numeric the rounded P Pᵀ is the point of the run, so u[K:] ∈ R^M is drawn and c = P u[K:]
+    is taken literally: c's law is then exactly N(0, σ²κ P Pᵀ) for whatever Gram P has (M normals, still
+    no (K+M)² draw)."""
+    params = {}
+    if cfg_model.is_ffn:
+        params["A"] = sigma * torch.randn(K, cfg_model.m, generator=gen, dtype=torch.float64)
+        params["V"] = sigma * torch.randn(cfg_model.m, K, generator=gen, dtype=torch.float64)
+    else:
+        params["V"] = sigma * torch.randn(K, K, generator=gen, dtype=torch.float64)
+    scale = sigma * math.sqrt(geo.kappa)
+    a = scale * torch.randn(K, generator=gen, dtype=torch.float64)
+    if cfg_model.gram == "numeric":
+        c = positions(cfg_model, N) @ (scale * torch.randn(cfg_model.M, generator=gen, dtype=torch.float64))
+    else:
+        c = scale * math.sqrt(geo.pp) * torch.randn(N, generator=gen, dtype=torch.float64)
+    return {k: v.to(dtype) for k, v in params.items()}, (a.to(dtype), c.to(dtype))
+
+
+def dense_W(a: torch.Tensor, c: torch.Tensor, cfg_model: ModelConfig, K: int, N: int, geo: Geometry,
+            dtype=torch.float64) -> torch.Tensor:
+    """A dense W ∈ R^{(K+M)×(K+M)} whose compact state is (a, c) (to rounding), so that the dense oracle can
+    start from a compact draw: W = u x̂_Nᵀ / ‖x̂_N‖² gives W x̂_N = u, with u[:K] = a and u[K:] the
+    minimum-norm solution of P u[K:] = c, Pᵀ c / ‖p‖² for the exact Gram (Pᵀ(P Pᵀ)⁻¹ c for gram=numeric).
+    Only u = W x̂_N enters eq. 2.1's forward pass and W's gradient is rank one along x̂_N, so the dense
+    dynamics from this W are those of (a, c)."""
+    P = positions(cfg_model, N, torch.float64)
+    a, c = a.to(torch.float64), c.to(torch.float64)
+    if cfg_model.gram == "numeric":
+        uM = P.T @ torch.linalg.solve(P @ P.T, c)
+    else:
+        uM = P.T @ c / geo.pp
+    u = torch.cat([a, uM])
+    x_hat = torch.cat([torch.zeros(K, dtype=torch.float64), P[-1] / geo.nu_q])
+    return (torch.outer(u, x_hat) / (x_hat @ x_hat)).to(dtype)
+
+
 def compact(W: torch.Tensor, cfg_model: ModelConfig, K: int, N: int, geo: Geometry) -> tuple[torch.Tensor, torch.Tensor]:
     """(a, c) of a dense W: u = W x̂_N, a = u[:K], c_j = p_jᵀ u[K:]."""
     P = positions(cfg_model, N, W.dtype)

@@ -74,12 +74,20 @@ def initial(cfg: RunConfig, dtype) -> dict:
             theta = {"A": torch.zeros(K, cfg.model.m, dtype=dtype), "V": torch.zeros(cfg.model.m, K, dtype=dtype)}
         theta["W"] = torch.zeros(K + M, K + M, dtype=dtype)
         return theta
-    # the engine's own seeding, so both start from the same draw
-    return model.init_dense(cfg.model, K, cfg.init.sigma, model.init_generator(cfg.seed), dtype)
+    # the engine's own seeding, so both start from the same draw: the literal W (init.draw=dense), or the
+    # compact draw (init.draw=compact) lifted to a dense W with exactly that (a, c)
+    gen = model.init_generator(cfg.seed)
+    if cfg.init.draw == "dense":
+        return model.init_dense(cfg.model, K, cfg.init.sigma, gen, dtype)
+    geo = model.geometry(cfg.model, cfg.data.N)
+    theta, (a, c) = model.init_compact(cfg.model, K, cfg.data.N, cfg.init.sigma, gen, geo, torch.float64)
+    theta["W"] = model.dense_W(a, c, cfg.model, K, cfg.data.N, geo)
+    return {k: v.to(dtype) for k, v in theta.items()}
 
 
 def main(argv: list[str]) -> None:
-    """`python -m rw_sweeps.oracle key=value …`: one dense run, as a one-run-per-process baseline."""
+    """`python -m rw_sweeps.oracle key=value …`: one dense run, as a one-run-per-process baseline (with the
+    literal dense Gaussian draw, init.draw=dense, unless the arguments say otherwise)."""
     import json
     import resource
     import time
@@ -89,7 +97,7 @@ def main(argv: list[str]) -> None:
     from .config import from_dict
 
     cfg = from_dict(OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RunConfig()),
-                                                           OmegaConf.from_dotlist(argv))))
+                                                           OmegaConf.from_dotlist(["init.draw=dense", *argv]))))
     t0 = time.perf_counter()
     *_, (_, _, _, theta) = train(cfg, trajectory=False)
     _, test_set = data_mod.make(cfg.data, cfg.seed)

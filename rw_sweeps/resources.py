@@ -30,7 +30,7 @@ def available_bytes(device: str) -> int | None:
         import torch
 
         idx = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
-        return torch.cuda.mem_get_info(idx)[0]
+        return gpu_free_bytes([idx])[0]
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
@@ -42,6 +42,36 @@ def available_bytes(device: str) -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         return None
+
+
+def gpu_free_bytes(devices: list[int] | None = None) -> list[int]:
+    """Free bytes of each GPU (all visible ones by default), counting as free what this process's caching
+    allocator holds but does not use: a worker that trains chunk after chunk sees its GPU's memory as the
+    first chunk did. torch.cuda.mem_get_info(i), which starts a CUDA context on GPU i."""
+    import torch
+
+    if devices is None:
+        devices = list(range(torch.cuda.device_count()))
+    out = []
+    for i in devices:
+        free = torch.cuda.mem_get_info(i)[0]
+        if torch.cuda.is_initialized():
+            free += torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i)
+        out.append(int(free))
+    return out
+
+
+def chunk_sizes(n: int, per_run: int, budget_bytes: float, max_runs: int | None = None) -> list[int]:
+    """n runs of `per_run` bytes each in balanced chunks of at most `budget_bytes` (at least one run each)
+    and at most `max_runs` runs: the one sizing rule of the launcher (packing.chunks, the per-GPU plan) and
+    benchmarks/bench_gpu.py."""
+    if n <= 0:
+        return []
+    cap = max(1, int(budget_bytes // per_run))
+    if max_runs:
+        cap = min(cap, max_runs)
+    k = -(-n // cap)
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 
 def resolve_device(device: str) -> str:

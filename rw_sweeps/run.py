@@ -54,17 +54,20 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
             unwritable[id(summary)] = summary
         entries.append({"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"],
                         "history": rec.history, "summary": summary})
-    try:  # before the summaries: a job stopped while logging is not yet "done", and logs again when resumed
-        tracking.log_runs([e for e in entries if id(e["summary"]) not in unwritable])
-    except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
-        print(f"warning: wandb logging failed: {_one_line(exc)}", file=sys.stderr)
+    written = []
     for e in entries:
         try:
             results.write_summary(e["run_dir"], e["summary"])
             results.drop_checkpoint(e["run_dir"])  # the finished results supersede it
+            if id(e["summary"]) not in unwritable:
+                written.append(e)
         except Exception as exc:  # noqa: BLE001
             if id(e["summary"]) not in unwritable:
                 e["summary"].update(status="failed", error=f"writing the results: {_one_line(exc)}")
+    try:  # after the summaries, in the background (tracking.wait); `rw_sweeps.wandb_export` recovers a kill
+        tracking.log_runs(written)
+    except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
+        print(f"warning: wandb logging failed: {_one_line(exc)}", file=sys.stderr)
     return [e["summary"] for e in entries]
 
 

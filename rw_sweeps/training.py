@@ -65,7 +65,8 @@ def stack_data(splits: list[data_mod.Split], dtype, device) -> engine.Batch:
 
 
 def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.State:
-    """V(0), A(0) and the compact a(0), c(0) of W(0) for every run (zero, or the dense Gaussian draw)."""
+    """V(0), A(0) and the compact a(0), c(0) of W(0) for every run: zero, or Gaussian, drawn compactly
+    (`init.draw=compact`, `model.init_compact`) or as the dense (K+M)² W reduced to (a, c) (`init.draw=dense`)."""
     K, N = cfgs[0].data.K, cfgs[0].data.N
     params, ac = [], []
     for cfg in cfgs:
@@ -74,6 +75,10 @@ def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.S
             params.append({"A": torch.zeros(K, m, dtype=dtype), "V": torch.zeros(m, K, dtype=dtype)}
                           if cfg.model.is_ffn else {"V": torch.zeros(K, K, dtype=dtype)})
             ac.append((torch.zeros(K, dtype=dtype), torch.zeros(N, dtype=dtype)))
+        elif cfg.init.draw == "compact":
+            theta, state = model.init_compact(cfg.model, K, N, cfg.init.sigma, model.init_generator(cfg.seed), geo, dtype)
+            params.append(theta)
+            ac.append(state)
         else:
             theta = model.init_dense(cfg.model, K, cfg.init.sigma, model.init_generator(cfg.seed), dtype)
             W = theta.pop("W")
@@ -84,14 +89,18 @@ def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.S
 
 def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
           resumed: list[dict] | None = None) -> list[Record]:
-    """Train R runs of one shape (optionally from their checkpoints) and return their records."""
+    """Train R runs of one shape (optionally from their checkpoints) and return their records.
+
+    Between two evaluations the runs take their steps in one call of the multi-step kernel. Nothing in
+    the step loop reads a tensor back to the host (on a GPU, no sync): metrics, divergence steps and
+    snapshots stay device tensors in a `_Log` until it is flushed, once per chunk (or when its buffer
+    fills, or for a checkpoint), and the records are built from the flushed arrays."""
     c0 = cfgs[0]
     dtype, dev = getattr(torch, c0.precision), device_of(c0)
     T = c0.optim.steps
     geo = model.geometry(c0.model, c0.data.N)
-    splits = [data_mod.make(cfg.data, cfg.seed) for cfg in cfgs]
-    train_set = stack_data([s[0] for s in splits], dtype, dev)
-    test_set = stack_data([s[1] for s in splits], dtype, dev)
+    splits = data_mod.make_batches(cfgs, dtype=dtype)  # stacked (R, n, …), P_true already in the run precision
+    train_set, test_set = (engine.Batch(s.tokens.to(dev), s.y.to(dev), s.P_true.to(dev, dtype)) for s in splits)
     recs = [Record(cfg, d) for cfg, d in zip(cfgs, run_dirs)]
     if resumed:
         state = engine.stack_slices([b["state"] for b in resumed])
@@ -109,6 +118,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     if c0.data.name == "random_walk" and not c0.model.is_ffn:
         PiT = torch.stack([data_mod.Pi(c0.data.K, cfg.data.p, dtype).T for cfg in cfgs]).to(dev)
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
+    evals = [t for t in range(state.step, T + 1) if t % c0.eval_every == 0 or t == T]
     if progress is None:
         progress = sys.stderr.isatty() and not os.environ.get("CI")
     bar = None
@@ -118,42 +128,173 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         bar = tqdm(total=T, initial=state.step, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
     # Without a terminal (CI, a SLURM log) a long batch says where it is every PROGRESS_S seconds.
     ticker = _Ticker(len(cfgs), state.step, T) if bar is None else None
+    log = _Log(recs, dev, T)
+    block = _Block()
     stop = _SaveOnSignal()  # SLURM's USR2 (preemption, time limit), SIGTERM, Ctrl-C: checkpoint, then go on
     with stop:
-        alive = torch.tensor([rec.status == "done" for rec in recs], device=dev)
-        for t in range(state.step, T + 1):
-            evaluating = t % c0.eval_every == 0 or t == T
+        for i, t in enumerate(evals):
             # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
-            probe = fused.evaluate(state, test_set, eps, geo, PiT) if evaluating else None
-            # θ at step t; a and c are what W's relevant blocks reduce to: z_bj = (a[s_bj] + c_j)/ν
-            theta = {k: v.clone() for k, v in {**state.params, "a": state.a, "c": state.c}.items()} if evaluating else None
-            if t < T:
-                loss = fused.train_step(state, train_set, lr, eps, w, geo)
-            else:
+            probe = fused.evaluate(state, test_set, eps, geo, PiT)
+            log.evaluation(t, probe, state if t in snap_steps else None)
+            if t == T:
                 loss = fused.evaluate(state, train_set, eps, geo).loss
-            finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
-            for v in state.params.values():
-                finite &= torch.isfinite(v).flatten(1).all(1)
-            if probe is not None:
-                _record(recs, alive, t, loss, probe, theta, t in snap_steps)
-            newly = alive & ~finite
-            for r in newly.nonzero().flatten().tolist():
-                recs[r].status, recs[r].steps = "diverged", t
-                recs[r].error = f"non-finite loss or parameters at step {t}"
-            alive &= finite
-            for r in alive.nonzero().flatten().tolist():
-                recs[r].steps = t
-            if bar is not None and t < T:
-                bar.update(1)
-            elif ticker is not None:
-                ticker(t)
-            if t < T and ((c0.checkpoint_every and (t + 1) % c0.checkpoint_every == 0) or stop.pending):
-                for r, rec in enumerate(recs):
-                    results.save_checkpoint(rec.run_dir, checkpoint(rec, state, r))
-                stop.deliver()  # the signal's own handler now: submitit requeues, Ctrl-C interrupts, …
+                log.train_loss(loss, _finite_state(loss, state))
+                break
+            while state.step < evals[i + 1]:  # the steps up to the next evaluation, in bounded calls
+                t0, n = state.step, block.steps(evals[i + 1] - state.step, c0.checkpoint_every, state.step)
+                loss, bad = fused.train_steps(state, train_set, lr, eps, w, geo, n)
+                if t0 == t:
+                    log.train_loss(loss[:, 0])
+                log.diverged_at(t0, bad)
+                block.done(n)
+                if bar is not None:
+                    bar.update(n)
+                elif ticker is not None:
+                    ticker(state.step)
+                if (c0.checkpoint_every and state.step % c0.checkpoint_every == 0) or stop.pending:
+                    log.flush(state.step)
+                    for r, rec in enumerate(recs):
+                        results.save_checkpoint(rec.run_dir, checkpoint(rec, state, r))
+                    stop.deliver()  # the signal's own handler now: submitit requeues, Ctrl-C interrupts, …
+    log.flush(T)
     if bar is not None:
         bar.close()
     return recs
+
+
+def _finite_state(loss: torch.Tensor, state: engine.State) -> torch.Tensor:
+    """(R,) bool: the loss and every parameter of each run are finite."""
+    finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
+    for v in state.params.values():
+        finite &= torch.isfinite(v).flatten(1).all(1)
+    return finite
+
+
+class _Block:
+    """How many steps one kernel call takes: up to the next evaluation or checkpoint, and no more than
+    about BLOCK_S seconds, so that a signal (SLURM's USR2) is answered within a block."""
+
+    BLOCK_S = 1.0
+
+    def __init__(self) -> None:
+        self.per_step = None
+        self.t = 0.0
+
+    def steps(self, to_eval: int, checkpoint_every: int, step: int) -> int:
+        n = to_eval
+        if checkpoint_every:
+            n = min(n, checkpoint_every - step % checkpoint_every)
+        if self.per_step is not None:
+            n = min(n, max(1, int(self.BLOCK_S / max(self.per_step, 1e-9))))
+        self.t = time.perf_counter()
+        return n
+
+    def done(self, n: int) -> None:
+        self.per_step = (time.perf_counter() - self.t) / n
+
+
+class _Log:
+    """The records of a batch as device tensors until `flush`: per evaluation the metric columns (R,),
+    per run the step it diverged at (T + 1: not yet), the snapshots' tensors. A flush copies everything
+    buffered to the host at once and rebuilds the records; `FLUSH_BYTES` bounds what a device holds."""
+
+    FLUSH_BYTES = 256 << 20
+    COLS = ("test_loss", "test_acc", "test_kl", "parent_attention", "attention_spread", "pred_dist", "v_pi_cosine")
+
+    def __init__(self, recs: list[Record], dev, T: int):
+        self.recs, self.T = recs, T
+        self.base = [(list(r.history), list(r.snapshots)) for r in recs]  # what a checkpoint brought
+        self.cos = True
+        # runs that ended before this session (a resumed diverged run) record nothing more: step −1
+        self.dead = torch.tensor([T + 1 if r.status == "done" else -1 for r in recs], device=dev)
+        self.steps_, self.rows, self.losses, self.snaps = [], [], [], []  # device, since the last flush
+        self.h_steps, self.h_rows, self.h_losses, self.h_snaps = [], [], [], []  # host
+        self.bytes = 0
+
+    def evaluation(self, t: int, probe: engine.Probe, state: engine.State | None) -> None:
+        cos = probe.v_pi_cosine
+        self.cos = cos is not None
+        cols = [probe.loss, probe.acc, probe.kl, probe.parent_attention, probe.spread, probe.pred_dist,
+                cos if cos is not None else torch.zeros_like(probe.loss)]
+        self.steps_.append(t)
+        self.rows.append(torch.stack(cols))
+        self.bytes += self.rows[-1].numel() * self.rows[-1].element_size()
+        if state is not None:  # θ at step t (a, c: what W's relevant blocks reduce to) and the probe's views,
+            # as one (R, ·) tensor: one copy per snapshot
+            parts = {"V": state.params["V"], "A": state.params.get("A"), "a": state.a, "c": state.c,
+                     "attention": probe.attention, "h_example": probe.h_example, "h_var": probe.h_var}
+            shapes = {k: tuple(v.shape[1:]) for k, v in parts.items() if v is not None}
+            flat = torch.cat([v.reshape(v.shape[0], -1).to(probe.loss.dtype) for v in parts.values() if v is not None], 1)
+            self.snaps.append((t, shapes, flat))
+            self.bytes += flat.numel() * flat.element_size()
+        if self.bytes > self.FLUSH_BYTES:
+            self._copy()
+
+    def train_loss(self, loss: torch.Tensor, finite: torch.Tensor | None = None) -> None:
+        """The training loss before the last evaluated step; with `finite` (the final step, where no step
+        is taken), the runs whose loss or parameters are not finite diverge there."""
+        self.losses.append(loss)
+        if finite is not None:
+            self.dead = torch.where((self.dead > self.T) & ~finite, torch.full_like(self.dead, self.T), self.dead)
+
+    def diverged_at(self, t0: int, bad: torch.Tensor) -> None:
+        """bad (R,): the first step of a block that starts at t0 whose loss or update was not finite, or −1."""
+        bad = bad.to(self.dead.device)
+        self.dead = torch.where((self.dead > self.T) & (bad >= 0), bad + t0, self.dead)
+
+    def _copy(self) -> None:
+        """Everything buffered on the device to the host, one copy."""
+        if self.rows:
+            self.h_rows.append(torch.stack(self.rows).cpu().numpy())
+            self.h_steps += self.steps_
+        if self.losses:
+            self.h_losses.append(torch.stack(self.losses).cpu().numpy())
+        for t, shapes, flat in self.snaps:
+            host, at, snap = flat.cpu().numpy(), 0, {"step": t, "A": None}
+            for k, shape in shapes.items():
+                size = math.prod(shape)
+                snap[k] = host[:, at:at + size].reshape(-1, *shape)
+                at += size
+            self.h_snaps.append(snap)
+        self.steps_, self.rows, self.losses, self.snaps, self.bytes = [], [], [], [], 0
+
+    def flush(self, step: int) -> None:
+        """Copy to the host and rebuild every record (history, snapshots, status, steps, break step) as of
+        `step`, the state's step: what a checkpoint saves, or the batch's result."""
+        self._copy()
+        import numpy as np
+
+        dead = self.dead.cpu().numpy()
+        rows = np.concatenate(self.h_rows) if self.h_rows else np.zeros((0, len(self.COLS), len(self.recs)))
+        losses = np.concatenate(self.h_losses) if self.h_losses else np.zeros((0, len(self.recs)))
+        n = min(len(rows), len(losses))  # evaluations whose training loss is known (the last may not be yet)
+        steps = self.h_steps[:n]
+        cols = {k: rows[:n, j].T.tolist() for j, k in enumerate(self.COLS)}
+        train = losses[:n].T.tolist()
+        spread = rows[:n, self.COLS.index("attention_spread")]
+        evaluated = set(steps)
+        for r, rec in enumerate(self.recs):
+            history, snapshots = self.base[r]
+            d = int(dead[r])
+            keep = sum(1 for t in steps if t <= d) if d >= 0 else 0  # rows while alive (steps ascend)
+            rec.history = history + [
+                {"step": steps[i], "train_loss": train[r][i], **{k: cols[k][r][i] for k in self.COLS[:-1]},
+                 "v_pi_cosine": cols["v_pi_cosine"][r][i] if self.cos else None} for i in range(keep)]
+            rec.snapshots = snapshots + [
+                {"step": s["step"], "V": s["V"][r].tolist(), "A": s["A"][r].tolist() if s["A"] is not None else None,
+                 "a": s["a"][r].tolist(), "c": s["c"][r].tolist(), "attention": s["attention"][r].tolist(),
+                 "h_example": s["h_example"][r].tolist(), "h_var": s["h_var"][r].tolist()}
+                for s in self.h_snaps if s["step"] <= d and s["step"] in evaluated]
+            if d < 0:
+                continue
+            if d <= self.T:
+                rec.status, rec.steps = "diverged", d
+                rec.error = f"non-finite loss or parameters at step {d}"
+            else:
+                rec.steps = min(step, self.T)
+            if rec.break_step is None:
+                hit = np.nonzero(spread[:keep, r] > BREAK_SPREAD)[0]
+                rec.break_step = steps[int(hit[0])] if len(hit) else None
 
 
 PROGRESS_S = float(os.environ.get("RW_SWEEPS_PROGRESS_S", 30))  # seconds between progress lines in logs
@@ -219,28 +360,6 @@ def checkpoint(rec: Record, state: engine.State, r: int) -> dict:
     return {"config": rec.cfg.to_dict(), "state": engine.run_slice(state, r), "history": rec.history,
             "snapshots": rec.snapshots, "status": rec.status, "error": rec.error, "break_step": rec.break_step,
             "steps": rec.steps}
-
-
-def _record(recs: list[Record], alive, t: int, loss, probe: engine.Probe, theta: dict, snapshot: bool) -> None:
-    """One history row per live run (and a snapshot at the snapshot steps), from the step's probe."""
-    cols = {"train_loss": loss.tolist(), "test_loss": probe.loss.tolist(), "test_acc": probe.acc.tolist(),
-            "test_kl": probe.kl.tolist(), "parent_attention": probe.parent_attention.tolist(),
-            "attention_spread": probe.spread.tolist(), "pred_dist": probe.pred_dist.tolist()}
-    cos = probe.v_pi_cosine.tolist() if probe.v_pi_cosine is not None else None
-    if snapshot:
-        att, hx, hv = probe.attention.tolist(), probe.h_example.tolist(), probe.h_var.tolist()
-        Vs, a, c = theta["V"].tolist(), theta["a"].tolist(), theta["c"].tolist()
-        As = theta["A"].tolist() if "A" in theta else None
-    for r, rec in enumerate(recs):
-        if not alive[r]:
-            continue
-        row = {"step": t, **{k: v[r] for k, v in cols.items()}, "v_pi_cosine": cos[r] if cos else None}
-        rec.history.append(row)
-        if rec.break_step is None and row["attention_spread"] > BREAK_SPREAD:
-            rec.break_step = t
-        if snapshot:
-            rec.snapshots.append({"step": t, "V": Vs[r], "A": As[r] if As else None, "a": a[r], "c": c[r],
-                                  "attention": att[r], "h_example": hx[r], "h_var": hv[r]})
 
 
 METRICS = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",

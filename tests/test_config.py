@@ -94,6 +94,7 @@ BAD = [
     ("objective=foo", "objective", "test_acc"), ("seed=abc", "seed", "integer"),
     ("snapshot_steps=[a]", "snapshot_steps", "list of integers"), ("optim.lr=${init.sigma}", "optim.lr", "> 0"),
     ("data=qa_majority data.N=20", "data.N", "17"), ("model=transformer_ffn model.m=0", "model.m", ">= 1"),
+    ("init=gaussian init.draw=sparse", "init.draw", "compact, dense"),
 ]
 
 

@@ -81,3 +81,95 @@ def test_qa_preference_sentences_and_labels():
     # both questions have the same bag of words: the uniform average x̄ cannot tell them apart (§6)
     counts = torch.stack([torch.bincount(r, minlength=19) for r in s.tokens])
     assert (counts == counts[0]).all()
+
+
+def _sha(split) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in (split.tokens, split.y, split.P_true):
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# sha256 (first 16 hex digits) of tokens, y, P_true of (train, test), computed with the original all-torch
+# implementation before the data path was optimised: the stream a seed gives may never change.
+FROZEN = [
+    (dict(p=0.5), 0, ("54b1bae7cd483aff", "e0752dd0493138aa")),
+    (dict(p=0.5), 1, ("443f0f834091fd10", "66138b2caf36695c")),
+    (dict(p=0.5), 12345, ("a4974f812412ab96", "2d0b38c8d6ea3d87")),
+    (dict(p=0.3, K=7, N=31, n_train=50, n_test=20), 12345, ("abbedfc700ee66e5", "5a8d0111b1ad290b")),
+    (dict(p=1.0), 1, ("3150fb1b58f57d81", "4d72941d87b88d72")),
+    (dict(p=0.0, K=20, N=101, n_train=64, n_test=64), 0, ("0a3b430d50dcecb2", "111e1787c55eefb8")),
+    (dict(name="qa_majority", K=19, N=17, n_train=100, n_test=50), 1, ("5c1f16c820b6b1b1", "e47f117df164ce5c")),
+    (dict(name="qa_preference", K=19, N=19, n_train=100, n_test=50), 0, ("33774be89e261c60", "3687bf5536f8f6b6")),
+]
+
+
+def test_a_seed_gives_the_frozen_data():
+    for kw, seed, want in FROZEN:
+        assert tuple(_sha(s) for s in data.make(DataConfig(**kw), seed)) == want, (kw, seed)
+
+
+def _reference_walks(K, N, p, n, gen):
+    """The original implementation, verbatim: the fast path must reproduce it bit for bit."""
+    s1 = torch.randint(K, (n, 1), generator=gen)
+    clockwise = torch.rand(n, N - 1, generator=gen) < p
+    steps = torch.zeros(n, N, dtype=torch.int64)
+    steps[:, 1:] = clockwise
+    walked = 2 * torch.cumsum(steps, 1) - torch.arange(N) + (s1 + K * N)
+    s = (torch.arange(K * N + N + K) % K)[walked]
+    tokens, y = s[:, :-1].contiguous(), s[:, -1].contiguous()
+    return tokens, y, data.Pi(K, p)[tokens[:, -1]]
+
+
+def test_fast_walks_equal_the_reference_on_odd_shapes():
+    # N − 1 not a multiple of 8, one word, the largest fast N (256), the fallback above it, K = 3, p at
+    # float32 rounding edges (0.7 rounds up in float32, 0.1 down)
+    for K, N, p, n in [(3, 2, 0.5, 7), (3, 9, 0.7, 5), (4, 10, 0.1, 33), (5, 256, 0.6, 9), (5, 257, 0.6, 9),
+                       (31, 120, 0.95, 40), (6, 97, 0.7, 1000)]:
+        for seed in (0, 7):
+            got = data.random_walks(K, N, p, n, torch.Generator().manual_seed(seed))
+            want = _reference_walks(K, N, p, n, torch.Generator().manual_seed(seed))
+            for a, b in zip((got.tokens, got.y, got.P_true), want):
+                assert a.dtype == b.dtype and torch.equal(a, b), (K, N, p, n, seed)
+
+
+def _runs(specs):
+    from rw_sweeps.config import RunConfig
+
+    return [RunConfig(seed=seed, data=DataConfig(**kw)) for seed, kw in specs]
+
+
+def test_make_batches_equals_per_run_make_for_any_worker_count():
+    shape = dict(K=5, N=41, n_train=60, n_test=25)
+    cfgs = _runs([(s, dict(p=p, **shape)) for s, p in [(3, 0.5), (0, 0.9), (12345, 0.05), (3, 0.3), (7, 1.0),
+                                                        (2**32 - 1, 0.0), (11, 0.7)]])
+    singles = [data.make(c.data, c.seed) for c in cfgs]
+    for workers in (1, 3):
+        for idx in (range(len(cfgs)), [4, 1, 6]):  # the whole list and another chunk composition
+            sub = [cfgs[i] for i in idx]
+            train, test = data.make_batches(sub, workers=workers)
+            assert train.tokens.shape == (len(sub), 60, 40) and test.P_true.shape == (len(sub), 25, 5)
+            assert train.tokens.dtype == torch.int64 and train.y.dtype == torch.int64
+            assert train.P_true.dtype == torch.float64
+            for r, i in enumerate(idx):
+                for got, want in ((train, singles[i][0]), (test, singles[i][1])):
+                    assert torch.equal(got.tokens[r], want.tokens) and torch.equal(got.y[r], want.y)
+                    assert torch.equal(got.P_true[r], want.P_true)
+    f32 = data.make_batches(cfgs, workers=2, dtype=torch.float32)[1]
+    assert torch.equal(f32.P_true, torch.stack([s[1].P_true for s in singles]).float())
+
+
+def test_make_batches_qa_and_mixed_shapes_refused(monkeypatch):
+    cfgs = _runs([(s, dict(name="qa_majority", K=19, N=17, n_train=30, n_test=10)) for s in (0, 5)])
+    monkeypatch.setenv("RW_SWEEPS_DATA_WORKERS", "2")
+    assert data.data_workers() == 2
+    train, test = data.make_batches(cfgs)
+    for r, c in enumerate(cfgs):
+        tr, te = data.make(c.data, c.seed)
+        assert torch.equal(train.tokens[r], tr.tokens) and torch.equal(test.P_true[r], te.P_true)
+    import pytest
+
+    with pytest.raises(ValueError, match="share"):
+        data.make_batches(_runs([(0, dict(n_train=10)), (1, dict(n_train=11))]))

@@ -165,6 +165,8 @@ class ChunkJob:
             setup_globals()
             self.chunk.job_id = job_id
         returns = self._train()
+        if job_id is not None:  # this job's own process ends here: its wandb logging first
+            __import__("rw_sweeps.tracking").tracking.wait()
         failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
         if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
             from rw_sweeps.packing import RunsFailed
@@ -188,6 +190,37 @@ class ChunkJob:
 
         print(f"rw_sweeps: job interrupted, requeued (pid {os.getpid()})", file=sys.stderr, flush=True)
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+class GpuJob:
+    """Every chunk planned for one GPU (or, without a GPU, for the CPU), trained in turn in one process:
+    the imports and CUDA start are paid once per GPU, not once per chunk. Each chunk keeps its Hydra
+    envelope (`Chunk`) and its re-split to the GPU's actual free memory (`ChunkJob._train`); a chunk that
+    raises fails its own runs only (its result is the exception; the launcher reads its runs from their
+    folders) and the next chunk runs."""
+
+    def __init__(self, chunks: List[ChunkJob]):
+        self.chunks, self.singleton_state = list(chunks), Singleton.get_state()
+
+    def __call__(self) -> List[Any]:
+        from hydra.core.utils import setup_globals
+
+        job_id = _job_id()
+        if job_id is not None:
+            Singleton.set_state(self.singleton_state)
+            setup_globals()
+        out: List[Any] = []
+        for job in self.chunks:
+            if job_id is not None:
+                job.chunk.job_id = job_id
+            try:
+                out.append(job._train())
+            except Exception as exc:  # noqa: BLE001 - one chunk's crash never takes its GPU's others down
+                print(f"rw_sweeps: a chunk of {len(job.chunk.specs)} run(s) failed: {_first_line(exc)}",
+                      file=sys.stderr, flush=True)
+                out.append(exc)
+        __import__("rw_sweeps.tracking").tracking.wait()  # this process ends here: its wandb logging first
+        return out
 
 
 def _job_id() -> Optional[str]:
@@ -270,7 +303,13 @@ class RwLauncher(Launcher):
         todo = [s for s in specs if not run.is_done(s.cfg, Path(s.output_dir))]
         done = [s for s in specs if s not in todo]
         self.skipped |= {s.output_dir for s in done}
-        if p["pack"]:
+        per_device = None  # packed on local GPUs: the chunks of each GPU (one process each)
+        if p["pack"] and p["backend"] == "local_gpus":
+            gpus = visible_gpus()  # without one: the CPU, one process (the 2 GB CPU budget unless memory_gb)
+            budgets = (gpu_budgets_gb(p["memory_gb"]) if gpus else None) or [p["memory_gb"] or CPU_CHUNK_GB] * max(1, len(gpus))
+            per_device = plan_devices(todo, budgets, p["max_runs_per_job"])
+            jobs = [job for device in per_device for job in device]
+        elif p["pack"]:
             jobs = packing.chunks(todo, self._memory_gb(), p["max_runs_per_job"])
         else:
             jobs = [[s] for s in todo]
@@ -293,7 +332,15 @@ class RwLauncher(Launcher):
             returns.update({r_num: r for r_num, r in zip([s.num for s in done], chunk(done)())})
         payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True)
                     for job in jobs]
-        results = self._dispatch(payloads, jobs, rec)
+        if per_device is not None:  # one GpuJob per device, its chunks in turn; a result per chunk again
+            starts = [sum(len(d) for d in per_device[:g]) for g in range(len(per_device))]
+            gpu_jobs = [GpuJob(payloads[a:a + len(d)]) if d else None for a, d in zip(starts, per_device)]
+            per_gpu = self._dispatch(gpu_jobs, [[s for job in d for s in job] for d in per_device], rec, pinned=True)
+            results = [r for d, res in zip(per_device, per_gpu)
+                       for r in (res if isinstance(res, list) and len(res) == len(d) else [res] * len(d))]
+        else:
+            results = self._dispatch(payloads, jobs, rec)
+        __import__("rw_sweeps.tracking").tracking.wait()  # the wandb logging of the chunks trained here
         if results is None:
             return None
         for job, res in zip(jobs, results):  # collect: a job that died is read from its run folders
@@ -362,9 +409,9 @@ class RwLauncher(Launcher):
         return Path(os.path.relpath(spec.output_dir, self.sweep_dir)).as_posix()
 
     # ---------------------------------------------------------------------------------------- dispatch
-    def _dispatch(self, payloads: list, jobs: list, rec: Optional[dict]) -> Optional[list]:
+    def _dispatch(self, payloads: list, jobs: list, rec: Optional[dict], pinned: bool = False) -> Optional[list]:
         """Run every payload on the backend; a result per payload (its return value, or the exception that
-        ended it), or None when detached."""
+        ended it), or None when detached. `pinned` (local_gpus): payload i is GPU i's, all started at once."""
         from rw_sweeps import status
 
         backend = self.params["backend"]
@@ -382,12 +429,12 @@ class RwLauncher(Launcher):
                 except Exception as exc:  # noqa: BLE001 - a crash of one job never takes the sweep down
                     out.append(exc)
             return out
-        return self._local_gpus(payloads)
+        return self._local_gpus(payloads, pinned)
 
     def _memory_gb(self) -> float:
-        """A chunk's budget when it is planned: memory_gb if set; else on local GPUs the smallest GPU's free
-        memory, for SLURM jobs that ask for GPUs a 16 GB share (each job then fits its chunk to its own
-        GPU: `gpu_budget_gb`), and 2 GB on a CPU."""
+        """A chunk's budget when it is planned, but for packed local GPUs (`plan_devices`: each GPU its own):
+        memory_gb if set; else on local GPUs the smallest GPU's free memory, for SLURM jobs that ask for GPUs
+        a 16 GB share (each job then fits its chunk to its own GPU: `gpu_budget_gb`), and 2 GB on a CPU."""
         p = self.params
         if p["backend"] == "local_gpus" and visible_gpus():
             free = gpu_budget_gb(p["memory_gb"], all_gpus=True)
@@ -398,14 +445,19 @@ class RwLauncher(Launcher):
             return SLURM_GPU_PLAN_GB
         return CPU_CHUNK_GB
 
-    def _local_gpus(self, payloads: list) -> list:
-        """At most one job per GPU at a time, each pinned to its device through CUDA_VISIBLE_DEVICES."""
+    def _local_gpus(self, payloads: list, pinned: bool = False) -> list:
+        """At most one job per GPU at a time, each pinned to its device through CUDA_VISIBLE_DEVICES; with
+        `pinned`, payload i runs on GPU i (packed: one process per GPU trains all of that GPU's chunks; a
+        None payload, a GPU with nothing to do, starts no process and returns [])."""
         import submitit
 
         gpus = visible_gpus()
         folder = self.params["submitit_folder"]
         executors = []
-        if gpus:
+        if gpus and pinned:
+            log.info(f"local_gpus: {len(gpus)} GPU(s) ({', '.join(gpus)}): one process per GPU, each training "
+                     f"its GPU's chunks in turn")
+        elif gpus:
             log.info(f"local_gpus: {len(gpus)} GPU(s) ({', '.join(gpus)}): one job per GPU at a time")
         else:
             log.warning("local_gpus: no GPU visible: running the jobs on the CPU, one at a time")
@@ -414,12 +466,14 @@ class RwLauncher(Launcher):
             ex.update_parameters(timeout_min=LOCAL_TIMEOUT_MIN,
                                  **({"setup": [f"export CUDA_VISIBLE_DEVICES={g}"]} if g is not None else {}))
             executors.append(ex)
-        queue = list(enumerate(payloads))
+        if pinned and len(payloads) > len(executors):
+            raise ValueError(f"{len(payloads)} pinned payloads for {len(executors)} device(s)")
+        queue = [(i, payload) for i, payload in enumerate(payloads) if payload is not None]
         running: Dict[int, Any] = {}
-        out: list = [None] * len(payloads)
+        out: list = [[] if payload is None else None for payload in payloads]
         while queue or running:
             for slot in range(len(executors)):
-                if slot not in running and queue:
+                if slot not in running and queue and (not pinned or queue[0][0] == slot):
                     i, payload = queue.pop(0)
                     running[slot] = (executors[slot].submit(payload), i)
             time.sleep(0.02)
@@ -523,6 +577,9 @@ def visible_gpus() -> List[str]:
     return env[:n] if env else [str(i) for i in range(n)]
 
 
+GPU_FREE_SHARE = 0.8  # of a GPU's free memory, a chunk plans to use (the rest: CUDA, the allocator's slack)
+
+
 def gpu_budget_gb(memory_gb: Optional[float], all_gpus: bool = False) -> Optional[float]:
     """80 % of this process's GPU's free memory (the smallest over the visible GPUs with `all_gpus`), at
     most memory_gb when it is set; None without a GPU."""
@@ -531,11 +588,66 @@ def gpu_budget_gb(memory_gb: Optional[float], all_gpus: bool = False) -> Optiona
 
         if not torch.cuda.is_available():
             return None
-        devices = range(torch.cuda.device_count()) if all_gpus else [torch.cuda.current_device()]
-        free = min(0.8 * torch.cuda.mem_get_info(d)[0] / 2**30 for d in devices)
+        budgets = gpu_budgets_gb(memory_gb) if all_gpus else _budgets(
+            _free_bytes([torch.cuda.current_device()]), memory_gb)
     except Exception:  # noqa: BLE001
         return None
-    return min(free, memory_gb) if memory_gb is not None else free
+    return min(budgets) if budgets else None
+
+
+def gpu_budgets_gb(memory_gb: Optional[float]) -> Optional[List[float]]:
+    """Each visible GPU's own chunk budget, in device order (CUDA_VISIBLE_DEVICES'): 80 % of its free memory
+    (torch.cuda.mem_get_info(i)), at most memory_gb when it is set; None without a GPU."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available() or not torch.cuda.device_count():
+            return None
+        return _budgets(_free_bytes(), memory_gb)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _free_bytes(devices: Optional[List[int]] = None) -> List[int]:
+    from rw_sweeps.resources import gpu_free_bytes
+
+    return gpu_free_bytes(devices)
+
+
+def _budgets(free: List[int], memory_gb: Optional[float]) -> List[float]:
+    return [min(GPU_FREE_SHARE * f / 2**30, memory_gb) if memory_gb is not None else GPU_FREE_SHARE * f / 2**30
+            for f in free]
+
+
+def plan_devices(specs: list, budgets_gb: List[float], max_runs: Optional[int] = None) -> List[List[list]]:
+    """The chunks of each device (GPU g's budget budgets_gb[g]): every group of runs that can share a chunk
+    (packing.chunks' groups: shape and env_set) is spread over the devices, its largest shares to the least
+    loaded (load: runs × bytes per run, summed over groups), and each device's share is cut into balanced
+    chunks that fit that device's own budget (and hold at most max_runs). A device too small for one run
+    of a group gets none of it, unless none is large enough (then the runs fail in one line where they
+    run). Every run is in exactly one chunk; a device gets no chunk only when there are fewer runs."""
+    from rw_sweeps.hydra_job import env_set_of
+    from rw_sweeps.packing import bytes_per_run
+    from rw_sweeps.resources import chunk_sizes
+    from rw_sweeps.training import group_by, shape_key
+
+    n_dev = len(budgets_gb)
+    out: List[List[list]] = [[] for _ in range(n_dev)]
+    load = [0.0] * n_dev
+    for idx in group_by(specs, lambda s: (shape_key(s.cfg), env_set_of(s))).values():
+        group = [specs[i] for i in idx]
+        per = bytes_per_run(group[0].cfg)
+        fits = [g for g in range(n_dev) if budgets_gb[g] * 2**30 >= per] or list(range(n_dev))
+        k = min(len(fits), len(group))
+        shares = [len(group) // k + (1 if i < len(group) % k else 0) for i in range(k)]  # largest first
+        devices = sorted(fits, key=lambda g: (load[g], g))[:k]  # the least loaded first
+        start = 0
+        for g, share in zip(devices, shares):
+            for size in chunk_sizes(share, per, budgets_gb[g] * 2**30, max_runs):
+                out[g].append(group[start:start + size])
+                start += size
+            load[g] += share * per
+    return out
 
 
 def _asks_for_gpus(p: Dict[str, Any]) -> bool:

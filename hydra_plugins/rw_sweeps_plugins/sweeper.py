@@ -8,6 +8,8 @@
    diverged runs, and the exit status is non-zero if any failed. The exit comes from the front door
    after Hydra is done, so `on_multirun_end` always fires first.
 3. The sweep's JobReturns are returned, batch by batch, as Hydra's sweepers return them.
+4. When the sweep ends, its phase diagrams and runs table go to one wandb run (`job_type=analysis`, a stable
+   id per sweep folder) in the sweep's group, in the background (`wandb.analysis=false` turns it off).
 """
 
 import logging
@@ -116,4 +118,21 @@ class RwSweeper(BasicSweeper):
         print(summary_line(str(sweep_dir), counts), flush=True)
         if counts["failed"]:
             note_failed()
+        if twin is not None:
+            self._log_analysis(sweep_dir)
         return returns
+
+    def _log_analysis(self, sweep_dir: Path) -> None:
+        """The sweep's analysis run in its wandb group (`rw_sweeps.tracking.log_analysis`), queued on the
+        background logger: the process waits for it before it exits, after the sweep's summary line."""
+        from rw_sweeps import tracking
+        from rw_sweeps.app import group_of
+
+        try:
+            w = OmegaConf.to_container(self.config.wandb, resolve=True)
+            if not isinstance(w, dict):
+                return
+            w["group"] = w.get("group") or group_of(self.config.hydra, True)
+            tracking.log_analysis(sweep_dir, w)
+        except Exception as exc:  # noqa: BLE001 - the run folders are the source of truth
+            print(f"warning: wandb analysis run not logged: {type(exc).__name__}: {exc}", file=sys.stderr)

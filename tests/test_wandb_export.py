@@ -1,0 +1,145 @@
+"""wandb off the critical path: the background logger, `python -m rw_sweeps.wandb_export`, the analysis run.
+
+Real offline wandb files throughout (read back with tests/wandb_files.py), no mocks of wandb.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+
+from rw_sweeps import results, tracking
+
+from .conftest import ROOT, launch, summaries
+from .wandb_files import read_run
+
+TINY = ["optim.steps=2", "data.n_train=64", "data.n_test=64", "model.M=200"]
+
+
+def _export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rw_sweeps.wandb_export", *map(str, args)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=600, env={**__import__("os").environ, "WANDB_SILENT": "true"})
+
+
+def _entries(root: Path, n: int, granularity: str = "run") -> list[dict]:
+    """n finished runs on disk (config, history, summary), as run_batch hands them to tracking."""
+    out = []
+    for i in range(n):
+        d = root / str(i)
+        cfg = {"seed": i, "experiment": None, "data": {"p": 0.1 * (i + 1), "K": 6}, "init": {"name": "zero"},
+               "wandb": {"mode": "offline", "project": "rw-test", "group": "g/sweep", "tags": [],
+                         "granularity": granularity, "per_run_limit": 32}}
+        hist = [{"step": s, "train_loss": 1.0 / (s + 1), "test_acc": 0.5 + 0.1 * s + 0.01 * i} for s in range(3)]
+        summary = {"status": "done", "test_acc": hist[-1]["test_acc"], "run_id": results.run_id(d), "seed": i}
+        results.write_run(d, cfg, hist, [])
+        results.write_summary(d, summary)
+        out.append({"cfg": cfg, "run_dir": d, "run_id": summary["run_id"], "history": hist, "summary": summary})
+    return out
+
+
+def _shape(info: dict) -> dict:
+    return {k: info[k] for k in ("id", "group", "job_type", "tags", "project")} | {
+        "history": [{k: v for k, v in h.items() if not k.startswith("_")} for h in info["history"]],
+        "config": {k: v for k, v in info["config"].items() if k != "_wandb"},
+        "summary": {k: v for k, v in info["summary"].items() if not k.startswith("_") and k != "run_id"}}
+
+
+def test_background_logging_writes_the_same_offline_runs_and_wait_waits(tmp_path):
+    sync, bg = _entries(tmp_path / "sync", 2), _entries(tmp_path / "bg", 2)
+    tracking._log_runs(sync)  # what run_batch used to call inline
+    gate = threading.Event()
+    tracking.submit(gate.wait)  # the worker is busy: everything queued behind it waits
+    tracking.log_runs(bg)  # returns at once
+    waiter = threading.Thread(target=tracking.wait)
+    try:
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive()  # wait() does not return while an entry is still queued
+    finally:
+        gate.set()
+    tracking.wait()
+    waiter.join()
+    for a, b in zip(sync, bg):
+        sa, sb = _shape(read_run(a["run_dir"])), _shape(read_run(b["run_dir"]))
+        assert sb["id"] == b["run_id"] and sb["job_type"] == "train" and sb["group"] == "g/sweep"
+        assert sb["config"]["data"]["p"] == b["cfg"]["data"]["p"] and sb["summary"]["test_acc"] == b["summary"]["test_acc"]
+        assert [h["test_acc"] for h in sb["history"]] == [h["test_acc"] for h in b["history"]]
+        assert {**sa, "id": None} == {**sb, "id": None}  # the same run, but for its folder-derived id
+        assert tracking.is_exported(b["run_dir"], b["run_id"], "offline")  # the export skips it
+    # a packed job (more runs than per_run_limit): one job run, as before
+    job = _entries(tmp_path / "job", 3, granularity="auto")
+    for e in job:
+        e["cfg"]["wandb"]["per_run_limit"] = 2
+    tracking.log_runs(job)
+    tracking.wait()
+    (folder,) = (tmp_path / "job" / "wandb_jobs").iterdir()
+    info = read_run(folder)
+    assert info["job_type"] == "packed" and info["summary"]["runs"] == 3 and (folder / "history.parquet").exists()
+
+
+def test_a_failure_in_the_background_is_one_warning_and_wait_raises_nothing(tmp_path, capfd):
+    def boom():
+        raise RuntimeError("no space left\nsecond line")
+
+    tracking.submit(boom)
+    tracking.wait()
+    err = capfd.readouterr().err
+    assert "warning: wandb logging failed: RuntimeError: no space left" in err and "second line" not in err
+
+
+def test_wandb_export_replays_finished_runs_skips_and_forces(tmp_path):
+    sweep = tmp_path / "S"
+    r = launch("-m", "data.p=0.3,0.7", "seed=0,1", *TINY, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert not (sweep / "wandb_analysis").exists()  # wandb.mode=disabled: no analysis run either
+    (sweep / "4").mkdir()  # a job that never finished
+    r = _export(sweep, "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("4 exported, 1 skipped (0 already exported, 1 unfinished), 0 failed"), r.stdout
+    for name, s in summaries(sweep).items():
+        run_dir = sweep / name
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        hist = [json.loads(ln) for ln in (run_dir / "history.jsonl").read_text().splitlines()]
+        wb = read_run(run_dir)
+        assert wb["id"] == results.run_id(run_dir) == s["run_id"] and wb["job_type"] == "train"
+        assert wb["group"] == cfg["wandb"]["group"] == "/".join(sweep.parts[-2:])
+        assert wb["config"]["data"]["p"] == s["p"] and wb["config"]["seed"] == s["seed"]
+        assert wb["summary"]["status"] == "done" and wb["summary"]["test_acc"] == s["test_acc"]
+        assert [h["step"] for h in wb["history"]] == [h["step"] for h in hist] == [0, 1, 2]
+        assert [h["test_acc"] for h in wb["history"]] == [h["test_acc"] for h in hist]
+    r = _export(sweep, "--workers", "2")
+    assert r.stdout.strip().endswith("0 exported, 5 skipped (4 already exported, 1 unfinished), 0 failed"), r.stdout
+    s0 = json.loads((sweep / "0" / "summary.json").read_text())
+    results.write_summary(sweep / "0", {**s0, "note": "changed"})  # a changed summary is exported again
+    r = _export(sweep, "--workers", "1")
+    assert r.stdout.strip().endswith("1 exported, 4 skipped (3 already exported, 1 unfinished), 0 failed"), r.stdout
+    assert read_run(sweep / "0")["summary"]["note"] == "changed"
+    r = _export(sweep, "--workers", "2", "--force")
+    assert r.stdout.strip().endswith("4 exported, 1 skipped (0 already exported, 1 unfinished), 0 failed"), r.stdout
+    for name in summaries(sweep):  # redone in place: one offline run per training run, never two
+        assert len(list((sweep / name / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
+    sweep = tmp_path / "S"
+    args = ["-m", "data.p=0.3,0.7", "seed=0,1", *TINY, "wandb.mode=offline", f"hydra.sweep.dir={sweep}"]
+    r = launch(*args)
+    assert r.returncode == 0, r.stderr
+    info = read_run(sweep / "wandb_analysis")
+    assert info["job_type"] == "analysis" and info["id"] == tracking.analysis_id(sweep)
+    assert info["group"] == "/".join(sweep.parts[-2:]) and info["summary"]["runs"] == 4
+    assert info["summary"]["runs/nrows"] == 4 and "phase_success/path" in info["summary"]
+    assert info["config"]["axes"] == ["data.p"]
+    assert read_run(sweep / "0")["id"] == summaries(sweep)["0"]["run_id"]  # and the per-run runs, as before
+    r = launch(*args)  # every run is done: a re-run replaces the analysis run, never adds one
+    assert r.returncode == 0, r.stderr
+    runs = list((sweep / "wandb_analysis" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and runs[0].name.endswith(tracking.analysis_id(sweep))
+    off = tmp_path / "off"
+    r = launch("-m", "seed=0,1", *TINY, "wandb.mode=offline", "wandb.analysis=false", f"hydra.sweep.dir={off}")
+    assert r.returncode == 0, r.stderr
+    assert not (off / "wandb_analysis").exists()

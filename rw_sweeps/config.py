@@ -167,7 +167,7 @@ def _choice(key: str, value: Any, allowed: tuple) -> None:
         raise ConfigError(key, value, f"must be one of {', '.join(map(str, allowed))}")
 
 
-SEED_MAX = 2**32 - 1  # seeds are 0 … 2³²−1: the initial parameters draw from seed + 2³² (model.init_generator)
+SEED_MAX = 2**32 - 1  # seeds are 0 … 2³²−1 (torch's generator uses 32 bits; the init stream: model.init_seed)
 
 
 def validate(c: RunConfig) -> RunConfig:

@@ -14,7 +14,6 @@ access of a JobReturn's field (~10 ms each; Hydra's own per-job cost is ~100 ms)
 from __future__ import annotations
 
 import copy
-import io
 import logging
 import os
 import time

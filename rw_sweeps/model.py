@@ -88,9 +88,20 @@ def output(params: dict, h: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.
     return torch.bmm(torch.relu(r), params["A"].transpose(1, 2)), r
 
 
+INIT_STREAM = (0x9E3779B1, 0x7F4A7C15)  # s ↦ (a·s + b) mod 2³²: odd a and odd b, so never s itself
+
+
+def init_seed(seed: int) -> int:
+    """The seed of a run's initial parameters. torch seeds MT19937 from the low 32 bits only, so seed + 2³²
+    (what this once was) gave the data's own stream: a bijection with no fixed point gives every run an
+    init stream that is not its data stream (it is another seed's, which no run shares with itself)."""
+    a, b = INIT_STREAM
+    return (a * seed + b) % 2**32
+
+
 def init_generator(seed: int) -> torch.Generator:
     """Initial parameters get their own stream, so changing n_train or n_test leaves them unchanged."""
-    return torch.Generator().manual_seed(seed + 2**32)
+    return torch.Generator().manual_seed(init_seed(seed))
 
 
 def init_dense(cfg_model: ModelConfig, K: int, sigma: float, gen: torch.Generator, dtype) -> dict:

@@ -58,7 +58,7 @@ def _batch(cfgs):
             params.append(p)
             ac.append((torch.zeros(K, dtype=dtype), torch.zeros(N, dtype=dtype)))
         else:
-            p = model.init_dense(c.model, K, c.init.sigma, torch.Generator().manual_seed(c.seed + 2**32), dtype)
+            p = model.init_dense(c.model, K, c.init.sigma, model.init_generator(c.seed), dtype)
             W = p.pop("W")
             params.append(p)
             ac.append(model.compact(W, c.model, K, N, geo))

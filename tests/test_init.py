@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rw_sweeps import model, oracle, training
-from rw_sweeps.config import ConfigError, DataConfig, InitConfig, ModelConfig, OptimConfig, validate
+from rw_sweeps.config import ConfigError, DataConfig, InitConfig, ModelConfig, validate
 
 from .test_engine import cfg, trajectory
 
@@ -107,3 +107,17 @@ def test_init_draw_is_validated():
     msg = str(e.value)
     assert "init.draw" in msg and "sparse" in msg and "compact" in msg and "dense" in msg
     assert cfg().init.draw == "compact"
+
+
+def test_the_init_stream_is_not_the_data_stream():
+    """torch seeds MT19937 from 32 bits: seed + 2³² would replay the data's draws as the initial weights."""
+    import torch
+
+    from rw_sweeps import model
+
+    for seed in (0, 1, 7, 2**31, 2**32 - 1):
+        assert model.init_seed(seed) != seed and 0 <= model.init_seed(seed) < 2**32
+        data = torch.rand(8, generator=torch.Generator().manual_seed(seed))
+        init = torch.rand(8, generator=model.init_generator(seed))
+        assert not torch.equal(data, init)
+    assert len({model.init_seed(s) for s in range(10_000)}) == 10_000  # one init stream per seed

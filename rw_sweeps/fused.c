@@ -37,7 +37,7 @@
 #define RW_AVX512 0
 #endif
 
-#define RW_ABI 6
+#define RW_ABI 7
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
 
@@ -281,7 +281,9 @@ typedef struct {
     const void *masks;
     const uint8_t *tokT; /* tokens by block, position, lane (rw_sweeps.fused._by_block), or NULL */
     int full;            /* 0: of the attention only the parent and query columns (the rest NaN) */
-    const REAL *PB;      /* P by block: [blk][P_0 … P_{K−1}, Σ P log P, 1/‖P‖][lane] (fused._p_by_block), or NULL */
+    const REAL *PB;      /* P by block: [blk][P_0 … P_{K−1}, Σ P log P, 1/‖P‖, (k, P_k) of the support ×S][lane]
+                            (fused._p_by_block), or NULL */
+    int S;               /* the largest support of a sample's P (2 for a random walk) */
 } SFX(ectx);
 
 /* NaN-propagating max, as torch.amax / torch.maximum */
@@ -552,6 +554,27 @@ ALWAYS_INLINE void SFX(hist_spread)(const int K, const int NB, int64_t L, const 
     if (NB == 2) MX[1] = mx1, MN[1] = mn1;
 }
 
+/* the spread's max and min of one block of samples over the candidate positions only, α[s_bj] from the
+   block's histogram masks (still in L1 after its histogram: reading the tokens costs a trip to memory) */
+ALWAYS_INLINE void SFX(spread_candidates)(const int K, int64_t L, const MASK *mk, const VEC *alphav, const REAL *beta,
+                                          const int32_t *cmax, int nmax, const int32_t *cmin, int nmin, REAL *mx,
+                                          REAL *mn) {
+    VEC vx = VSET1(-INFINITY), vn = VSET1(INFINITY);
+    for (int i = 0; i < nmax + nmin; i++) {
+        const int64_t j = i < nmax ? cmax[i] : cmin[i - nmax];
+        VEC av = VZERO();
+#pragma GCC unroll 8
+        for (int k = 0; k < K; k++) av = VMASK_MOV(av, KLOAD(mk + j * K + k), alphav[k]);
+        const VEC x = VMUL(av, VSET1(beta[j]));
+        if (i < nmax)
+            vx = VMAX(vx, x);
+        else
+            vn = VMIN(vn, x);
+    }
+    (void)L;
+    VSTOREU(mx, vx), VSTOREU(mn, vn);
+}
+
 ALWAYS_INLINE MASK SFX(valid)(int64_t b0, int64_t n) {
     int64_t m = n - b0;
     return m >= LANES ? (MASK)~(MASK)0 : (MASK)((1u << m) - 1u);
@@ -747,7 +770,8 @@ static size_t SFX(eval_avx_scratch)(int64_t n, int64_t L, int64_t K) {
     return align64(sizeof(MASK) * (size_t)(nblk * L * K)) +
            align64(sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE)) * 2 +
            align64(sizeof(REAL) * (size_t)(nblk * LANES)) * 4 + align64(sizeof(REAL) * (size_t)(L + 64)) * 2 +
-           align64(sizeof(REAL) * (size_t)(KMAX_FAST * KMAX_FAST)) + 4096;
+           align64(sizeof(int32_t) * (size_t)(L + 64)) * 2 + align64(sizeof(REAL) * (size_t)(KMAX_FAST * KMAX_FAST)) +
+           4096;
 }
 
 typedef struct {
@@ -757,7 +781,7 @@ typedef struct {
 ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC *H, const uint8_t *yy,
                                    const REAL *Pr, const VEC *alphav, const REAL *V, VEC vbq, VEC veps,
                                    SFX(eacc) *acc, REAL *azT, REAL *hT, REAL *Zb, REAL *Zr, int full,
-                                   const REAL *PBr) {
+                                   const REAL *PBr, int S) {
     const MASK vm = SFX(valid)(b0, n);
     const __m512i yi = VIDX(yy + b0, vm);
     const VEC tiny = VSET1(TINY), one = VSET1((REAL)1), zero = VZERO();
@@ -796,7 +820,7 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     acc->A = VMASK_ADD(acc->A, hit, acc->A, one);
     /* true conditionals of the block's samples: P[k] lane l = Pr[(b0 + l)·K + k], from the blocked copy
        (rows P_0 … P_{K−1}, Σ_k P log P, 1/‖P‖ per block: data, so computed once per data set) or gathered */
-    const REAL *pb = PBr ? PBr + (b0 / LANES) * (K + 2) * LANES : NULL;
+    const REAL *pb = PBr ? PBr + (b0 / LANES) * (K + 2 + 2 * S) * LANES : NULL;
     if (pb) {
 #pragma GCC unroll 8
         for (int k = 0; k < K; k++) P[k] = VLOADU(pb + k * LANES);
@@ -819,12 +843,14 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     const VEC rqs = VDIV(one, qs);
 #ifdef VLOG
     acc->L = VMASK_ADD(acc->L, vm, acc->L, VLOG(VADD(F, veps)));
-    if (pb) { /* KL = Σ P log P − Σ_{P>0} P log q: half the logs */
+    if (pb) { /* KL = Σ P log P − Σ_{P>0} P log q over each sample's support (k ascending): S logs, not 2K */
         VEC cross = zero;
+        for (int i = 0; i < S; i++) {
+            const VEC idx = VLOADU(pb + (K + 2 + 2 * i) * LANES), Pi = VLOADU(pb + (K + 3 + 2 * i) * LANES);
+            VEC qi = q[0];
 #pragma GCC unroll 8
-        for (int k = 0; k < K; k++) {
-            MASK pos = VCMP(P[k], zero, _CMP_GT_OQ);
-            cross = VMASK_ADD(cross, pos, cross, VMUL(P[k], VLOG(VMUL(q[k], rqs))));
+            for (int k = 1; k < K; k++) qi = VMASK_MOV(qi, VCMP(idx, VSET1((REAL)k), _CMP_EQ_OQ), q[k]);
+            cross = VMASK_ADD(cross, VCMP(Pi, zero, _CMP_GT_OQ), cross, VMUL(Pi, VLOG(VMUL(qi, rqs))));
         }
         kl = VSUB(VLOADU(pb + K * LANES), cross);
     } else {
@@ -872,18 +898,18 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     acc->PD = VMASK_ADD(acc->PD, vm, acc->PD, VSQRT(d2));
     acc->SQ = VMASK_ADD(acc->SQ, vm, acc->SQ, VMUL(vbq, rZ));
     /* per-sample rows for the gather pass (α/Z), the spread (Z) and h's mean and variance */
+    VSTOREU(Zb + b0, Z);
+    VSTOREU(Zr + b0, rZ);
+    if (!full) return; /* α/Z and h per sample feed the snapshot's attention, X·S and its variance only */
     REAL tmp[2 * KMAX_FAST * LANES];
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) {
         VSTOREU(tmp + k * LANES, VMUL(alphav[k], rZ));
         VSTOREU(tmp + (KMAX_FAST + k) * LANES, h[k]);
     }
-    VSTOREU(Zb + b0, Z);
-    VSTOREU(Zr + b0, rZ);
     const int nv = (int)(n - b0 < LANES ? n - b0 : LANES);
-    if (full)
-        for (int l = 0; l < nv; l++)
-            for (int k = 0; k < K; k++) azT[(b0 + l) * PSTRIDE + k] = tmp[k * LANES + l];
+    for (int l = 0; l < nv; l++)
+        for (int k = 0; k < K; k++) azT[(b0 + l) * PSTRIDE + k] = tmp[k * LANES + l];
     for (int l = 0; l < nv; l++)
         for (int k = 0; k < K; k++) hT[(b0 + l) * PSTRIDE + k] = tmp[(KMAX_FAST + k) * LANES + l];
 }
@@ -894,8 +920,8 @@ static __attribute__((noinline)) void SFX(eval_chain_rt)(int K, int64_t b0, int6
                                                          const uint8_t *yy, const REAL *Pr, const VEC *alphav,
                                                          const REAL *V, VEC vbq, VEC veps, SFX(eacc) *acc,
                                                          REAL *azT, REAL *hT, REAL *Zb, REAL *Zr, int full,
-                                                         const REAL *PBr) {
-    SFX(eval_chain)(K, b0, n, H, yy, Pr, alphav, V, vbq, veps, acc, azT, hT, Zb, Zr, full, PBr);
+                                                         const REAL *PBr, int S) {
+    SFX(eval_chain)(K, b0, n, H, yy, Pr, alphav, V, vbq, veps, acc, azT, hT, Zb, Zr, full, PBr, S);
 }
 
 /* the eval gather pass: E_j = Σ_b (α/Z_b)[s_bj]; per sample the max and min over j of α[s_bj]·β_j */
@@ -974,13 +1000,18 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     REAL *E = (REAL *)p;
     p += align64(sizeof(REAL) * (size_t)(L + 64));
     REAL *Zr = (REAL *)p;
+    p += align64(sizeof(REAL) * (size_t)(nblk * LANES));
+    int32_t *cmax = (int32_t *)p;
+    p += align64(sizeof(int32_t) * (size_t)(L + 64));
+    int32_t *cmin = (int32_t *)p;
     REAL alpha[KMAX_FAST] = {0}, bq;
     if (x->masks)
         masks = (MASK *)x->masks + r * nblk * L * K;
     else
         SFX(build_masks)(n, L, K, tok, masks);
     const uint8_t *tT = x->tokT ? x->tokT + r * nblk * L * LANES : NULL;
-    const REAL *PBr = x->PB ? x->PB + r * nblk * (K + 2) * LANES : NULL;
+    const int S = x->S;
+    const REAL *PBr = x->PB ? x->PB + r * nblk * (K + 2 + 2 * S) * LANES : NULL;
     const int full = x->full || tT == NULL;
     if (full) memset(azT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
     memset(beta, 0, sizeof(REAL) * (size_t)(L + 64));
@@ -993,6 +1024,38 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     for (int k = 0; k < K; k++) alphav[k] = VSET1(alpha[k]);
     const VEC vbq = VSET1(bq), veps = VSET1(x->eps[r]);
     SFX(eacc) acc = {VZERO(), VZERO(), VZERO(), VZERO(), VZERO()};
+    /* The spread's max_j and min_j of α[s_bj]·β_j per sample, exactly, at the least cost:
+       - α uniform (Thm 4.1's trap, zero init on a constant histogram): α·max β and α·min β, for every sample;
+       - else only positions that can win: j with α_max·β_j < α_min·β_max is beaten at argmax β by every
+         sample (rounding is monotone), and likewise for the min; when few positions can, one short pass each;
+       - else inside the histogram pass (non-finite α or β too, so NaN spreads as it would). */
+    int mode = 2, nmax = 0, nmin = 0; /* 0 uniform α, 1 candidates, 2 in the histogram pass */
+    REAL amax = alpha[0], amin = alpha[0], bmax = beta[0], bmin = beta[0];
+    if (tT) {
+        int finite = 1;
+        for (int k = 0; k < K; k++) {
+            finite &= isfinite(alpha[k]) != 0;
+            amax = alpha[k] > amax ? alpha[k] : amax, amin = alpha[k] < amin ? alpha[k] : amin;
+        }
+        for (int64_t j = 0; j < L; j++) {
+            finite &= isfinite(beta[j]) != 0;
+            bmax = beta[j] > bmax ? beta[j] : bmax, bmin = beta[j] < bmin ? beta[j] : bmin;
+        }
+        if (finite && amax == amin) {
+            mode = 0;
+        } else if (finite) {
+            const REAL top = amin * bmax, bottom = amax * bmin;
+            for (int64_t j = 0; j < L; j++) {
+                if (amax * beta[j] >= top) cmax[nmax++] = (int32_t)j;
+                if (amin * beta[j] <= bottom) cmin[nmin++] = (int32_t)j;
+            }
+            mode = nmax + nmin < L ? 1 : 2;
+        }
+    }
+    if (mode == 0) {
+        const REAL hi = amax * bmax, lo = amax * bmin;
+        for (int64_t b = 0; b < nblk * LANES; b++) mx[b] = hi, mn[b] = lo;
+    }
     /* the histogram accumulates in H, which stays in registers; the out-of-line chain gets a copy (an
        array whose address escapes would be stored back to memory on every masked add: 2.5× slower).
        With the tokens by block, the same pass gives every sample's spread (no gather pass but at the
@@ -1000,29 +1063,36 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     VEC H[2 * KMAX_FAST], Hc[2 * KMAX_FAST], MX[2], MN[2];
     int64_t blk = 0;
     for (; blk + 1 < nblk; blk += 2) {
-        if (tT) {
+        if (mode == 2 && tT) {
             SFX(hist_spread)(K, 2, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
             VSTOREU(mx + blk * LANES, MX[0]), VSTOREU(mx + (blk + 1) * LANES, MX[1]);
             VSTOREU(mn + blk * LANES, MN[0]), VSTOREU(mn + (blk + 1) * LANES, MN[1]);
         } else {
             SFX(hist)(K, 2, L, masks + blk * L * K, beta, H);
+            if (mode == 1)
+                for (int64_t b = blk; b < blk + 2; b++)
+                    SFX(spread_candidates)(K, L, masks + b * L * K, alphav, beta, cmax, nmax, cmin, nmin,
+                                           mx + b * LANES, mn + b * LANES);
         }
 #pragma GCC unroll 16
         for (int i = 0; i < 2 * KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S);
         SFX(eval_chain_rt)(K, (blk + 1) * LANES, n, Hc + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT,
-                           Zb, Zr, full, PBr);
+                           Zb, Zr, full, PBr, S);
     }
     if (blk < nblk) {
-        if (tT) {
+        if (mode == 2 && tT) {
             SFX(hist_spread)(K, 1, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
             VSTOREU(mx + blk * LANES, MX[0]), VSTOREU(mn + blk * LANES, MN[0]);
         } else {
             SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);
+            if (mode == 1)
+                SFX(spread_candidates)(K, L, masks + blk * L * K, alphav, beta, cmax, nmax, cmin, nmin,
+                                       mx + blk * LANES, mn + blk * LANES);
         }
 #pragma GCC unroll 16
         for (int i = 0; i < KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S);
     }
     if (full) {
         SFX(eval_tiles)(K, n, L, tok, azT, alpha, beta, E, mx, mn);
@@ -1064,6 +1134,10 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     att[L] = VRED_ADD(acc.SQ) / nn;
     /* h's mean and variance over samples, every k at once (k innermost: the same sums, in the same order,
        as one k at a time, without a strided dependency chain per k) */
+    if (!full) {
+        for (int k = 0; k < K; k++) x->h_example[r * K + k] = x->h_var[r * K + k] = NAN;
+        return;
+    }
     REAL mu[PSTRIDE] = {0}, var[PSTRIDE] = {0};
     for (int64_t b = 0; b < n; b++)
         for (int k = 0; k < K; k++) mu[k] += hT[b * PSTRIDE + k];
@@ -1152,12 +1226,12 @@ int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const u
 int SFX(rw_eval)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, const uint8_t *y, const REAL *P,
                  const REAL *V, const REAL *a, const REAL *c, const REAL *eps, double nu_tok, double nu_q,
                  REAL *loss, REAL *acc, REAL *kl, REAL *pred_dist, REAL *attention, REAL *spread, REAL *h_example,
-                 REAL *h_var, const void *masks, const uint8_t *tokT, int full, const REAL *PB, int nthreads,
-                 int impl) {
+                 REAL *h_var, const void *masks, const uint8_t *tokT, int full, const REAL *PB, int S,
+                 int nthreads, int impl) {
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127) return 2;
     if (R == 0) return 0;
     SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_q,
-                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var, masks, tokT, full, PB};
+                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var, masks, tokT, full, PB, S};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(eval_avx_fns)[K], &x, R, SFX(eval_avx_scratch)(n, L, K), nthreads);

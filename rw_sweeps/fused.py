@@ -37,7 +37,7 @@ from .model import Geometry
 
 SOURCE = Path(__file__).with_name("fused.c")
 CC = os.environ.get("CC", "gcc")  # the compiler; tests point it somewhere absent to check the fallback
-ABI = 6  # must match RW_ABI in fused.c
+ABI = 7  # must match RW_ABI in fused.c
 BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 # Build attempts per variant, best first: native ISA with glibc's vector log (libmvec), native ISA, and a
 # portable build with no ISA extensions at all (plain C paths only).
@@ -170,7 +170,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 4 + [vp, vp, vp, i32, i32]
         f.restype = i32
         f = getattr(lib, f"rw_eval_{sfx}")
-        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [vp, vp, i32, vp, i32, i32]
+        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [vp, vp, i32, vp, i32, i32, i32]
         f.restype = i32
         f = getattr(lib, f"rw_masks_bytes_{sfx}")
         f.argtypes, f.restype = [i64] * 3, i64
@@ -357,9 +357,11 @@ def _by_block(tokens: torch.Tensor, tok8: torch.Tensor, lanes: int) -> torch.Ten
     return out
 
 
-def _p_by_block(P: torch.Tensor, lanes: int, dtype) -> torch.Tensor:
-    """The true conditionals as [r][blk][row][lane], rows P_0 … P_{K−1}, Σ_k P log P (over P > 0) and 1/‖P‖:
-    what the evaluation needs of the data, laid out for vector loads and built once per data set."""
+def _p_by_block(P: torch.Tensor, lanes: int, dtype) -> tuple[torch.Tensor, int]:
+    """What the evaluation needs of the true conditionals, built once per data set and laid out for vector
+    loads, [r][blk][row][lane]: rows P_0 … P_{K−1}, Σ_k P log P (over P > 0), 1/‖P‖, then each sample's
+    support as S pairs of rows (k, P_k), k ascending, padded with (0, 0). S is the largest support (a
+    random walk's rows have two nonzeros): the KL then takes S logarithms a sample, not 2K."""
     key = (id(P), lanes, dtype)
     hit = _blocks_cache.get(key)
     if hit is not None and hit[0]() is P and hit[1] == P._version:
@@ -368,11 +370,18 @@ def _p_by_block(P: torch.Tensor, lanes: int, dtype) -> torch.Tensor:
     nblk = -(-n // lanes)
     Pd = P.detach().to(dtype)
     tiny = torch.finfo(dtype).tiny
-    rows = torch.zeros(R, nblk * lanes, K + 2, dtype=dtype)
+    positive = Pd > 0
+    S = max(int(positive.sum(2).max()) if Pd.numel() else 1, 1)
+    # support indices, k ascending: sort the keys k (P > 0) or K + k (P = 0)
+    order = torch.argsort(torch.where(positive, 0, K) + torch.arange(K), dim=2)[..., :S]
+    Psel = Pd.gather(2, order)
+    rows = torch.zeros(R, nblk * lanes, K + 2 + 2 * S, dtype=dtype)
     rows[:, :n, :K] = Pd
-    rows[:, :n, K] = torch.where(Pd > 0, Pd * torch.log(Pd.clamp_min(tiny)), 0.0).sum(2)
+    rows[:, :n, K] = torch.where(positive, Pd * torch.log(Pd.clamp_min(tiny)), 0.0).sum(2)
     rows[:, :n, K + 1] = 1 / Pd.norm(dim=2)
-    out = rows.reshape(R, nblk, lanes, K + 2).transpose(2, 3).contiguous()
+    rows[:, :n, K + 2::2] = torch.where(Psel > 0, order, 0).to(dtype)
+    rows[:, :n, K + 3::2] = Psel
+    out = (rows.reshape(R, nblk, lanes, K + 2 + 2 * S).transpose(2, 3).contiguous(), S)
     _remember(_blocks_cache, key, P, (weakref.ref(P), P._version, out))
     return out
 
@@ -452,8 +461,9 @@ def train_step(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: t
 def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Geometry,
              PiT: Optional[torch.Tensor] = None, full: bool = True) -> engine.Probe:
     """engine.evaluate, fused: the forward pass and every metric of engine.Probe. With full=False (a history
-    row, not a snapshot) the kernel may skip the per-position attention: then only its parent and query
-    columns (attention[:, −2:]) are set, the others NaN; every other field is the same."""
+    row, not a snapshot) the kernel may skip what only snapshots keep: of the attention only the parent and
+    query columns (attention[:, −2:]) are then set, h_example and h_var may be NaN; every other field is
+    the same."""
     lib = _kernel_for(state, data, geo)
     if lib is None:
         return engine.evaluate(state, data, eps, geo, PiT)
@@ -472,11 +482,11 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     masks = _masks(lib, data.tokens, tok, K, dtype)
     lanes = 8 if dtype == torch.float64 else 16
     blocks = _by_block(data.tokens, tok, lanes) if masks is not None else None
-    PB = _p_by_block(data.P_true, lanes, dtype) if masks is not None else None
+    PB, S = _p_by_block(data.P_true, lanes, dtype) if masks is not None else (None, 0)
     rc = fn(R, n, L, K, _ptr(tok), _ptr(y), _ptr(P), _ptr(Vc), _ptr(a), _ptr(c), _ptr(eps_), float(geo.nu_tok),
             float(geo.nu_q), _ptr(out["loss"]), _ptr(out["acc"]), _ptr(out["kl"]), _ptr(out["pred_dist"]),
             _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _ptr(masks), _ptr(blocks), int(full), _ptr(PB),
-            _threads(R), 0)
+            S, _threads(R), 0)
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
     return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv,

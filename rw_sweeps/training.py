@@ -134,10 +134,11 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     with stop:
         for i, t in enumerate(evals):
             # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
-            probe = fused.evaluate(state, test_set, eps, geo, PiT)
-            log.evaluation(t, probe, state if t in snap_steps else None)
+            snapshot = t in snap_steps  # only a snapshot needs the attention at every position
+            probe = fused.evaluate(state, test_set, eps, geo, PiT, full=snapshot)
+            log.evaluation(t, probe, state if snapshot else None)
             if t == T:
-                loss = fused.evaluate(state, train_set, eps, geo).loss
+                loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
                 log.train_loss(loss, _finite_state(loss, state))
                 break
             while state.step < evals[i + 1]:  # the steps up to the next evaluation, in bounded calls

@@ -294,3 +294,35 @@ def test_concurrent_first_use(kernel, tmp_path):
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
     left = sorted(q.name for q in tmp_path.iterdir())
     assert len(left) == 1 and left[0].startswith("fused-") and left[0].endswith(".so"), left
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize("state", ["uniform alpha", "few candidates", "every position", "non-finite"])
+def test_a_history_evaluation_equals_the_full_one(state, precision):
+    """evaluate(full=False), what a history row needs, takes a shortcut for the attention spread (no pass at
+    all for a uniform α, the positions that can win, or inside the histogram pass) and skips the per-position
+    attention: every field it gives equals the full evaluation bit for bit, and the full one equals torch."""
+    if not fused.available(K=6, precision=precision):
+        pytest.skip("no compiled kernel here")
+    cfgs = [_cfg(s, p=p, N=97, precision=precision) for s, p in zip(range(6), (0.5, 0.2, 0.9, 1.0, 0.5, 0.7))]
+    tr, te, st, lr, eps, w, geo = _batch(cfgs)
+    dtype = getattr(torch, precision)
+    gen = torch.Generator().manual_seed(0)
+    if state == "few candidates":
+        fused.train_steps(st, tr, lr, eps, w, geo, 3)  # p = 0.5 from zero init: c apart, a a little apart
+    elif state == "every position":  # α far apart, β all but equal: every position can win
+        st.a = (3 * torch.randn(st.a.shape, generator=gen)).to(dtype)
+        st.c = (1e-6 * torch.randn(st.c.shape, generator=gen)).to(dtype)
+    elif state == "non-finite":
+        st.a = torch.randn(st.a.shape, generator=gen).to(dtype)
+        st.a[1, 2], st.c[2, 5] = float("nan"), float("inf")
+    whole, part = fused.evaluate(st, te, eps, geo), fused.evaluate(st, te, eps, geo, full=False)
+    same = lambda a, b: torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)  # noqa: E731
+    for k in ("loss", "acc", "kl", "pred_dist", "spread"):
+        same(getattr(whole, k), getattr(part, k))
+    same(whole.attention[:, -2:], part.attention[:, -2:])
+    if state != "non-finite":
+        ref = engine.evaluate(st, te, eps, geo)
+        tol = 1e-12 if precision == "float64" else 1e-5
+        for k in ("loss", "acc", "kl", "pred_dist", "spread"):
+            assert torch.allclose(getattr(whole, k), getattr(ref, k), rtol=tol, atol=tol), k

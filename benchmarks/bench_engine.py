@@ -4,6 +4,8 @@ kernel (rw_sweeps.fused), measured in one invocation, §5 shape (issue 5, perfor
     python benchmarks/bench_engine.py                      # R = 1, 16, 128, 1024; float64 and float32
     python benchmarks/bench_engine.py --R 1 16 128 --torch-max-R 128 --reps 5
 
+and then one test-set evaluation against one training step, at states along §5 trajectories.
+
 A cell is R runs of K=6, N=97, n_train = n_test = 1000, T = 50 full-batch GD steps (lr 1, ε 0.1, zero init,
 p = 0.5, every run its own seed), then one test-set evaluation: runs/s = R / seconds, warm process (kernel
 compiled, first calls made), data generation not timed. Both paths take the same engine.Batch (int64
@@ -87,6 +89,49 @@ def timed(fn, *args) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
+def eval_against_step(R: int = 256, rounds: int = 15) -> list[tuple]:
+    """µs per run of one test-set evaluation (every history metric, `full=False`; and a snapshot's, `full=True`)
+    against one training step on the training set, as a sweep with eval_every=1 calls them (one step per
+    call), at states along §5 trajectories; calls interleaved, CPU time, medians over `rounds`."""
+    cfg, batches = make_batches(R)
+    geo = model.geometry(cfg.model, N)
+    out = []
+    for name in ("float64", "float32"):
+        dtype = getattr(torch, name)
+        for p, sigma in ((0.5, 0.0), (1.0, 0.0), (0.5, 0.01)):
+            train, test = batches[dtype]
+            if p != P:  # the p = 1 walk's own data
+                pcfg = RunConfig()
+                pcfg.data.p = p
+                splits = [data_mod.make(pcfg.data, r) for r in range(R)]
+                train, test = (engine.Batch(torch.stack([s[i].tokens for s in splits]), torch.stack([s[i].y for s in splits]),
+                                            torch.stack([s[i].P_true for s in splits]).to(dtype)) for i in (0, 1))
+            st = zero_state(R, dtype)
+            if sigma:
+                gen = torch.Generator().manual_seed(1)
+                st.params["V"] = (sigma * torch.randn(R, K, K, generator=gen)).to(dtype)
+                st.a = (sigma * 31.6 * torch.randn(R, K, generator=gen)).to(dtype)  # σ‖x̂_N‖, ‖x̂_N‖² = M/2
+                st.c = (sigma * 31.6 * 22.4 * torch.randn(R, N, generator=gen)).to(dtype)  # … · ‖p‖
+            lr, eps = torch.full((R,), LR, dtype=dtype), torch.full((R,), EPS, dtype=dtype)
+            w = torch.full((R,), 1.0 / N_TRAIN, dtype=dtype)
+            for target in (0, 2, 10, 50):
+                while st.step < target:
+                    fused.train_steps(st, train, lr, eps, w, geo, 1)
+                saved = (st.params["V"].clone(), st.a.clone(), st.c.clone(), st.step)
+                ev, snap, step = [], [], []
+                for _ in range(rounds):
+                    for bucket, fn in ((ev, lambda: fused.evaluate(st, test, eps, geo, full=False)),
+                                       (snap, lambda: fused.evaluate(st, test, eps, geo, full=True)),
+                                       (step, lambda: fused.train_steps(st, train, lr, eps, w, geo, 1))):
+                        t = time.process_time()
+                        fn()
+                        bucket.append(time.process_time() - t)
+                    st.params["V"], st.a, st.c, st.step = (saved[0].clone(), saved[1].clone(), saved[2].clone(), saved[3])
+                us = [statistics.median(b) / R * 1e6 for b in (ev, snap, step)]
+                out.append((name, f"p={p} {'σ=' + str(sigma) if sigma else 'zero'}", target, *us))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--R", type=int, nargs="+", default=[1, 16, 128, 1024])
@@ -145,6 +190,15 @@ def main():
               f"{BOUND_NS[name] / ns:.0%} |")
     print("\nbound: the kernel's instruction mix at 2.7 GHz (see the docstring); R=1 uses one thread (runs are the "
           "unit of parallelism). Timing noise: the VM drifts ~2×, and other processes share its 2 cores.")
+    print("\nOne test-set evaluation against one training step (eval_every=1 makes one of each per step), "
+          "CPU µs per run, R=256:")
+    print("| dtype | trajectory | step | evaluation (history row) | evaluation (snapshot) | training step | eval / step |")
+    print("|---|---|---|---|---|---|---|")
+    ratios = []
+    for name, traj, step, ev, snap, tr in eval_against_step():
+        ratios.append(ev / tr)
+        print(f"| {name} | {traj} | {step} | {ev:.1f} | {snap:.1f} | {tr:.1f} | {ev / tr:.2f} |")
+    print(f"median eval / step: {statistics.median(ratios):.2f} (snapshots: 12 of the default 1,001 steps)")
     return 0
 
 

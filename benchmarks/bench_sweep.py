@@ -1,15 +1,22 @@
-"""Packed sweeps against the dense one-run-per-process baseline, measured in one invocation.
+"""Sweeps end to end against the dense one-run-per-process baseline, with the per-run breakdown, in one run.
 
-    python benchmarks/bench_sweep.py                 # everything (~5 min on a 2-core laptop)
-    python benchmarks/bench_sweep.py --quick         # R ∈ {1, 16, 128}, fewer baseline runs
+    python benchmarks/bench_sweep.py            # everything (~5–8 min on a 2-core laptop)
+    python benchmarks/bench_sweep.py --quick    # one baseline run, no 10,000-run grid
 
-Baseline: `python -m rw_sweeps.oracle` in a fresh process per run — the literal dense eq. 2.1 with autograd
+Baseline: `python -m rw_sweeps.oracle` in a fresh process per run: the literal dense eq. 2.1 with autograd
 (X̃ ∈ R^{n×(K+M)×N}, W ∈ R^{(K+M)²}), as a straightforward implementation would run a sweep.
-Packed: `rw_sweeps.run.run_batch` on R runs of the same grid in one warm process (data generation,
-training, test evaluation at steps 0 and 50, every result file written), and the whole front door:
-`python launch.py -m …` for a 1,000-run §5 grid, process start to the last file on disk.
 
-Every figure is a ratio against the baseline measured in the same invocation: this VM's speed drifts ~2×.
+End to end: `python launch.py -m data.p=0.05,…,0.95 'seed=range(0,S)'` (the §5 grid, 10 values of p), from
+process start to every result on disk, with the defaults (evaluation every step, wandb offline): 1,000 runs
+with zero init and with Gaussian init (σ = 0.01), 1,000 runs with wandb disabled, and 10,000 runs.
+
+Breakdown: each piece of that path measured on its own, in this process, at the §5 shape and the chunk
+size the packed launcher uses here: imports, planning (`Planner.plan`), data (`data.make_batches`), one
+training step and one evaluation per run (the fused kernel, as the loop calls it with eval_every=1), writing
+a run's folder (`results`, and the Hydra envelope: `.hydra/` files and the job log) next to the file system's
+own cost of creating that many files and folders, and wandb's time on the critical path of a packed job.
+
+Every ratio is against a baseline measured in the same invocation: this VM's speed drifts ~2× over minutes.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,19 +34,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from rw_sweeps import run  # noqa: E402
-from rw_sweeps.config import RunConfig, validate  # noqa: E402
-
-PEAK = "import resource; print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+GRID = "data.p=0.05,0.15,0.25,0.35,0.45,0.55,0.65,0.75,0.85,0.95"
+GOALS = {"planning": 100, "data": 500, "writing": 500}  # µs per run (per split for data): issue 10
 
 
-def baseline(precision: str, n_runs: int) -> dict:
-    """Wall time and peak memory of one dense run per process (§5 config)."""
+def baseline(n_runs: int) -> dict:
+    """Wall time and peak memory of one dense run per process (§5 config, float64)."""
     walls, peaks = [], []
     for seed in range(n_runs):
         t = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "rw_sweeps.oracle", f"precision={precision}", f"seed={seed}"],
+        out = subprocess.run([sys.executable, "-m", "rw_sweeps.oracle", "precision=float64", f"seed={seed}"],
                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
         walls.append(time.perf_counter() - t)
         peaks.append(int(out.split("PEAK")[-1]))
@@ -47,72 +53,185 @@ def baseline(precision: str, n_runs: int) -> dict:
     return {"runs_s": 1 / wall, "wall_s": wall, "peak_mb": statistics.median(peaks) / 2**20}
 
 
-def packed(precision: str, R: int, tmp: Path) -> dict:
-    """In a fresh process, so that its peak memory is this measurement's alone."""
-    out = subprocess.run([sys.executable, __file__, "--one", precision, str(R), str(tmp)], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def _packed_here(precision: str, R: int, tmp: Path) -> dict:
-    base = validate(RunConfig(precision=precision, eval_every=50,
-                              wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
-    cfgs = [dataclasses.replace(base, seed=i, data=dataclasses.replace(base.data, p=round(0.05 + 0.9 * (i % 10) / 9, 3)))
-            for i in range(R)]
-    dirs = [tmp / f"{precision}-{R}-{i}" for i in range(R)]
-    run.run_batch(cfgs[:1], [tmp / f"warm-{precision}-{R}"], progress=False)  # imports, kernel load
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def front_door(tmp: Path, seeds: int, *extra: str) -> float:
+    """`python launch.py -m` on the §5 grid (10 values of p × `seeds` seeds), end to end, in seconds."""
+    sweep = tmp / f"grid-{seeds}-{len(list(tmp.iterdir()))}"
     t = time.perf_counter()
-    run.run_batch(cfgs, dirs, progress=False)
+    r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})", *extra,
+                        f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "CI": "1"})
     wall = time.perf_counter() - t
-    rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"runs_s": R / wall, "wall_s": wall, "peak_mb": max(rss1 - rss0, 0) / R / 2**20}
-
-
-def front_door(tmp: Path, wandb_mode: str, granularity: str = "auto") -> float:
-    """`python launch.py -m` on a 1,000-run §5 grid (10 values of p × 100 seeds), end to end."""
-    sweep = tmp / f"grid-{wandb_mode}-{granularity}"
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "launch.py", "-m", "data.p=0.05,0.15,0.25,0.35,0.45,0.55,0.65,0.75,0.85,0.95",
-                    "seed=range(0,100)", "eval_every=50", f"wandb.mode={wandb_mode}",
-                    f"wandb.granularity={granularity}", f"hydra.sweep.dir={sweep}"],
-                   cwd=ROOT, check=True, capture_output=True, text=True, env={**os.environ, "CI": "1"})
-    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"launch.py failed:\n{r.stderr[-2000:]}")
     done = sum(json.loads(p.read_text())["status"] == "done" for p in sweep.glob("*/summary.json"))
-    assert done == 1000, f"only {done} runs done"
+    assert done == 10 * seeds, f"only {done} runs done"
+    shutil.rmtree(sweep, ignore_errors=True)
     return wall
+
+
+def imports_s(rounds: int = 3) -> float:
+    code = "import torch, hydra, omegaconf, rw_sweeps.app, hydra_plugins.rw_sweeps_plugins.launcher"
+    walls = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+        walls.append(time.perf_counter() - t)
+    return statistics.median(walls)
+
+
+def _median_us(fn, rounds: int, per: int, before=None) -> float:
+    """Median µs per item of fn() over `rounds` (with `before()` untimed ahead of each round)."""
+    ts = []
+    for _ in range(rounds):
+        if before is not None:
+            before()
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) / per * 1e6
+
+
+FILES = [("", "config.yaml"), ("", "history.jsonl"), ("", "snapshots.jsonl"), ("", "summary.json"),
+         (".hydra/", "config.yaml"), (".hydra/", "hydra.yaml"), (".hydra/", "overrides.yaml"), ("", "launch.log")]
+
+
+def fs_floor(base: Path, runs: int) -> None:
+    """The file system's own work for `runs` run folders: 2 folders and 8 small files each, every file
+    written to a temp name and renamed, with bare os calls (no Python around them to speak of)."""
+    base.mkdir(parents=True)
+    for i in range(runs):
+        d = f"{base}/{i}"
+        os.mkdir(d)
+        os.mkdir(d + "/.hydra")
+        for sub, f in FILES:
+            fd = os.open(f"{d}/{sub}.{f}.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            os.write(fd, b"x" * 2000)
+            os.close(fd)
+            os.replace(f"{d}/{sub}.{f}.tmp", f"{d}/{sub}{f}")
+
+
+def breakdown(tmp: Path) -> dict:
+    """Per-run costs of each piece of the 1,000-run path, measured here, in this process."""
+    import torch
+
+    import bench_hydra
+    from rw_sweeps import data, engine, fused, model, results, run, tracking, training
+    from rw_sweeps.config import RunConfig, validate
+    from rw_sweeps.packing import bytes_per_run
+    from rw_sweeps.resources import chunk_sizes
+
+    out = {"imports_s": imports_s()}
+    base = validate(RunConfig())
+    R = chunk_sizes(1000, bytes_per_run(base), 2 * 2**30)[0]  # the packed launcher's chunk (memory_gb: 2 GB)
+    out["chunk"] = R
+    cfgs = [dataclasses.replace(base, seed=i, data=dataclasses.replace(base.data, p=round(0.05 + 0.1 * (i % 10), 2)))
+            for i in range(R)]
+    tokens = torch.uint8 if fused.available(base) else torch.int64  # as training.train asks for them
+    out["data_us"] = _median_us(lambda: data.make_batches(cfgs, token_dtype=tokens), 3, 2 * R)  # per run per split
+    tr, te = data.make_batches(cfgs, token_dtype=tokens)
+    train_set, test_set = (engine.Batch(s.tokens, s.y, s.P_true) for s in (tr, te))
+    geo = model.geometry(base.model, base.data.N)
+    st = training.initial_state(cfgs, geo, torch.float64)
+    lr, eps = torch.ones(R, dtype=torch.float64), torch.full((R,), 0.1, dtype=torch.float64)
+    w = torch.full((R,), 1e-3, dtype=torch.float64)
+    steps, evals = [], []
+    for _ in range(10):  # interleaved along the trajectory, as the loop calls them
+        t = time.perf_counter()
+        fused.evaluate(st, test_set, eps, geo, full=False)
+        evals.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        fused.train_steps(st, train_set, lr, eps, w, geo, 1)
+        steps.append(time.perf_counter() - t)
+    out["step_us"], out["eval_us"] = (statistics.median(v) / R * 1e6 for v in (steps, evals))
+    # writing: the records of a real 50-step chunk into fresh folders
+    disabled = dataclasses.replace(base.wandb, mode="disabled")
+    small = [dataclasses.replace(c, wandb=disabled) for c in cfgs]
+    recs = training.train(small, [tmp / "w" / str(i) for i in range(R)], progress=False)
+    summaries = [{**training.summary(r, 0.1), **run.provenance()} for r in recs]
+
+    def write(folder: Path) -> None:
+        for r, s in zip(recs, summaries):
+            d = folder / r.run_dir.name
+            results.write_run(d, r.cfg.to_dict(), r.history, r.snapshots)
+            results.write_summary(d, s)
+
+    # this VM's file system swings several-fold within minutes: the two measured in alternation, in fresh
+    # folders (nothing deleted in between), medians
+    ours, floor, planning, envelope = [], [], [], []
+    for i in range(5):
+        t = time.perf_counter()
+        write(tmp / f"w{i}")
+        ours.append((time.perf_counter() - t) / R * 1e6)
+        plan_us, envelope_us = bench_hydra.bookkeeping(1000)  # planning a 1,000-run grid, the job envelope
+        planning.append(plan_us)
+        envelope.append(envelope_us)
+        t = time.perf_counter()
+        fs_floor(tmp / f"f{i}", R)
+        floor.append((time.perf_counter() - t) / R * 1e6)
+    out["results_us"], out["fs_floor_us"], out["planning_us"], out["envelope_us"] = (
+        statistics.median(v) for v in (ours, floor, planning, envelope))
+    # wandb: what a packed job's logging costs the sweep (log_runs returns at once; the logger thread works
+    # while the next chunk trains) and what it costs in all (until wait() returns)
+    offline = [dataclasses.replace(c, wandb=dataclasses.replace(base.wandb, mode="offline", group="bench")) for c in cfgs]
+    entries = [{"cfg": c.to_dict(), "run_dir": r.run_dir, "run_id": results.run_id(r.run_dir), "history": r.history,
+                "summary": s} for c, r, s in zip(offline, recs, summaries)]
+    tracking.log_runs(entries)  # the first job of a process also imports wandb (~1.5 s)
+    tracking.wait()
+    entries = [{**e, "run_dir": Path(str(e["run_dir"]) + "b")} for e in entries]  # a second job
+    t = time.perf_counter()
+    tracking.log_runs(entries)
+    out["wandb_critical_s"] = time.perf_counter() - t
+    tracking.wait()
+    out["wandb_total_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    training.train(small, [None] * R, progress=False)
+    out["chunk_train_s"] = time.perf_counter() - t
+    shutil.rmtree(tmp / "w", ignore_errors=True)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="one baseline run, no 10,000-run grid")
     ap.add_argument("--baseline-runs", type=int, default=3)
-    ap.add_argument("--one", nargs=3, metavar=("PRECISION", "R", "DIR"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.one:
-        print(json.dumps(_packed_here(args.one[0], int(args.one[1]), Path(args.one[2]))))
-        return
-    Rs = [1, 16, 128] if args.quick else [1, 16, 128, 1024]
+    import torch
+
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-"))
-    print(f"§5 shape: K=6 N=97 M=1000 n_train=n_test=1000 T=50 (torch {__import__('torch').__version__}, "
-          f"{os.cpu_count()} cores, backend {os.environ.get('RW_SWEEPS_BACKEND', 'auto')})\n")
-    print(f"{'path':<34}{'runs/s':>10}{'× baseline':>12}{'wall s':>10}{'peak MB/run':>13}")
-    for precision in ("float64", "float32"):
-        b = baseline(precision, 1 if args.quick else args.baseline_runs)
-        print(f"{'dense baseline, 1 run/process ' + precision[-2:]:<34}{b['runs_s']:>10.3f}{1:>12.0f}"
-              f"{b['wall_s']:>10.2f}{b['peak_mb']:>13.0f}")
-        for R in Rs:
-            p = packed(precision, R, tmp)
-            print(f"{f'packed R={R} {precision[-2:]}':<34}{p['runs_s']:>10.1f}{p['runs_s'] / b['runs_s']:>12.0f}"
-                  f"{p['wall_s']:>10.2f}{p['peak_mb']:>13.1f}")
+    print(f"§5 shape: K=6 N=97 M=1000 n_train=n_test=1000 T=50, evaluation every step "
+          f"(torch {torch.__version__}, {os.cpu_count()} cores, backend {os.environ.get('RW_SWEEPS_BACKEND', 'auto')})\n")
+    b = baseline(1 if args.quick else args.baseline_runs)
+    print(f"dense baseline, 1 run per process: {b['wall_s']:.1f} s per run ({b['runs_s']:.3f} runs/s), "
+          f"peak {b['peak_mb']:.0f} MB")
+    print("\nend to end, `python launch.py -m` (process start → every result on disk), wandb offline:")
+    zero = front_door(tmp, 100)
+    print(f"  1,000 runs, zero init            {zero:6.1f} s = {1000 / zero:6.1f} runs/s = "
+          f"{1000 / zero / b['runs_s']:5.0f}× the baseline")
+    gauss = front_door(tmp, 100, "init=gaussian", "init.sigma=0.01")
+    print(f"  1,000 runs, Gaussian σ=0.01      {gauss:6.1f} s = {gauss / zero:.2f}× zero init")
+    off = front_door(tmp, 100, "wandb.mode=disabled")
+    print(f"  1,000 runs, wandb disabled       {off:6.1f} s (wandb offline costs {zero - off:+.1f} s)")
     if not args.quick:
-        b = baseline("float64", 1)
-        print("\n1,000-run §5 grid through `python launch.py -m` (process start → every result on disk):")
-        for mode, gran in (("disabled", "auto"), ("offline", "job"), ("offline", "run")):
-            wall = front_door(tmp, mode, gran)
-            print(f"  wandb {mode:<8} {gran:<4}: {wall:6.1f} s = {1000 / wall:6.1f} runs/s = "
-                  f"{1000 / wall / b['runs_s']:.0f}× the baseline ({b['wall_s']:.1f} s/run)")
-    print(f"\n(results under {tmp})")
+        big = front_door(tmp, 1000)
+        print(f"  10,000 runs, zero init           {big:6.1f} s = {big / zero:.1f}× the 1,000-run grid = "
+              f"{10000 / big / b['runs_s']:5.0f}× the baseline")
+    d = breakdown(tmp)
+    print(f"\nper-run breakdown (in process, chunks of {d['chunk']} runs as the packed launcher cuts them here):")
+    print(f"  imports (torch, Hydra, the app)       {d['imports_s']:8.2f} s once per process")
+    print(f"  planning (Planner.plan)               {d['planning_us']:8.0f} µs per run   (goal ≤ {GOALS['planning']})")
+    print(f"  data (make_batches)                   {d['data_us']:8.0f} µs per run and split   (goal ≤ {GOALS['data']})")
+    print(f"  training step (fused)                 {d['step_us']:8.1f} µs per run, × 50 steps")
+    print(f"  evaluation (test set, every metric)   {d['eval_us']:8.1f} µs per run, × 51 = "
+          f"{d['eval_us'] / d['step_us']:.2f}× a training step")
+    writing = d["results_us"] + d["envelope_us"]
+    print(f"  writing: run folder                   {d['results_us']:8.0f} µs per run")
+    print(f"           Hydra envelope (.hydra/, log){d['envelope_us']:8.0f} µs per run")
+    print(f"           the file system's own share  {d['fs_floor_us']:8.0f} µs per run (the same 2 folders and 8 files "
+          f"with bare os calls): {writing - d['fs_floor_us']:.0f} µs above it   (goal ≤ {GOALS['writing']})")
+    print(f"  wandb, one packed job of {d['chunk']} runs     {d['wandb_critical_s']:8.3f} s on the critical path, "
+          f"{d['wandb_total_s']:.2f} s in the background = {d['wandb_critical_s'] / d['chunk_train_s']:.1%} of "
+          f"its {d['chunk_train_s']:.1f} s of training")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Hydra's and OmegaConf's own composition errors to the same line.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -143,23 +144,37 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
     raise TypeError(f"unhandled field type {typ} for {key}")
 
 
+@functools.lru_cache(maxsize=None)
+def _fields(cls) -> tuple[tuple[str, str, Any], ...]:
+    """(name, type name, nested dataclass or None) of each field: what _build and _require_all walk, once
+    per class rather than once per run (planning a grid builds a RunConfig per job)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        out.append((f.name, f.type if isinstance(f.type, str) else f.type.__name__,
+                    sub if dataclasses.is_dataclass(sub) else None))
+    return tuple(out)
+
+
 def _build(cls, d: Any, prefix: str):
     if not isinstance(d, dict):
         raise ConfigError(prefix.rstrip(".") or "<root>", d, "must be a mapping")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-        raise ConfigError(prefix + unknown[0], d[unknown[0]], f"unknown key; allowed: {', '.join(fields)}")
+    fields = _fields(cls)
+    if len(d) > len(fields) or any(k not in _names(cls) for k in d):
+        names = [name for name, _, _ in fields]
+        unknown = sorted(set(d) - set(names))
+        raise ConfigError(prefix + unknown[0], d[unknown[0]], f"unknown key; allowed: {', '.join(names)}")
     kwargs = {}
-    for name, f in fields.items():
+    for name, typ, sub in fields:
         if name not in d:
             continue
-        typ = f.type if isinstance(f.type, str) else f.type.__name__
-        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
-            kwargs[name] = _build(f.default_factory, d[name], prefix + name + ".")
-        else:
-            kwargs[name] = _coerce(prefix + name, d[name], typ)
+        kwargs[name] = _build(sub, d[name], prefix + name + ".") if sub is not None else _coerce(prefix + name, d[name], typ)
     return cls(**kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _names(cls) -> frozenset:
+    return frozenset(name for name, _, _ in _fields(cls))
 
 
 def _choice(key: str, value: Any, allowed: tuple) -> None:
@@ -239,12 +254,11 @@ def validate(c: RunConfig) -> RunConfig:
 def _require_all(cls, d: dict, prefix: str) -> None:
     """A composed config holds every schema key; a missing one was deleted with `~key`, which the engine
     cannot do without (rather than silently training with the default)."""
-    for f in dataclasses.fields(cls):
-        if f.name not in d:
-            raise ConfigError(prefix + f.name, "<deleted>", "is required by the schema and cannot be removed")
-        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        if dataclasses.is_dataclass(sub) and isinstance(d[f.name], dict):
-            _require_all(sub, d[f.name], prefix + f.name + ".")
+    for name, _, sub in _fields(cls):
+        if name not in d:
+            raise ConfigError(prefix + name, "<deleted>", "is required by the schema and cannot be removed")
+        if sub is not None and isinstance(d[name], dict):
+            _require_all(sub, d[name], prefix + name + ".")
 
 
 def from_dict(d: dict, complete: bool = False) -> RunConfig:

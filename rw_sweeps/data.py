@@ -120,7 +120,7 @@ def _walks_into(K: int, N: int, p: float, gen: torch.Generator, tokens: np.ndarr
     np.multiply(q, np.int16(K), out=q)
     np.subtract(v, q, out=v)
     tokens[:, :1] = s1
-    np.copyto(tokens[:, 1:], v[:, :-1])
+    np.copyto(tokens[:, 1:], v[:, :-1], casting="unsafe")  # 0 ≤ s < K: exact in any integer type
     np.copyto(y, v[:, -1])
     # P(y | x_{N−1}) = Πᵀ x_{N−1}: row s_{N−1} of Π (Markov property, §1).
     np.take(table, tokens[:, -1], axis=0, out=P_true)
@@ -190,9 +190,11 @@ def data_workers(workers: int | None = None) -> int:
     return max(1, int(workers))
 
 
-def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = torch.float64) -> tuple[Split, Split]:
-    """The training and test sets of R runs (RunConfigs of one data shape), stacked: tokens (R, n, N−1) int64,
-    y (R, n) int64, P_true (R, n, K) in `dtype` (float64 by default). Run r's slices are exactly
+def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = torch.float64,
+                 token_dtype: torch.dtype = torch.int64) -> tuple[Split, Split]:
+    """The training and test sets of R runs (RunConfigs of one data shape), stacked: tokens (R, n, N−1) in
+    `token_dtype` (int64 by default; uint8 for the fused kernel, which reads bytes: an eighth of the memory
+    to allocate and touch), y (R, n) int64, P_true (R, n, K) in `dtype` (float64 by default). Run r's slices are exactly
     `make(cfgs[r].data, cfgs[r].seed)` (each run has its own generator), whatever the worker count or the
     mix of runs in the call; they are written straight into the stacked tensors by a pool of threads (the
     draws and the numpy passes release the GIL)."""
@@ -204,7 +206,9 @@ def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = to
             raise ValueError(f"make_batches: every run must share data.name/K/N/n_train/n_test; {shape} != "
                              f"{(d.name, d.K, d.N, d.n_train, d.n_test)}")
     R, K, L = len(cfgs), d0.K, d0.N - 1
-    out = tuple(Split(torch.empty(R, n, L, dtype=torch.int64), torch.empty(R, n, dtype=torch.int64),
+    if token_dtype == torch.uint8 and K > 255:
+        raise ValueError(f"make_batches: K={K} tokens do not fit in uint8")
+    out = tuple(Split(torch.empty(R, n, L, dtype=token_dtype), torch.empty(R, n, dtype=torch.int64),
                       torch.empty(R, n, K, dtype=dtype)) for n in (d0.n_train, d0.n_test))
     views = [(s.tokens.numpy(), s.y.numpy(), s.P_true.numpy()) for s in out]
     sizes = (d0.n_train, d0.n_test)

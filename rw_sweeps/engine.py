@@ -44,7 +44,8 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
                geo: Geometry) -> torch.Tensor:
     """One GD step on every run, in place. Returns each run's mean training loss before the step."""
     R, n, L = data.tokens.shape
-    at = model.attend(state.a, state.c, data.tokens, geo)
+    tokens = _index(data.tokens)
+    at = model.attend(state.a, state.c, tokens, geo)
     f, r = model.output(state.params, at.h)
     y = data.y[..., None]
     F = f.gather(2, y)[..., 0]
@@ -65,7 +66,7 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     # Ψ_bk = g_b α_k (ω_bk − ω_b·h_b) / Z_b, so that Σ_b δ_bj = −β_j Σ_b Ψ_{b, s_bj} (the gather-sum pass).
     psi = (g / at.Z)[..., None] * at.alpha[:, None, :] * (omega - wh[..., None])
     Gc = torch.empty_like(state.c)  # ∂L/∂c (before the 1/ν of each column)
-    Gc[:, :L] = -at.beta * psi.gather(2, data.tokens).sum(1)
+    Gc[:, :L] = -at.beta * psi.gather(2, tokens).sum(1)
     Gc[:, L] = (g * at.S_q * wh).sum(1)
     # Summed along a contiguous last axis so that every token k is reduced by the same operations: at
     # Thm 4.1's symmetric point the entries of a then stay bit-identical in float32 too.
@@ -84,6 +85,11 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
         state.params["A"] = state.params["A"] + lr[:, None, None] * dA
     state.step += 1
     return loss
+
+
+def _index(tokens: torch.Tensor) -> torch.Tensor:
+    """Token ids as gather/scatter indices (int64); a Batch made for the fused kernel holds bytes."""
+    return tokens if tokens.dtype == torch.int64 else tokens.long()
 
 
 def _rows_sum(x: torch.Tensor, y: torch.Tensor, K: int) -> torch.Tensor:
@@ -123,7 +129,8 @@ def v_pi_cosine(V: torch.Tensor, PiT: Optional[torch.Tensor]) -> Optional[torch.
 def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: Optional[torch.Tensor] = None) -> Probe:
     """Forward pass on a fixed set and every metric of a history row. Accuracy uses argmax's first maximum,
     i.e. ties → smallest label (Def. 2.1). PiT: Πᵀ per run, for cos(V, Πᵀ)."""
-    at = model.attend(state.a, state.c, data.tokens, geo)
+    tokens = _index(data.tokens)
+    at = model.attend(state.a, state.c, tokens, geo)
     f, _ = model.output(state.params, at.h)
     F = f.gather(2, data.y[..., None])[..., 0]
     R, n, L = data.tokens.shape
@@ -139,7 +146,7 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     fn = f / f.norm(dim=2, keepdim=True).clamp_min(tiny)
     pred_dist = (fn - P / P.norm(dim=2, keepdim=True)).norm(dim=2).mean(1)
     # S_bj = α[s_bj] β_j / Z_b over the N − 1 real tokens, materialised only here, at evaluation.
-    S = at.alpha[:, None, :].expand(R, n, at.alpha.shape[1]).gather(2, data.tokens) * at.beta[:, None, :]
+    S = at.alpha[:, None, :].expand(R, n, at.alpha.shape[1]).gather(2, tokens) * at.beta[:, None, :]
     S = S / at.Z[..., None]
     attention = torch.cat([S.mean(1), at.S_q.mean(1, keepdim=True)], 1)
     spread = (S.amax(2) - S.amin(2)).amax(1)

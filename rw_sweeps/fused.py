@@ -298,13 +298,14 @@ def _as_bytes(t: torch.Tensor, K: int) -> torch.Tensor:
     key = id(t)
     hit = _bytes_cache.get(key)
     if hit is not None and hit[0]() is t and hit[1] == t._version and hit[2] <= K:
-        return hit[3]
+        return t if hit[3] is None else hit[3]
     lo, hi = (int(v) for v in t.aminmax()) if t.numel() else (0, -1)
     if lo < 0 or hi >= K:
         raise ValueError(f"token ids must lie in [0, {K})")
     u8 = t.detach().to(torch.uint8).contiguous()
     kmax = hi + 1
-    _remember(_bytes_cache, key, t, (weakref.ref(t), t._version, kmax, u8))
+    # bytes already (a Batch made for the kernel): only the check is remembered, never a reference to t
+    _remember(_bytes_cache, key, t, (weakref.ref(t), t._version, kmax, None if u8 is t else u8))
     return u8
 
 

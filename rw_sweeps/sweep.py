@@ -109,6 +109,7 @@ class Planner:
         self.parser = OverridesParser.create(config_loader=config_loader)
         self._templates: dict[tuple, tuple[DictConfig, dict | None, dict]] = {}
         self._parsed: dict[str, Override] = {}  # grids repeat their override strings: parse each once
+        self._group_keys: dict[str, bool] = {}
         sweep = primary.hydra.sweep
         self.sweep_dir = os.path.abspath(str(sweep.dir))
         self.subdir = OmegaConf.to_container(sweep, resolve=False)["subdir"]
@@ -122,7 +123,9 @@ class Planner:
 
     def _is_template_key(self, o: Override) -> bool:
         key = o.key_or_group
-        return key.startswith("hydra") or ("." not in key and self.loader.repository.group_exists(key))
+        if key not in self._group_keys:  # a grid repeats its keys: ask the repository once per key
+            self._group_keys[key] = key.startswith("hydra") or ("." not in key and self.loader.repository.group_exists(key))
+        return self._group_keys[key]
 
     def compose(self, overrides: list[str], num: int) -> DictConfig:
         """Hydra's own composition of one job (as its launchers do it), with hydra.job.num and id set."""
@@ -147,8 +150,9 @@ class Planner:
     def spec(self, overrides: Sequence[str], num: int) -> Spec:
         overrides = list(overrides)
         parsed = self._parse(overrides)
-        key = tuple(s for s, o in zip(overrides, parsed) if self._is_template_key(o))
-        values = [o for o in parsed if not self._is_template_key(o)]
+        is_template = [self._is_template_key(o) for o in parsed]
+        key = tuple(s for s, t in zip(overrides, is_template) if t)
+        values = [o for o, t in zip(parsed, is_template) if not t]
         simple = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in values)
         template, base, hydra = self._template(key, overrides, num)
         if simple and base is not None:

@@ -99,7 +99,9 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     dtype, dev = getattr(torch, c0.precision), device_of(c0)
     T = c0.optim.steps
     geo = model.geometry(c0.model, c0.data.N)
-    splits = data_mod.make_batches(cfgs, dtype=dtype)  # stacked (R, n, …), P_true already in the run precision
+    # stacked (R, n, …), P_true in the run precision; tokens as bytes where the fused kernel reads them
+    token_dtype = torch.uint8 if dev.type == "cpu" and fused.available(c0) else torch.int64
+    splits = data_mod.make_batches(cfgs, dtype=dtype, token_dtype=token_dtype)
     train_set, test_set = (engine.Batch(s.tokens.to(dev), s.y.to(dev), s.P_true.to(dev, dtype)) for s in splits)
     recs = [Record(cfg, d) for cfg, d in zip(cfgs, run_dirs)]
     if resumed:

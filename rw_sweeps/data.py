@@ -191,7 +191,7 @@ def data_workers(workers: int | None = None) -> int:
 
 
 def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = torch.float64,
-                 token_dtype: torch.dtype = torch.int64) -> tuple[Split, Split]:
+                 token_dtype: torch.dtype = torch.int64, _prefetched_ok: bool = True) -> tuple[Split, Split]:
     """The training and test sets of R runs (RunConfigs of one data shape), stacked: tokens (R, n, N−1) in
     `token_dtype` (int64 by default; uint8 for the fused kernel, which reads bytes: an eighth of the memory
     to allocate and touch), y (R, n) int64, P_true (R, n, K) in `dtype` (float64 by default). Run r's slices are exactly
@@ -224,11 +224,69 @@ def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = to
                     s = _draw(cfg.data, n, gen)
                     split.tokens[r], split.y[r], split.P_true[r] = s.tokens, s.y, s.P_true
 
+    # runs a `prefetch` already drew (in the background, while the device trained the chunk before)
+    todo = []
+    for r, cfg in enumerate(cfgs):
+        hit = _take_prefetched(_run_key(cfg, dtype, token_dtype)) if _prefetched_ok else None
+        if hit is None:
+            todo.append(r)
+            continue
+        for split, part in zip(out, hit):
+            split.tokens[r], split.y[r], split.P_true[r] = part.tokens, part.y, part.P_true
+    if len(todo) < R:
+        def fill(runs, _fill=fill):  # noqa: F811 - only the runs still to draw
+            _fill([todo[i] for i in runs])
+        R = len(todo)
     workers = min(data_workers(workers), R)
-    if workers <= 1:
+    if R == 0:
+        pass
+    elif workers <= 1:
         fill(range(R))
     else:
         step = max(1, -(-R // (4 * workers)))  # a few chunks per thread, for balance
         with ThreadPoolExecutor(workers, thread_name_prefix="rw-data") as pool:
             list(pool.map(fill, [range(i, min(i + step, R)) for i in range(0, R, step)]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------- prefetch
+# A process that trains several chunks in turn (one per GPU: `packed_gpus`) draws the next chunk's data on
+# the host while the device trains the current one. Runs are keyed one by one (seed, data keys, dtypes), so
+# a chunk that is re-split to fit its GPU still finds its runs; the data are make_batches' own, bit for bit.
+_prefetched: dict = {}  # run key → (future of the stacked splits, index of the run in them)
+_prefetch_lock = threading.Lock()
+_prefetch_pool: ThreadPoolExecutor | None = None
+MAX_PREFETCHED = 200_000  # runs held at most (a stale prefetch must not grow without bound)
+
+
+def _run_key(cfg, dtype, token_dtype) -> tuple:
+    d = cfg.data
+    return (cfg.seed, d.name, d.K, d.N, d.p, d.n_train, d.n_test, dtype, token_dtype)
+
+
+def prefetch(cfgs: list, dtype: torch.dtype = torch.float64, token_dtype: torch.dtype = torch.int64) -> None:
+    """Start drawing these runs' data in the background; `make_batches` takes them when it is asked."""
+    global _prefetch_pool
+    if not cfgs:
+        return
+    with _prefetch_lock:
+        if _prefetch_pool is None:
+            _prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="rw-prefetch")
+        if len(_prefetched) + len(cfgs) > MAX_PREFETCHED:
+            _prefetched.clear()
+        fut = _prefetch_pool.submit(make_batches, list(cfgs), None, dtype, token_dtype, False)  # never its own keys
+        for r, cfg in enumerate(cfgs):
+            _prefetched[_run_key(cfg, dtype, token_dtype)] = (fut, r)
+
+
+def _take_prefetched(key: tuple) -> tuple | None:
+    with _prefetch_lock:
+        hit = _prefetched.pop(key, None)
+    if hit is None:
+        return None
+    fut, r = hit
+    try:
+        splits = fut.result()
+    except Exception:  # noqa: BLE001 - drawn again in the foreground, where an error is reported
+        return None
+    return tuple(Split(s.tokens[r], s.y[r], s.P_true[r]) for s in splits)

@@ -59,6 +59,19 @@ def device_of(cfg: RunConfig) -> torch.device:
     return torch.device(cfg.device)
 
 
+def data_dtypes(cfg: RunConfig) -> tuple[torch.dtype, torch.dtype]:
+    """(P_true's dtype, the tokens' dtype) of a batch of these runs: bytes where the fused kernel reads them."""
+    fused_here = device_of(cfg).type == "cpu" and fused.available(cfg)
+    return getattr(torch, cfg.precision), torch.uint8 if fused_here else torch.int64
+
+
+def prefetch(cfgs: list[RunConfig]) -> None:
+    """Draw these runs' data in the background (the next chunk's, while this one trains)."""
+    if cfgs:
+        dtype_P, dtype_tokens = data_dtypes(cfgs[0])
+        data_mod.prefetch(cfgs, dtype=dtype_P, token_dtype=dtype_tokens)
+
+
 def stack_data(splits: list[data_mod.Split], dtype, device) -> engine.Batch:
     return engine.Batch(torch.stack([s.tokens for s in splits]).to(device), torch.stack([s.y for s in splits]).to(device),
                         torch.stack([s.P_true for s in splits]).to(device, dtype))
@@ -100,8 +113,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     T = c0.optim.steps
     geo = model.geometry(c0.model, c0.data.N)
     # stacked (R, n, …), P_true in the run precision; tokens as bytes where the fused kernel reads them
-    token_dtype = torch.uint8 if dev.type == "cpu" and fused.available(c0) else torch.int64
-    splits = data_mod.make_batches(cfgs, dtype=dtype, token_dtype=token_dtype)
+    dtype_P, dtype_tokens = data_dtypes(c0)
+    splits = data_mod.make_batches(cfgs, dtype=dtype_P, token_dtype=dtype_tokens)
     train_set, test_set = (engine.Batch(s.tokens.to(dev), s.y.to(dev), s.P_true.to(dev, dtype)) for s in splits)
     recs = [Record(cfg, d) for cfg, d in zip(cfgs, run_dirs)]
     if resumed:

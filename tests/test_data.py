@@ -173,3 +173,19 @@ def test_make_batches_qa_and_mixed_shapes_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="share"):
         data.make_batches(_runs([(0, dict(n_train=10)), (1, dict(n_train=11))]))
+
+
+def test_prefetched_and_byte_tokens_are_the_same_data():
+    """A chunk drawn ahead (`prefetch`, while the chunk before trains) and then taken by a re-split part of
+    it, or drawn with byte tokens for the fused kernel: the data a seed gives, bit for bit."""
+    shape = dict(K=6, N=33, n_train=40, n_test=20)
+    cfgs = _runs([(s, dict(p=p, **shape)) for s, p in [(1, 0.5), (2, 0.2), (3, 0.9), (4, 1.0)]])
+    want = data.make_batches(cfgs, workers=1)
+    data.prefetch(cfgs)
+    first, second = data.make_batches(cfgs[:3]), data.make_batches(cfgs[3:])  # re-split, both from the prefetch
+    assert not data._prefetched  # every prefetched run was taken
+    for got, sl in ((first, slice(0, 3)), (second, slice(3, 4))):
+        for g, w in zip(got, want):
+            assert torch.equal(g.tokens, w.tokens[sl]) and torch.equal(g.y, w.y[sl]) and torch.equal(g.P_true, w.P_true[sl])
+    u8 = data.make_batches(cfgs, token_dtype=torch.uint8)
+    assert u8[0].tokens.dtype == torch.uint8 and torch.equal(u8[0].tokens.long(), want[0].tokens)

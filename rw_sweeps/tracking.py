@@ -243,6 +243,24 @@ def analysis_id(sweep_dir: Path) -> str:
     return hashlib.sha1(f"analysis:{Path(sweep_dir).resolve()}".encode()).hexdigest()[:16]
 
 
+def warm_analysis(w: dict) -> None:
+    """Import what the analysis run needs on the logger thread now, while the sweep trains, not after it."""
+    if w.get("mode", "offline") != "disabled" and w.get("analysis", True):
+        submit(_warm)
+
+
+def _warm() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+
+    import analysis.load  # noqa: F401
+    import analysis.phase  # noqa: F401
+
+    _wandb()
+
+
 def log_analysis(sweep_dir: Path, w: dict) -> None:
     """Queue the sweep's analysis run (`w`: the sweep's wandb settings; the group defaults to the runs')."""
     if w.get("mode", "offline") != "disabled" and w.get("analysis", True):

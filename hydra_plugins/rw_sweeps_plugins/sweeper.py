@@ -91,6 +91,8 @@ class RwSweeper(BasicSweeper):
         if not OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
             sweep_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        if twin is not None and getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
+            self._log_analysis(None)  # its imports, on the logger thread while the jobs train
         counts: Counter = Counter()
         returns, idx, detached = [], 0, False
         by_specs = specs is not None and hasattr(self.launcher, "launch_specs")
@@ -122,9 +124,10 @@ class RwSweeper(BasicSweeper):
             self._log_analysis(sweep_dir)
         return returns
 
-    def _log_analysis(self, sweep_dir: Path) -> None:
+    def _log_analysis(self, sweep_dir: Optional[Path]) -> None:
         """The sweep's analysis run in its wandb group (`rw_sweeps.tracking.log_analysis`), queued on the
-        background logger: the process waits for it before it exits, after the sweep's summary line."""
+        background logger: the process waits for it before it exits, after the sweep's summary line.
+        sweep_dir None: only warm its imports up (matplotlib, analysis, wandb) while the sweep runs."""
         from rw_sweeps import tracking
         from rw_sweeps.app import group_of
 
@@ -133,6 +136,9 @@ class RwSweeper(BasicSweeper):
             if not isinstance(w, dict):
                 return
             w["group"] = w.get("group") or group_of(self.config.hydra, True)
-            tracking.log_analysis(sweep_dir, w)
+            if sweep_dir is None:
+                tracking.warm_analysis(w)
+            else:
+                tracking.log_analysis(sweep_dir, w)
         except Exception as exc:  # noqa: BLE001 - the run folders are the source of truth
             print(f"warning: wandb analysis run not logged: {type(exc).__name__}: {exc}", file=sys.stderr)

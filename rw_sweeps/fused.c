@@ -509,25 +509,12 @@ static void SFX(build_masks)(int64_t n, int64_t L, int64_t K, const uint8_t *tok
     }
 }
 
-/* H[i·KMAX + k] (lanes = samples of block i) = Σ_{j: s = k} β_j in order of j, for NB consecutive blocks */
-ALWAYS_INLINE void SFX(hist)(const int K, const int NB, int64_t L, const MASK *mk, const REAL *beta, VEC *H) {
-#pragma GCC unroll 16
-    for (int i = 0; i < NB * KMAX_FAST; i++) H[i] = VZERO();
-    const MASK *mk1 = mk + L * K;
-    for (int64_t j = 0; j < L; j++) {
-        const VEC bj = VSET1(beta[j]);
-#pragma GCC unroll 8
-        for (int k = 0; k < K; k++) {
-            H[k] = VMASK_ADD(H[k], KLOAD(mk + j * K + k), H[k], bj);
-            if (NB == 2) H[KMAX_FAST + k] = VMASK_ADD(H[KMAX_FAST + k], KLOAD(mk1 + j * K + k), H[KMAX_FAST + k], bj);
-        }
-    }
-}
-
-/* hist, and per sample the max and min over j of α[s_bj]·β_j (the attention spread before the 1/Z_b),
-   from the tokens by block tT[blk][j][lane]: lanes are samples, so no reduction across lanes is needed */
-ALWAYS_INLINE void SFX(hist_spread)(const int K, const int NB, int64_t L, const MASK *mk, const REAL *beta,
-                                    const uint8_t *tT, const VEC atab, VEC *H, VEC *MX, VEC *MN) {
+/* H[i·KMAX + k] (lanes = samples of block i) = Σ_{j: s = k} β_j in order of j, for NB consecutive blocks;
+   with SPREAD, also per sample the max and min over j of α[s_bj]·β_j (the attention spread before the 1/Z_b),
+   from the tokens by block tT[blk][j][lane]: lanes are samples, so no reduction across lanes is needed
+   (SPREAD is a constant at every call: the compiler drops what is not asked for) */
+ALWAYS_INLINE void SFX(hist_spread)(const int K, const int NB, const int SPREAD, int64_t L, const MASK *mk,
+                                    const REAL *beta, const uint8_t *tT, const VEC atab, VEC *H, VEC *MX, VEC *MN) {
 #pragma GCC unroll 16
     for (int i = 0; i < NB * KMAX_FAST; i++) H[i] = VZERO();
     VEC mx0 = VSET1(-INFINITY), mn0 = VSET1(INFINITY), mx1 = mx0, mn1 = mn0;
@@ -541,6 +528,7 @@ ALWAYS_INLINE void SFX(hist_spread)(const int K, const int NB, int64_t L, const 
             H[k] = VMASK_ADD(H[k], KLOAD(mk + j * K + k), H[k], bj);
             if (NB == 2) H[KMAX_FAST + k] = VMASK_ADD(H[KMAX_FAST + k], KLOAD(mk1 + j * K + k), H[KMAX_FAST + k], bj);
         }
+        if (!SPREAD) continue;
         const VEC x0 = VMUL(VPERM(VIDX(tT + j * LANES, all), atab), bj);
         mx0 = VMAX(mx0, x0);
         mn0 = VMIN(mn0, x0);
@@ -550,8 +538,13 @@ ALWAYS_INLINE void SFX(hist_spread)(const int K, const int NB, int64_t L, const 
             mn1 = VMIN(mn1, x1);
         }
     }
+    if (!SPREAD) return;
     MX[0] = mx0, MN[0] = mn0;
     if (NB == 2) MX[1] = mx1, MN[1] = mn1;
+}
+
+ALWAYS_INLINE void SFX(hist)(const int K, const int NB, int64_t L, const MASK *mk, const REAL *beta, VEC *H) {
+    SFX(hist_spread)(K, NB, 0, L, mk, beta, NULL, VZERO(), H, NULL, NULL);
 }
 
 /* the spread's max and min of one block of samples over the candidate positions only, α[s_bj] from the
@@ -1064,7 +1057,7 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     int64_t blk = 0;
     for (; blk + 1 < nblk; blk += 2) {
         if (mode == 2 && tT) {
-            SFX(hist_spread)(K, 2, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
+            SFX(hist_spread)(K, 2, 1, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
             VSTOREU(mx + blk * LANES, MX[0]), VSTOREU(mx + (blk + 1) * LANES, MX[1]);
             VSTOREU(mn + blk * LANES, MN[0]), VSTOREU(mn + (blk + 1) * LANES, MN[1]);
         } else {
@@ -1082,7 +1075,7 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     }
     if (blk < nblk) {
         if (mode == 2 && tT) {
-            SFX(hist_spread)(K, 1, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
+            SFX(hist_spread)(K, 1, 1, L, masks + blk * L * K, beta, tT + blk * L * LANES, atab, H, MX, MN);
             VSTOREU(mx + blk * LANES, MX[0]), VSTOREU(mn + blk * LANES, MN[0]);
         } else {
             SFX(hist)(K, 1, L, masks + blk * L * K, beta, H);

@@ -104,14 +104,20 @@ def init_generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(init_seed(seed))
 
 
-def init_dense(cfg_model: ModelConfig, K: int, sigma: float, gen: torch.Generator, dtype) -> dict:
-    """The literal initial parameters: A (FFN), V, W ~ N(0, σ²) i.i.d. (§4), drawn in that order."""
+def _draw_AV(cfg_model: ModelConfig, K: int, sigma: float, gen: torch.Generator) -> dict:
+    """A (FFN) then V ~ N(0, σ²) i.i.d., float64: the first draws of both Gaussian inits."""
     out = {}
     if cfg_model.is_ffn:
         out["A"] = sigma * torch.randn(K, cfg_model.m, generator=gen, dtype=torch.float64)
         out["V"] = sigma * torch.randn(cfg_model.m, K, generator=gen, dtype=torch.float64)
     else:
         out["V"] = sigma * torch.randn(K, K, generator=gen, dtype=torch.float64)
+    return out
+
+
+def init_dense(cfg_model: ModelConfig, K: int, sigma: float, gen: torch.Generator, dtype) -> dict:
+    """The literal initial parameters: A (FFN), V, W ~ N(0, σ²) i.i.d. (§4), drawn in that order."""
+    out = _draw_AV(cfg_model, K, sigma, gen)
     out["W"] = sigma * torch.randn(K + cfg_model.M, K + cfg_model.M, generator=gen, dtype=torch.float64)
     return {k: v.to(dtype) for k, v in out.items()}
 
@@ -125,12 +131,7 @@ def init_compact(cfg_model: ModelConfig, K: int, N: int, sigma: float, gen: torc
     With gram=numeric the rounded P Pᵀ is the point of the run, so u[K:] ∈ R^M is drawn and c = P u[K:]
     is taken literally: c's law is then exactly N(0, σ²κ P Pᵀ) for whatever Gram P has (M normals, still
     no (K+M)² draw)."""
-    params = {}
-    if cfg_model.is_ffn:
-        params["A"] = sigma * torch.randn(K, cfg_model.m, generator=gen, dtype=torch.float64)
-        params["V"] = sigma * torch.randn(cfg_model.m, K, generator=gen, dtype=torch.float64)
-    else:
-        params["V"] = sigma * torch.randn(K, K, generator=gen, dtype=torch.float64)
+    params = _draw_AV(cfg_model, K, sigma, gen)
     scale = sigma * math.sqrt(geo.kappa)
     a = scale * torch.randn(K, generator=gen, dtype=torch.float64)
     if cfg_model.gram == "numeric":

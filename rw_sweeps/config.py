@@ -160,7 +160,7 @@ def _build(cls, d: Any, prefix: str):
     if not isinstance(d, dict):
         raise ConfigError(prefix.rstrip(".") or "<root>", d, "must be a mapping")
     fields = _fields(cls)
-    if len(d) > len(fields) or any(k not in _names(cls) for k in d):
+    if not d.keys() <= _names(cls):
         names = [name for name, _, _ in fields]
         unknown = sorted(set(d) - set(names))
         raise ConfigError(prefix + unknown[0], d[unknown[0]], f"unknown key; allowed: {', '.join(names)}")
@@ -331,16 +331,15 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def schema_type(dotted: str) -> str | None:
     """The schema's type of a dotted key ("float", "Optional[str]", …), None if it has no such key."""
     cls, typ = RunConfig, None
     for part in dotted.split("."):
-        f = {f.name: f for f in dataclasses.fields(cls)}.get(part) if cls is not None else None
-        if f is None:
+        field = next((f for f in _fields(cls) if f[0] == part), None) if cls is not None else None
+        if field is None:
             return None
-        typ = f.type if isinstance(f.type, str) else f.type.__name__
-        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        cls = sub if dataclasses.is_dataclass(sub) else None
+        _, typ, cls = field
     return typ
 
 

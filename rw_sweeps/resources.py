@@ -11,13 +11,16 @@ from .config import ConfigError, RunConfig
 
 def run_bytes(cfg: RunConfig) -> tuple[int, str]:
     """Peak bytes of one run, and the key that drives it: the batched data and state (as
-    packing.bytes_per_run), the K×K matrices (Π, V, Πᵀ), and the dense Gaussian draw of W, (K+M)² float64,
-    that init=gaussian reduces to (a, c)."""
+    packing.bytes_per_run), the K×K matrices (Π, V, Πᵀ), and for init=gaussian the draw of W: the dense
+    (K+M)² float64 with init.draw=dense, only the N×M positions (gram=numeric) with the compact draw."""
     from .packing import bytes_per_run
 
     d, m = cfg.data, cfg.model
+    gaussian = cfg.init.name == "gaussian"
+    dense_W = (d.K + m.M) ** 2 * 8 if gaussian and cfg.init.draw == "dense" else 0
+    positions = d.N * m.M * 8 if gaussian and (cfg.init.draw == "dense" or m.gram == "numeric") else 0
     terms = {
-        "model.M": (d.K + m.M) ** 2 * 8 + d.N * m.M * 8 if cfg.init.name == "gaussian" else 0,
+        "model.M": dense_W + positions,
         "data.K": 3 * d.K * max(d.K, m.m or 0) * 8,
         "data.n_train" if d.n_train >= d.n_test else "data.n_test": bytes_per_run(cfg),
     }

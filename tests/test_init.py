@@ -121,3 +121,19 @@ def test_the_init_stream_is_not_the_data_stream():
         init = torch.rand(8, generator=model.init_generator(seed))
         assert not torch.equal(data, init)
     assert len({model.init_seed(s) for s in range(10_000)}) == 10_000  # one init stream per seed
+
+
+def test_only_the_dense_draw_is_charged_for_the_dense_W():
+    """The memory check before a run starts counts the (K+M)² W only where it is drawn (init.draw=dense)."""
+    import dataclasses
+
+    from rw_sweeps.config import RunConfig
+    from rw_sweeps.resources import run_bytes
+
+    base = RunConfig()
+    big = dataclasses.replace(base, model=dataclasses.replace(base.model, M=30000))
+    gauss = {draw: dataclasses.replace(big, init=dataclasses.replace(big.init, name="gaussian", sigma=0.01, draw=draw))
+             for draw in ("compact", "dense")}
+    zero = run_bytes(big)[0]
+    assert run_bytes(gauss["compact"])[0] == zero
+    assert run_bytes(gauss["dense"]) [0] - zero >= (6 + 30000) ** 2 * 8 and run_bytes(gauss["dense"])[1] == "model.M"

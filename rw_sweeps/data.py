@@ -194,8 +194,8 @@ def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = to
                  token_dtype: torch.dtype = torch.int64, _prefetched_ok: bool = True) -> tuple[Split, Split]:
     """The training and test sets of R runs (RunConfigs of one data shape), stacked: tokens (R, n, N−1) in
     `token_dtype` (int64 by default; uint8 for the fused kernel, which reads bytes: an eighth of the memory
-    to allocate and touch), y (R, n) int64, P_true (R, n, K) in `dtype` (float64 by default). Run r's slices are exactly
-    `make(cfgs[r].data, cfgs[r].seed)` (each run has its own generator), whatever the worker count or the
+    to allocate and touch), y (R, n) int64, P_true (R, n, K) in `dtype` (float64 by default). Run r's
+    slices are exactly `make(cfgs[r].data, cfgs[r].seed)` (each run has its own generator), whatever the worker count or the
     mix of runs in the call; they are written straight into the stacked tensors by a pool of threads (the
     draws and the numpy passes release the GIL)."""
     d0 = cfgs[0].data
@@ -213,7 +213,7 @@ def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = to
     views = [(s.tokens.numpy(), s.y.numpy(), s.P_true.numpy()) for s in out]
     sizes = (d0.n_train, d0.n_test)
 
-    def fill(runs: range) -> None:
+    def fill(runs: list[int]) -> None:
         for r in runs:
             cfg = cfgs[r]
             gen = torch.Generator().manual_seed(cfg.seed)
@@ -233,19 +233,13 @@ def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = to
             continue
         for split, part in zip(out, hit):
             split.tokens[r], split.y[r], split.P_true[r] = part.tokens, part.y, part.P_true
-    if len(todo) < R:
-        def fill(runs, _fill=fill):  # noqa: F811 - only the runs still to draw
-            _fill([todo[i] for i in runs])
-        R = len(todo)
-    workers = min(data_workers(workers), R)
-    if R == 0:
-        pass
-    elif workers <= 1:
-        fill(range(R))
+    workers = min(data_workers(workers), len(todo))
+    if workers <= 1:
+        fill(todo)
     else:
-        step = max(1, -(-R // (4 * workers)))  # a few chunks per thread, for balance
+        step = max(1, -(-len(todo) // (4 * workers)))  # a few chunks per thread, for balance
         with ThreadPoolExecutor(workers, thread_name_prefix="rw-data") as pool:
-            list(pool.map(fill, [range(i, min(i + step, R)) for i in range(0, R, step)]))
+            list(pool.map(fill, [todo[i:i + step] for i in range(0, len(todo), step)]))
     return out
 
 

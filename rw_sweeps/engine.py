@@ -87,6 +87,14 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     return loss
 
 
+def finite_runs(loss: torch.Tensor, state: State) -> torch.Tensor:
+    """(R,) bool: each run's loss and every one of its parameters are finite (divergence is the opposite)."""
+    finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
+    for v in state.params.values():
+        finite &= torch.isfinite(v).flatten(1).all(1)
+    return finite
+
+
 def _index(tokens: torch.Tensor) -> torch.Tensor:
     """Token ids as gather/scatter indices (int64); a Batch made for the fused kernel holds bytes."""
     return tokens if tokens.dtype == torch.int64 else tokens.long()

@@ -319,6 +319,17 @@ def _remember(cache: dict, key, owner: torch.Tensor, entry: tuple) -> None:
 _masks_cache: dict[tuple, tuple] = {}
 
 
+def _per_tensor(cache: dict, key, owner: torch.Tensor, build):
+    """build(), cached for as long as `owner` (a Batch's tensor) lives unchanged; a None result is not kept."""
+    hit = cache.get(key)
+    if hit is not None and hit[0]() is owner and hit[1] == owner._version:
+        return hit[2]
+    value = build()
+    if value is not None:
+        _remember(cache, key, owner, (weakref.ref(owner), owner._version, value))
+    return value
+
+
 def _masks(lib, tokens: torch.Tensor, tok8: torch.Tensor, K: int, dtype) -> Optional[torch.Tensor]:
     """The AVX-512 histogram masks of these tokens (72 KB per §5 run), built once per token tensor, for the
     calls that would otherwise rebuild them every time: single steps and evaluations. None where the
@@ -328,34 +339,31 @@ def _masks(lib, tokens: torch.Tensor, tok8: torch.Tensor, K: int, dtype) -> Opti
     per_run = getattr(lib, f"rw_masks_bytes_{sfx}")(n, L, K)
     if per_run <= 0:
         return None
-    key = (id(tokens), sfx, K)
-    hit = _masks_cache.get(key)
-    if hit is not None and hit[0]() is tokens and hit[1] == tokens._version:
-        return hit[2]
-    out = torch.empty(R * per_run, dtype=torch.uint8)
-    if getattr(lib, f"rw_masks_{sfx}")(R, n, L, K, _ptr(tok8), _ptr(out), _threads(R)) != 0:
-        return None
-    _remember(_masks_cache, key, tokens, (weakref.ref(tokens), tokens._version, out))
-    return out
+
+    def build() -> Optional[torch.Tensor]:
+        out = torch.empty(R * per_run, dtype=torch.uint8)
+        return out if getattr(lib, f"rw_masks_{sfx}")(R, n, L, K, _ptr(tok8), _ptr(out), _threads(R)) == 0 else None
+
+    return _per_tensor(_masks_cache, (id(tokens), sfx, K), tokens, build)
 
 
 _blocks_cache: dict[tuple, tuple] = {}
 
 
+def _lanes_last(x: torch.Tensor, lanes: int) -> torch.Tensor:
+    """(R, n, C) → (R, ⌈n/lanes⌉, C, lanes), samples padded with zeros: a block of samples is one vector per
+    column, the layout of the kernel's lanes."""
+    R, n, C = x.shape
+    nblk = -(-n // lanes)
+    padded = torch.zeros(R, nblk * lanes, C, dtype=x.dtype)
+    padded[:, :n] = x
+    return padded.reshape(R, nblk, lanes, C).transpose(2, 3).contiguous()
+
+
 def _by_block(tokens: torch.Tensor, tok8: torch.Tensor, lanes: int) -> torch.Tensor:
     """The tokens as tT[r][blk][j][lane] (sample blk·lanes + lane, padded with token 0), built once per token
     tensor: the evaluation's histogram pass reads a block's tokens at position j as one vector."""
-    key = (id(tokens), lanes)
-    hit = _blocks_cache.get(key)
-    if hit is not None and hit[0]() is tokens and hit[1] == tokens._version:
-        return hit[2]
-    R, n, L = tok8.shape
-    nblk = -(-n // lanes)
-    padded = torch.zeros(R, nblk * lanes, L, dtype=torch.uint8)
-    padded[:, :n] = tok8
-    out = padded.reshape(R, nblk, lanes, L).transpose(2, 3).contiguous()
-    _remember(_blocks_cache, key, tokens, (weakref.ref(tokens), tokens._version, out))
-    return out
+    return _per_tensor(_blocks_cache, (id(tokens), lanes), tokens, lambda: _lanes_last(tok8, lanes))
 
 
 def _p_by_block(P: torch.Tensor, lanes: int, dtype) -> tuple[torch.Tensor, int]:
@@ -363,28 +371,24 @@ def _p_by_block(P: torch.Tensor, lanes: int, dtype) -> tuple[torch.Tensor, int]:
     loads, [r][blk][row][lane]: rows P_0 … P_{K−1}, Σ_k P log P (over P > 0), 1/‖P‖, then each sample's
     support as S pairs of rows (k, P_k), k ascending, padded with (0, 0). S is the largest support (a
     random walk's rows have two nonzeros): the KL then takes S logarithms a sample, not 2K."""
-    key = (id(P), lanes, dtype)
-    hit = _blocks_cache.get(key)
-    if hit is not None and hit[0]() is P and hit[1] == P._version:
-        return hit[2]
-    R, n, K = P.shape
-    nblk = -(-n // lanes)
-    Pd = P.detach().to(dtype)
-    tiny = torch.finfo(dtype).tiny
-    positive = Pd > 0
-    S = max(int(positive.sum(2).max()) if Pd.numel() else 1, 1)
-    # support indices, k ascending: sort the keys k (P > 0) or K + k (P = 0)
-    order = torch.argsort(torch.where(positive, 0, K) + torch.arange(K), dim=2)[..., :S]
-    Psel = Pd.gather(2, order)
-    rows = torch.zeros(R, nblk * lanes, K + 2 + 2 * S, dtype=dtype)
-    rows[:, :n, :K] = Pd
-    rows[:, :n, K] = torch.where(positive, Pd * torch.log(Pd.clamp_min(tiny)), 0.0).sum(2)
-    rows[:, :n, K + 1] = 1 / Pd.norm(dim=2)
-    rows[:, :n, K + 2::2] = torch.where(Psel > 0, order, 0).to(dtype)
-    rows[:, :n, K + 3::2] = Psel
-    out = (rows.reshape(R, nblk, lanes, K + 2 + 2 * S).transpose(2, 3).contiguous(), S)
-    _remember(_blocks_cache, key, P, (weakref.ref(P), P._version, out))
-    return out
+
+    def build() -> tuple[torch.Tensor, int]:
+        K = P.shape[2]
+        Pd = P.detach().to(dtype)
+        positive = Pd > 0
+        S = max(int(positive.sum(2).max()) if Pd.numel() else 1, 1)
+        # support indices, k ascending: sort the keys k (P > 0) or K + k (P = 0)
+        order = torch.argsort(torch.where(positive, 0, K) + torch.arange(K), dim=2)[..., :S]
+        Psel = Pd.gather(2, order)
+        rows = torch.empty(*P.shape[:2], K + 2 + 2 * S, dtype=dtype)
+        rows[..., :K] = Pd
+        rows[..., K] = torch.where(positive, Pd * torch.log(Pd.clamp_min(torch.finfo(dtype).tiny)), 0.0).sum(2)
+        rows[..., K + 1] = 1 / Pd.norm(dim=2)
+        rows[..., K + 2::2] = torch.where(Psel > 0, order, 0).to(dtype)
+        rows[..., K + 3::2] = Psel
+        return _lanes_last(rows, lanes), S
+
+    return _per_tensor(_blocks_cache, (id(P), lanes, dtype), P, build)
 
 
 def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
@@ -436,12 +440,10 @@ def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: 
 
 def _train_steps_torch(state, data, lr, eps, w, geo, steps):
     R = state.a.shape[0]
-    losses, bad = [], torch.full((R,), -1, dtype=torch.int64)
+    losses, bad = [], torch.full((R,), -1, dtype=torch.int64, device=state.a.device)
     for t in range(steps):
         loss = engine.train_step(state, data, lr, eps, w, geo)
-        finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
-        for v in state.params.values():
-            finite &= torch.isfinite(v).flatten(1).all(1)
+        finite = engine.finite_runs(loss, state)
         bad = torch.where((bad < 0) & ~finite, torch.full_like(bad, t), bad)
         losses.append(loss)
     return (torch.stack(losses, 1) if losses else torch.empty(R, 0, dtype=state.a.dtype)), bad

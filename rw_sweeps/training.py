@@ -154,7 +154,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             log.evaluation(t, probe, state if snapshot else None)
             if t == T:
                 loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
-                log.train_loss(loss, _finite_state(loss, state))
+                log.train_loss(loss, engine.finite_runs(loss, state))
                 break
             while state.step < evals[i + 1]:  # the steps up to the next evaluation, in bounded calls
                 t0, n = state.step, block.steps(evals[i + 1] - state.step, c0.checkpoint_every, state.step)
@@ -176,14 +176,6 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     if bar is not None:
         bar.close()
     return recs
-
-
-def _finite_state(loss: torch.Tensor, state: engine.State) -> torch.Tensor:
-    """(R,) bool: the loss and every parameter of each run are finite."""
-    finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)
-    for v in state.params.values():
-        finite &= torch.isfinite(v).flatten(1).all(1)
-    return finite
 
 
 class _Block:

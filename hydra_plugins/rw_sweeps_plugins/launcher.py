@@ -166,7 +166,7 @@ class ChunkJob:
             self.chunk.job_id = job_id
         returns = self._train()
         if job_id is not None:  # this job's own process ends here: its wandb logging first
-            __import__("rw_sweeps.tracking").tracking.wait()
+            _wait_for_wandb()
         failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
         if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
             from rw_sweeps.packing import RunsFailed
@@ -226,7 +226,7 @@ class GpuJob:
                 print(f"rw_sweeps: a chunk of {len(job.chunk.specs)} run(s) failed: {_first_line(exc)}",
                       file=sys.stderr, flush=True)
                 out.append(exc)
-        __import__("rw_sweeps.tracking").tracking.wait()  # this process ends here: its wandb logging first
+        _wait_for_wandb()  # this process ends here: its wandb logging first
         return out
 
 
@@ -347,7 +347,7 @@ class RwLauncher(Launcher):
                        for r in (res if isinstance(res, list) and len(res) == len(d) else [res] * len(d))]
         else:
             results = self._dispatch(payloads, jobs, rec)
-        __import__("rw_sweeps.tracking").tracking.wait()  # the wandb logging of the chunks trained here
+        _wait_for_wandb()  # the wandb logging of the chunks trained here
         if results is None:
             return None
         for job, res in zip(jobs, results):  # collect: a job that died is read from its run folders
@@ -616,9 +616,16 @@ def gpu_budgets_gb(memory_gb: Optional[float]) -> Optional[List[float]]:
 
 
 def _free_bytes(devices: Optional[List[int]] = None) -> List[int]:
-    from rw_sweeps.resources import gpu_free_bytes
+    from rw_sweeps.resources import gpu_free_bytes  # lazily: the launcher's import stays torch-free
 
     return gpu_free_bytes(devices)
+
+
+def _wait_for_wandb() -> None:
+    """This process's queued wandb logging (`rw_sweeps.tracking`), before its work counts as ended."""
+    from rw_sweeps import tracking
+
+    tracking.wait()
 
 
 def _budgets(free: List[int], memory_gb: Optional[float]) -> List[float]:

@@ -20,6 +20,10 @@ from hydra.errors import CompactHydraException
 
 # Shapes of the question-answering tasks of §6 (19-word vocabulary; N − 1 words, then the answer).
 QA_SHAPES = {"qa_majority": (19, 17), "qa_preference": (19, 19)}
+NORMALIZE = ("none", "whole", "positional", "token")
+# bools (and what OmegaConf makes of a bool given to a str key) read as before model.normalize was a string
+NORMALIZE_ALIASES = {True: "whole", False: "none", "True": "whole", "False": "none", "true": "whole",
+                     "false": "none"}
 DEFAULT_SNAPSHOTS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 400, 700, 1000]
 
 
@@ -45,12 +49,19 @@ class DataConfig:
 class ModelConfig:
     name: str = "transformer"  # transformer (eq. 2.1) | transformer_ffn (F.1)
     M: int = 1000  # positional-embedding dimension
-    normalize: bool = False  # unit-length x̃_i inside the attention only (§4, §8.5)
+    # where x̃_i is scaled to unit length inside the attention only (§4, §8.5; the value path keeps one-hot
+    # x_i): auto (the paper's protocol: whole with init=gaussian, none with init=zero) | none | whole (x̃_i)
+    # | positional (p_i only, x̃_i = [x_i; p_i/‖p_i‖]) | token (x_i only: the identity on one-hot tokens, so
+    # the same as none; kept so that a reading search can say so). true/false are read as whole/none.
+    normalize: str = "auto"
     pos: str = "sine"  # [p_i]_j = pos_scale · sin(π i j / D), j = 1..M (§2.1)
     pos_denom: str = "M"  # D = M (spec's choice) | "M+1" (DST-I basis)
     pos_scale: float = 1.0
     gram: str = "exact"  # exact: p_iᵀp_j = ‖p‖²·1[i=j] | numeric: P Pᵀ as rounded (fragility studies, §8.9)
     m: Optional[int] = None  # FFN width (transformer_ffn only)
+    # where the FFN of F.1 sits (transformer_ffn only): after the attention, f = A·ReLU(V·X·S) | before it,
+    # per token, f = Σ_i S_i·A·ReLU(V x_i) = A·ReLU(V)·X·S (x_N's token part is 0, so the query adds nothing)
+    ffn: str = "after"
 
     @property
     def is_ffn(self) -> bool:
@@ -70,11 +81,14 @@ class InitConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "gd"  # full-batch gradient descent, eq. 2.3
+    name: str = "gd"  # gd: full-batch gradient descent, eq. 2.3 | adam: full-batch Adam (torch.optim.Adam's rule)
     lr: float = 1.0  # η
     steps: int = 50  # T
     eps: float = 0.1  # ε in ℓ(z) = −log(z + ε)
     reduction: str = "mean"  # mean | sum of the per-sequence losses (§8.3, §8.10)
+    beta1: float = 0.9  # Adam's first-moment decay (optim=adam only)
+    beta2: float = 0.999  # Adam's second-moment decay (optim=adam only)
+    adam_eps: float = 1e-8  # Adam's denominator term, added to √v̂ (optim=adam only)
 
 
 @dataclass
@@ -104,6 +118,16 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
+    def __post_init__(self) -> None:
+        # model.normalize=auto is the paper's protocol, which depends on the init: resolved here, once, so
+        # that the run's config, its shape and its summary all say what was trained (a copy: a ModelConfig
+        # passed in by the caller is never changed)
+        where = NORMALIZE_ALIASES.get(self.model.normalize, self.model.normalize)
+        if where == "auto":
+            where = "whole" if self.init.name == "gaussian" else "none"
+        if where != self.model.normalize:
+            self.model = dataclasses.replace(self.model, normalize=where)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -130,6 +154,8 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
             raise ConfigError(key, value, "must be true or false")
         return value
     if typ == "str":
+        if key == "model.normalize" and isinstance(value, bool):  # the key's old type: a config from before
+            return NORMALIZE_ALIASES[value]
         if not isinstance(value, str):
             raise ConfigError(key, value, "must be a string")
         return value
@@ -189,7 +215,8 @@ def validate(c: RunConfig) -> RunConfig:
     """Every rule the engine relies on, each failing with the dotted key, the value and what is allowed."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
     for key, val in (("data.p", d.p), ("model.pos_scale", mo.pos_scale), ("init.sigma", i.sigma),
-                     ("optim.lr", o.lr), ("optim.eps", o.eps)):
+                     ("optim.lr", o.lr), ("optim.eps", o.eps), ("optim.beta1", o.beta1), ("optim.beta2", o.beta2),
+                     ("optim.adam_eps", o.adam_eps)):
         if not math.isfinite(val):
             raise ConfigError(key, val, "must be a finite number")
     if not 0 <= c.seed <= SEED_MAX:
@@ -198,7 +225,11 @@ def validate(c: RunConfig) -> RunConfig:
     _choice("model.name", mo.name, ("transformer", "transformer_ffn"))
     _choice("init.name", i.name, ("zero", "gaussian"))
     _choice("init.draw", i.draw, ("compact", "dense"))
-    _choice("optim.name", o.name, ("gd",))
+    _choice("optim.name", o.name, ("gd", "adam"))
+    _choice("model.normalize", mo.normalize, NORMALIZE)
+    _choice("model.ffn", mo.ffn, ("after", "before"))
+    if mo.ffn != "after" and not mo.is_ffn:
+        raise ConfigError("model.ffn", mo.ffn, "must be after unless model=transformer_ffn (only F.1 has an FFN)")
     _choice("optim.reduction", o.reduction, ("mean", "sum"))
     _choice("precision", c.precision, ("float64", "float32"))
     _choice("model.pos", mo.pos, ("sine",))
@@ -243,6 +274,11 @@ def validate(c: RunConfig) -> RunConfig:
         raise ConfigError("optim.lr", o.lr, "must be > 0")
     if not o.eps > 0:
         raise ConfigError("optim.eps", o.eps, "must be > 0")
+    for key, val in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2)):
+        if not 0 <= val < 1:
+            raise ConfigError(key, val, "must be in [0, 1)")
+    if not o.adam_eps > 0:
+        raise ConfigError("optim.adam_eps", o.adam_eps, "must be > 0")
     if c.objective is not None and c.objective not in OBJECTIVES:
         raise ConfigError("objective", c.objective, f"must be null or a numeric summary field: {', '.join(OBJECTIVES)}")
     for s in c.snapshot_steps:

@@ -40,9 +40,20 @@ class State:
     step: int = 0
 
 
-def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w: torch.Tensor,
-               geo: Geometry) -> torch.Tensor:
-    """One GD step on every run, in place. Returns each run's mean training loss before the step."""
+@dataclass
+class Grads:
+    """∂L/∂θ of every run, in the compact coordinates: V (and A) as they are; for W, the two halves of
+    ∂L/∂u, u = W x̂_N (∂L/∂W = (∂L/∂u)·x̂_Nᵀ, Lemma B.1): `a` is ∂L/∂u[:K] and `c` is ∂L/∂(p_jᵀ u[K:]) per
+    column j, so that ∂L/∂u[K:] = Σ_j c_j p_j = Pᵀ c."""
+
+    V: torch.Tensor
+    a: torch.Tensor
+    c: torch.Tensor
+    A: Optional[torch.Tensor] = None
+
+
+def gradients(state: State, data: Batch, eps: torch.Tensor, w: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, Grads]:
+    """Every run's mean training loss at `state` and its loss gradient (what GD and Adam both step on)."""
     R, n, L = data.tokens.shape
     tokens = _index(data.tokens)
     at = model.attend(state.a, state.c, tokens, geo)
@@ -53,6 +64,7 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     g = w[:, None] / (F + eps[:, None])
 
     V = state.params["V"]
+    dA = None
     if r is None:  # eq. 2.1: ω_b = V[y_b, :]
         omega = V.gather(1, y.expand(R, n, V.shape[2]))
         dV = _rows_sum(g[..., None] * at.h, data.y, V.shape[1])  # Σ_b g_b e_{y_b} h_bᵀ (= −∇V)
@@ -60,30 +72,42 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
         A = state.params["A"]
         gate = (r > 0).to(r.dtype) * A.gather(1, y.expand(R, n, A.shape[2]))  # relu'(r) ⊙ A[y_b, :]
         omega = torch.bmm(gate, V)
-        dA = _rows_sum(g[..., None] * torch.relu(r), data.y, A.shape[1])
+        dA = -_rows_sum(g[..., None] * torch.relu(r), data.y, A.shape[1])
         dV = torch.bmm((g[..., None] * gate).transpose(1, 2), at.h)
     wh = (omega * at.h).sum(2)  # ω_b·h_b
     # Ψ_bk = g_b α_k (ω_bk − ω_b·h_b) / Z_b, so that Σ_b δ_bj = −β_j Σ_b Ψ_{b, s_bj} (the gather-sum pass).
     psi = (g / at.Z)[..., None] * at.alpha[:, None, :] * (omega - wh[..., None])
-    Gc = torch.empty_like(state.c)  # ∂L/∂c (before the 1/ν of each column)
+    Gc = torch.empty_like(state.c)  # ∂L/∂z_j summed over sequences (before the 1/ν of each column)
     Gc[:, :L] = -at.beta * psi.gather(2, tokens).sum(1)
     Gc[:, L] = (g * at.S_q * wh).sum(1)
     # Summed along a contiguous last axis so that every token k is reduced by the same operations: at
     # Thm 4.1's symmetric point the entries of a then stay bit-identical in float32 too.
     Ga = -((g[..., None] * (omega - wh[..., None]) * at.h).transpose(1, 2).contiguous().sum(2)) / geo.nu_tok
-
-    step = (lr * geo.kappa)[:, None]
-    state.a -= step * Ga
-    nu = torch.full_like(state.c[:1], geo.nu_tok)
+    nu = torch.full_like(state.c[:1], geo.nu_pos)
     nu[:, L] = geo.nu_q
-    if geo.gram is None:  # c_i = p_iᵀ u[K:] moves by ‖p‖² times its own gradient (exact Gram)
-        state.c -= step * geo.pp * Gc / nu
+    return loss, Grads(-dV, Ga, Gc / nu, dA)
+
+
+def gd_update(state: State, grads: Grads, lr: torch.Tensor, geo: Geometry) -> None:
+    """θ ← θ − η ∇L (eq. 2.3), in place. u moves by −η·κ·∂L/∂u (κ = ‖x̂_N‖²) and c_i = p_iᵀ u[K:] by
+    −η·κ·Σ_j (p_iᵀp_j)·grads.c_j: ‖p‖² times its own gradient with the exact Gram."""
+    step = (lr * geo.kappa)[:, None]
+    state.a -= step * grads.a
+    if geo.gram is None:
+        state.c -= step * geo.pp * grads.c
     else:
-        state.c -= step * (Gc / nu) @ geo.gram.to(Gc).T
-    state.params["V"] = V + lr[:, None, None] * dV
-    if r is not None:
-        state.params["A"] = state.params["A"] + lr[:, None, None] * dA
+        state.c -= step * grads.c @ geo.gram.to(grads.c).T
+    state.params["V"] = state.params["V"] - lr[:, None, None] * grads.V
+    if grads.A is not None:
+        state.params["A"] = state.params["A"] - lr[:, None, None] * grads.A
     state.step += 1
+
+
+def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w: torch.Tensor,
+               geo: Geometry) -> torch.Tensor:
+    """One GD step on every run, in place. Returns each run's mean training loss before the step."""
+    loss, grads = gradients(state, data, eps, w, geo)
+    gd_update(state, grads, lr, geo)
     return loss
 
 

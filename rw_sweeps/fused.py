@@ -239,6 +239,8 @@ def available(cfg=None, *, K: Optional[int] = None, model: str = "transformer", 
     the keywords): False for the FFN model, gram=numeric, K > 127, RW_SWEEPS_BACKEND=torch, or no build."""
     if cfg is not None:
         K, model, gram, precision = cfg.data.K, cfg.model.name, cfg.model.gram, cfg.precision
+        if cfg.model.normalize == "positional" or cfg.optim.name != "gd":
+            return False
     if backend() == "torch" or not _shape_ok(K, model, gram, precision):
         return False
     return library() is not None
@@ -255,6 +257,8 @@ def _kernel_for(state: engine.State, data: engine.Batch, geo: Geometry) -> Optio
         why = "the FFN model (F.1)"
     elif geo.gram is not None:
         why = "gram=numeric"
+    elif geo.nu_pos != geo.nu_tok:
+        why = "model.normalize=positional"
     elif V.dtype not in (torch.float64, torch.float32):
         why = f"dtype {V.dtype}"
     elif any(t.device.type != "cpu" for t in (V, state.a, state.c, data.tokens)):

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from .config import ModelConfig
+from .config import NORMALIZE_ALIASES, ModelConfig
 
 
 def positions(cfg: ModelConfig, N: int, dtype=torch.float64) -> torch.Tensor:
@@ -36,10 +36,11 @@ class Geometry:
     """What the compact model needs of the embeddings, fixed per shape."""
 
     pp: float  # ‖p_i‖², equal for every i (Lemma D.3 uses it)
-    nu_tok: float  # ‖x̃_j‖ for j < N inside the softmax (1 without normalisation)
-    nu_q: float  # ‖x̃_N‖ inside the softmax
+    nu_tok: float  # what the token part of x̃_j (j < N) is divided by inside the softmax (1: not at all)
+    nu_q: float  # what x̃_N is divided by inside the softmax
     kappa: float  # ‖x̂_N‖²: u = W x̂_N moves by −lr·κ·G
     gram: Optional[torch.Tensor]  # (N, N) numeric P Pᵀ, or None for the exact identity ‖p‖²·I
+    nu_pos: float = 1.0  # what the positional part of x̃_j (j < N) is divided by (= nu_tok but for positional)
 
 
 def geometry(cfg: ModelConfig, N: int) -> Geometry:
@@ -49,9 +50,16 @@ def geometry(cfg: ModelConfig, N: int) -> Geometry:
     if cfg.gram == "numeric":
         P = positions(cfg, N)
         gram = P @ P.T
-    if cfg.normalize:
-        return Geometry(pp, math.sqrt(1 + pp), math.sqrt(pp), 1.0, gram)
-    return Geometry(pp, 1.0, 1.0, pp, gram)
+    where = NORMALIZE_ALIASES.get(cfg.normalize, cfg.normalize)
+    if where == "whole":  # x̂_j = [e_s; p_j] / √(1 + ‖p‖²), x̂_N = [0; p_N] / ‖p‖
+        nu = math.sqrt(1 + pp)
+        return Geometry(pp, nu, math.sqrt(pp), 1.0, gram, nu)
+    if where == "positional":  # x̂_j = [e_s; p_j / ‖p‖]: only the positional part has unit length
+        return Geometry(pp, 1.0, math.sqrt(pp), 1.0, gram, math.sqrt(pp))
+    if where in ("none", "token"):  # a one-hot x_i already has unit length; x_N's token part is 0
+        return Geometry(pp, 1.0, 1.0, pp, gram, 1.0)
+    raise ValueError(f"model.normalize={where!r}: must be one of none, whole, positional, token (auto is "
+                     "resolved by RunConfig)")
 
 
 @dataclass
@@ -68,7 +76,7 @@ class Attention:
 def attend(a: torch.Tensor, c: torch.Tensor, tokens: torch.Tensor, geo: Geometry) -> Attention:
     """Softmax over all N columns (query included, §2) without materialising the (R, n, N) logits."""
     R, n, L = tokens.shape
-    za, zc, zq = a / geo.nu_tok, c[:, :L] / geo.nu_tok, c[:, L:] / geo.nu_q
+    za, zc, zq = a / geo.nu_tok, c[:, :L] / geo.nu_pos, c[:, L:] / geo.nu_q
     ma = za.amax(1, keepdim=True)
     m = torch.maximum(ma + zc.amax(1, keepdim=True), zq)  # one stabiliser per run: z − m ≤ 0
     alpha, beta, beta_q = torch.exp(za - ma), torch.exp(zc - (m - ma)), torch.exp(zq - m)

@@ -9,16 +9,24 @@ import torch
 
 from . import data as data_mod
 from . import model
-from .config import RunConfig
+from .config import NORMALIZE_ALIASES, RunConfig
 
 
-def embed(tokens: torch.Tensor, P: torch.Tensor, K: int, normalize: bool) -> torch.Tensor:
-    """X̃ (n, K+M, N): column j < N is [e_{s_j}; p_j], column N is [0_K; p_N] (§2); unit-length if asked."""
+def embed(tokens: torch.Tensor, P: torch.Tensor, K: int, normalize: str) -> torch.Tensor:
+    """X̃ (n, K+M, N): column j < N is [e_{s_j}; p_j], column N is [0_K; p_N] (§2), with the part that
+    `normalize` names scaled to unit length, column by column: whole x̃_j, its positional part p_j, or its
+    token part x_j (where it is not zero)."""
     n, L = tokens.shape
     X = torch.zeros(n, K, L + 1, dtype=P.dtype)
     X[:, :, :L] = torch.nn.functional.one_hot(tokens, K).transpose(1, 2).to(P.dtype)
-    Xt = torch.cat([X, P.T.expand(n, -1, -1)], 1)
-    if normalize:
+    Pos = P.T.expand(n, -1, -1)
+    where = NORMALIZE_ALIASES.get(normalize, normalize)
+    if where == "positional":
+        Pos = Pos / Pos.norm(dim=1, keepdim=True)
+    elif where == "token":
+        X = X / X.norm(dim=1, keepdim=True).clamp_min(torch.finfo(X.dtype).tiny)
+    Xt = torch.cat([X, Pos], 1)
+    if where == "whole":
         Xt = Xt / Xt.norm(dim=1, keepdim=True)
     return Xt
 

@@ -28,8 +28,8 @@ BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point co
 def shape_key(cfg: RunConfig) -> tuple:
     """Runs with equal keys can share one tensor program (everything else is per run)."""
     d, m = cfg.data, cfg.model
-    return (cfg.device, d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.pos, m.pos_denom,
-            m.pos_scale, m.gram, cfg.optim.steps, cfg.precision, cfg.eval_every, tuple(cfg.snapshot_steps))
+    return (cfg.device, d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.ffn, m.pos,
+            m.pos_denom, m.pos_scale, m.gram, cfg.optim.name, cfg.optim.steps, cfg.precision, cfg.eval_every, tuple(cfg.snapshot_steps))
 
 
 def group_by(items: list, key) -> dict:

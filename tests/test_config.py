@@ -38,7 +38,7 @@ def test_every_option_composes(group, option):
 def test_defaults_are_the_paper_section_5():
     c = composed()
     assert (c.data.name, c.data.K, c.data.N, c.data.p, c.data.n_train, c.data.n_test) == ("random_walk", 6, 97, 0.5, 1000, 1000)
-    assert (c.model.name, c.model.M, c.model.normalize, c.model.pos, c.model.pos_denom) == ("transformer", 1000, False, "sine", "M")
+    assert (c.model.name, c.model.M, c.model.normalize, c.model.pos, c.model.pos_denom) == ("transformer", 1000, "none", "sine", "M")
     assert (c.init.name, c.optim.lr, c.optim.steps, c.optim.eps, c.optim.reduction) == ("zero", 1.0, 50, 0.1, "mean")
     assert (c.seed, c.precision, c.wandb.mode, c.wandb.project) == (0, "float64", "offline", "rw-sweeps")
     assert composed("init=gaussian").init.sigma == 0.01
@@ -46,9 +46,9 @@ def test_defaults_are_the_paper_section_5():
 
 
 EXPECTED = {  # spec §7: the settings each preset must produce (single values; sweeps checked below)
-    "fig4": dict(p=0.5, K=6, N=97, init="zero", lr=1.0, steps=50, normalize=False),
-    "fig5": dict(p=1.0, K=6, N=97, init="zero", lr=1.0, steps=50, normalize=False),
-    "fig6": dict(K=6, N=97, init="gaussian", sigma=0.01, lr=0.01, steps=1000, normalize=True),
+    "fig4": dict(p=0.5, K=6, N=97, init="zero", lr=1.0, steps=50, normalize="none"),
+    "fig5": dict(p=1.0, K=6, N=97, init="zero", lr=1.0, steps=50, normalize="none"),
+    "fig6": dict(K=6, N=97, init="gaussian", sigma=0.01, lr=0.01, steps=1000, normalize="whole"),
     "fig7": dict(K=19, init="gaussian", sigma=0.01, lr=0.1, eps=0.1, M=1000),
     "fig8": dict(p=0.5, K=20, N=101, init="zero", lr=1.0, steps=50),
     "fig9": dict(p=1.0, K=20, N=101, init="zero", lr=1.0, steps=50),
@@ -87,7 +87,7 @@ BAD = [
     ("data.n_test=0", "data.n_test", ">= 1"), ("model.M=50", "model.M", "data.N"), ("init.sigma=-1", "init.sigma", ">= 0"),
     ("optim.lr=0", "optim.lr", "> 0"), ("optim.lr=-1", "optim.lr", "> 0"), ("optim.eps=0", "optim.eps", "> 0"),
     ("optim.steps=0", "optim.steps", ">= 1"), ("precision=float16", "precision", "float64"),
-    ("data.K=3.5", "data.K", "integer"), ("model.normalize=maybe", "model.normalize", "true or false"),
+    ("data.K=3.5", "data.K", "integer"), ("model.normalize=maybe", "model.normalize", "must be one of none, whole, positional, token"),
     ("optim.reduction=max", "optim.reduction", "mean"), ("wandb.mode=loud", "wandb.mode", "offline"),
     ("data.q=1", "data.q", "unknown key"), ("init=uniform", "init", "gaussian, zero"),
     ("~data.p", "data.p", "cannot be removed"), ("+data.q=1", "data.q", "unknown key"),

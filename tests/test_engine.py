@@ -146,7 +146,8 @@ def test_section_6_qa_tasks(tmp_path):
 
 
 def test_a_batch_equals_its_runs_alone(tmp_path):
-    cs = [cfg(data=DataConfig(K=5, N=21, p=p, n_train=100, n_test=50), seed=s, init=i)
+    cs = [cfg(data=DataConfig(K=5, N=21, p=p, n_train=100, n_test=50), seed=s, init=i,
+              model=ModelConfig(M=1000, normalize="none"))  # one shape: normalize=auto would differ by init
           for p, s, i in [(0.5, 0, InitConfig()), (0.9, 1, InitConfig("gaussian", 0.02)), (0.2, 2, InitConfig())]]
     together = run.run_batch(cs, [tmp_path / f"b{i}" for i in range(3)])
     alone = [run.run_batch([c], [tmp_path / f"a{i}"])[0] for i, c in enumerate(cs)]
@@ -169,7 +170,7 @@ def test_snapshots_keep_the_part_of_W_the_model_sees(tmp_path):
     # a = (W x̂_N)[:K] and c_j = p_jᵀ(W x̂_N)[K:]: the dense oracle's W reproduces them exactly
     import json
 
-    c = cfg(init=InitConfig("gaussian", 0.01), snapshot_steps=[0, 5])
+    c = cfg(init=InitConfig("gaussian", 0.01), model=ModelConfig(M=1000, normalize="none"), snapshot_steps=[0, 5])
     run.run_batch([c], [tmp_path])
     snaps = {s["step"]: s for s in map(json.loads, (tmp_path / "snapshots.jsonl").read_text().splitlines())}
     W = oracle.train(c, 5)[-1][3]["W"]

@@ -21,8 +21,8 @@ def _state(c, dtype=torch.float64):
 def test_compact_draw_has_the_dense_draws_law():
     # over 400 seeds: a_k ~ N(0, σ²κ), c_j ~ N(0, σ²κ‖p‖²) i.i.d. Fixed seeds, so the test is deterministic;
     # the bounds are ~5 standard errors wide and fail for a variance off by 20 % or a mean off by 0.25 sd.
-    for mo in (ModelConfig(M=64), ModelConfig(M=64, normalize=True), ModelConfig(M=64, pos_denom="M+1", pos_scale=0.5),
-               ModelConfig(M=64, gram="numeric")):
+    for mo in (ModelConfig(M=64, normalize="none"), ModelConfig(M=64, normalize=True), ModelConfig(M=64, pos_denom="M+1", pos_scale=0.5, normalize="none"),
+               ModelConfig(M=64, gram="numeric", normalize="none")):
         sigma = 0.03
         cs = [cfg(init=InitConfig("gaussian", sigma), model=mo, seed=s) for s in range(400)]
         geo = model.geometry(mo, cs[0].data.N)
@@ -45,7 +45,7 @@ def test_compact_draw_has_the_dense_draws_law():
 
 
 def test_v_and_a_are_the_same_under_both_draws_and_the_state_differs():
-    for mo in (ModelConfig(M=64), ModelConfig(name="transformer_ffn", M=64, m=7)):
+    for mo in (ModelConfig(M=64, normalize="none"), ModelConfig(name="transformer_ffn", M=64, m=7, normalize="none")):
         c = cfg(init=InitConfig("gaussian", 0.02), model=mo, seed=3)
         comp, _ = _state(c)
         dense, _ = _state(dataclasses.replace(c, init=InitConfig("gaussian", 0.02, "dense")))
@@ -64,7 +64,7 @@ def test_compact_draw_does_not_depend_on_the_data_sizes():
 
 
 def test_dense_W_reduces_to_the_compact_state():
-    for mo in (ModelConfig(M=64), ModelConfig(M=64, normalize=True), ModelConfig(M=64, gram="numeric")):
+    for mo in (ModelConfig(M=64, normalize="none"), ModelConfig(M=64, normalize=True), ModelConfig(M=64, gram="numeric", normalize="none")):
         c = cfg(init=InitConfig("gaussian", 0.05), model=mo, seed=2)
         st, geo = _state(c)
         W = model.dense_W(st.a[0], st.c[0], mo, c.data.K, c.data.N, geo)

@@ -5,7 +5,7 @@ The state per run is the compact model of `model.py`: V (and A), a = u[:K], c = 
 
 Gradients are written out (they are short) rather than taken by autograd: it avoids storing (R, n, N)
 intermediates. With g_b = w / (F_b + ε) (w = 1/n for the mean loss), F_b = [f(X_b)]_{y_b} and
-ω_b = ∂F_b/∂h_b (= V[y_b, :] for eq. 2.1):
+ω_b = ∂F_b/∂h_b (= V[y_b, :] for eq. 2.1, (A·ReLU(V))[y_b, :] for F.1 with the FFN before the attention):
 
     ∂L/∂z_bj = −g_b S_bj (ω_b[s_bj] − ω_b·h_b)   (j < N),      ∂L/∂z_bN = g_b S_bN ω_b·h_b,
 
@@ -38,6 +38,7 @@ class State:
     a: torch.Tensor  # (R, K)
     c: torch.Tensor  # (R, N)
     step: int = 0
+    opt: Optional[dict] = None  # the optimizer's own state per run, stacked (optim=adam: `adam.moments`)
 
 
 @dataclass
@@ -57,7 +58,7 @@ def gradients(state: State, data: Batch, eps: torch.Tensor, w: torch.Tensor, geo
     R, n, L = data.tokens.shape
     tokens = _index(data.tokens)
     at = model.attend(state.a, state.c, tokens, geo)
-    f, r = model.output(state.params, at.h)
+    f, r = model.output(state.params, at.h, geo.ffn)
     y = data.y[..., None]
     F = f.gather(2, y)[..., 0]
     loss = -torch.log(F + eps[:, None]).mean(1)
@@ -65,9 +66,16 @@ def gradients(state: State, data: Batch, eps: torch.Tensor, w: torch.Tensor, geo
 
     V = state.params["V"]
     dA = None
-    if r is None:  # eq. 2.1: ω_b = V[y_b, :]
+    if "A" not in state.params:  # eq. 2.1: ω_b = V[y_b, :]
         omega = V.gather(1, y.expand(R, n, V.shape[2]))
         dV = _rows_sum(g[..., None] * at.h, data.y, V.shape[1])  # Σ_b g_b e_{y_b} h_bᵀ (= −∇V)
+    elif geo.ffn == "before":  # F.1 with the FFN per token: F = B[y]·h, B = A·ReLU(V), so ω_b = B[y_b, :]
+        A, relu_V = state.params["A"], torch.relu(V)
+        B = torch.bmm(A, relu_V)
+        omega = B.gather(1, y.expand(R, n, B.shape[2]))
+        dB = _rows_sum(g[..., None] * at.h, data.y, B.shape[1])  # −∂L/∂B, as −∇V of eq. 2.1
+        dA = -torch.bmm(dB, relu_V.transpose(1, 2))  # ∂L/∂A = ∂L/∂B · ReLU(V)ᵀ
+        dV = (V > 0).to(V.dtype) * torch.bmm(A.transpose(1, 2), dB)  # −∂L/∂V = relu'(V) ⊙ (Aᵀ·(−∂L/∂B))
     else:  # F.1: F = A[y]·ReLU(V h)
         A = state.params["A"]
         gate = (r > 0).to(r.dtype) * A.gather(1, y.expand(R, n, A.shape[2]))  # relu'(r) ⊙ A[y_b, :]
@@ -163,7 +171,7 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     i.e. ties → smallest label (Def. 2.1). PiT: Πᵀ per run, for cos(V, Πᵀ)."""
     tokens = _index(data.tokens)
     at = model.attend(state.a, state.c, tokens, geo)
-    f, _ = model.output(state.params, at.h)
+    f, _ = model.output(state.params, at.h, geo.ffn)
     F = f.gather(2, data.y[..., None])[..., 0]
     R, n, L = data.tokens.shape
     loss = -torch.log(F + eps[:, None]).mean(1)
@@ -193,16 +201,24 @@ def init_state(params: list[dict], ac: list[tuple[torch.Tensor, torch.Tensor]]) 
 
 
 def run_slice(state: State, r: int) -> dict:
-    """Run r's state as plain tensors (for checkpoints and snapshots)."""
-    return {"params": {k: v[r].detach().cpu().clone() for k, v in state.params.items()},
-            "a": state.a[r].detach().cpu().clone(), "c": state.c[r].detach().cpu().clone(), "step": state.step}
+    """Run r's state as plain tensors (for checkpoints and snapshots), the optimizer's state included."""
+    host = lambda d: {k: v[r].detach().cpu().clone() for k, v in d.items()}  # noqa: E731
+    out = {"params": host(state.params), "a": state.a[r].detach().cpu().clone(), "c": state.c[r].detach().cpu().clone(),
+           "step": state.step}
+    if state.opt is not None:
+        out["opt"] = host(state.opt)
+    return out
 
 
 def to(state: State, device) -> State:
-    return State({k: v.to(device) for k, v in state.params.items()}, state.a.to(device), state.c.to(device), state.step)
+    opt = None if state.opt is None else {k: v.to(device) for k, v in state.opt.items()}
+    return State({k: v.to(device) for k, v in state.params.items()}, state.a.to(device), state.c.to(device), state.step,
+                 opt)
 
 
 def stack_slices(slices: list[dict]) -> State:
-    return State({k: torch.stack([s["params"][k] for s in slices]) for k in slices[0]["params"]},
-                 torch.stack([s["a"] for s in slices]), torch.stack([s["c"] for s in slices]), slices[0]["step"])
+    """The batched State of run slices (`run_slice`, as checkpoints hold them)."""
+    stack = lambda key: {k: torch.stack([s[key][k] for s in slices]) for k in slices[0][key]}  # noqa: E731
+    return State(stack("params"), torch.stack([s["a"] for s in slices]), torch.stack([s["c"] for s in slices]),
+                 slices[0]["step"], stack("opt") if slices[0].get("opt") is not None else None)
 

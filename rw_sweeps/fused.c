@@ -4,7 +4,9 @@
  *   exp(z_bj − m) = α[s_bj]·β_j (one stabiliser per run), H_bk = Σ_{j: s_bj = k} β_j,
  *   Z_b = Σ_k α_k H_bk + β_q, h_b = α∘H_b / Z_b, F_b = V[y_b]·h_b, g_b = w / (F_b + ε),
  *   Ψ_bk = (g_b / Z_b)·α_k·(V[y_b,k] − F_b), D_j = −β_j Σ_b Ψ_{b,s_bj}, D_N = Σ_b g_b S_bN F_b,
- *   Ga_k = −Σ_b g_b (V[y_b,k] − F_b) h_bk / ν_tok, a −= lr·κ·Ga, c −= lr·κ·‖p‖²·D/ν, V += lr·Σ_b g_b e_{y_b} h_bᵀ.
+ *   Ga_k = −Σ_b g_b (V[y_b,k] − F_b) h_bk / ν_tok, a −= lr·κ·Ga, c −= lr·κ·‖p‖²·D/ν, V += lr·Σ_b g_b e_{y_b} h_bᵀ,
+ * with the logits z_bj = a[s_bj]/ν_tok + c_j/ν_pos (j < N) and z_bN = c_N/ν_q (model.Geometry: ν_pos ≠ ν_tok
+ * for model.normalize=positional), so ν above is ν_pos for j < N and ν_q for the query column.
  *
  * Layout: run → step → sample, so a run's int8 tokens (n·(N−1) bytes) and its histogram masks stay in L2
  * for all T steps; runs are spread over threads (pthreads, dynamic). Two implementations per dtype:
@@ -37,7 +39,7 @@
 #define RW_AVX512 0
 #endif
 
-#define RW_ABI 7
+#define RW_ABI 8
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
 
@@ -184,6 +186,7 @@ __m512d _ZGVeN8v_log(__m512d);
 #undef VMASK_MAX
 #undef VMASK_MIN
 #undef VMAX
+#undef VMIN
 #undef VLOADU
 #undef VSTOREU
 #undef VMASK_STOREU
@@ -265,7 +268,7 @@ typedef struct {
     const uint8_t *y;   /* (R, n) */
     REAL *V, *a, *c;    /* (R, K, K), (R, K), (R, L+1): updated in place */
     const REAL *lr, *eps, *w;
-    REAL kappa, pp, nu_tok, nu_q;
+    REAL kappa, pp, nu_tok, nu_pos, nu_q;
     REAL *loss;         /* (R, T): training loss before each step */
     int32_t *bad_step;  /* (R,): first step t whose loss or updated parameters are not all finite, else −1 */
     const void *masks;  /* histogram masks of all runs (rw_masks), or NULL: built per run in scratch */
@@ -276,7 +279,7 @@ typedef struct {
     const uint8_t *tok, *y;
     const REAL *P; /* (R, n, K) true conditionals */
     const REAL *V, *a, *c, *eps;
-    REAL nu_tok, nu_q;
+    REAL nu_tok, nu_pos, nu_q;
     REAL *loss, *acc, *kl, *pred_dist, *attention, *spread, *h_example, *h_var; /* (R), …, (R, L+1), (R), (R, K) ×2 */
     const void *masks;
     const uint8_t *tokT; /* tokens by block, position, lane (rw_sweeps.fused._by_block), or NULL */
@@ -290,29 +293,29 @@ typedef struct {
 static inline REAL SFX(nanmax)(REAL m, REAL x) { return (x > m || x != x) ? x : m; }
 
 /* α, β, β_q of the factorised softmax, exactly as model.attend: one stabiliser m per run. */
-static void SFX(prologue)(int64_t K, int64_t L, const REAL *a, const REAL *c, REAL nu_tok, REAL nu_q,
-                          REAL *alpha, REAL *beta, REAL *bq) {
+static void SFX(prologue)(int64_t K, int64_t L, const REAL *a, const REAL *c, REAL nu_tok, REAL nu_pos,
+                          REAL nu_q, REAL *alpha, REAL *beta, REAL *bq) {
     REAL ma = a[0] / nu_tok;
     for (int64_t k = 1; k < K; k++) ma = SFX(nanmax)(ma, a[k] / nu_tok);
-    REAL zcm = c[0] / nu_tok;
-    for (int64_t j = 1; j < L; j++) zcm = SFX(nanmax)(zcm, c[j] / nu_tok);
+    REAL zcm = c[0] / nu_pos;
+    for (int64_t j = 1; j < L; j++) zcm = SFX(nanmax)(zcm, c[j] / nu_pos);
     REAL zq = c[L] / nu_q;
     REAL s = ma + zcm;
     REAL m = (s != s || zq != zq) ? s + zq : (s > zq ? s : zq);
     for (int64_t k = 0; k < K; k++) alpha[k] = EXP(a[k] / nu_tok - ma);
     REAL t = m - ma;
-    for (int64_t j = 0; j < L; j++) beta[j] = EXP(c[j] / nu_tok - t);
+    for (int64_t j = 0; j < L; j++) beta[j] = EXP(c[j] / nu_pos - t);
     *bq = EXP(zq - m);
 }
 
 /* The parameter update of one step, shared by both implementations (engine.train_step's last lines). */
-static void SFX(update)(int64_t K, int64_t L, REAL lr, REAL kappa, REAL pp, REAL nu_tok, REAL nu_q, REAL *V,
-                        REAL *a, REAL *c, const REAL *dV, const REAL *Gsum, const REAL *beta, const REAL *E,
-                        REAL DN) {
+static void SFX(update)(int64_t K, int64_t L, REAL lr, REAL kappa, REAL pp, REAL nu_tok, REAL nu_pos, REAL nu_q,
+                        REAL *V, REAL *a, REAL *c, const REAL *dV, const REAL *Gsum, const REAL *beta,
+                        const REAL *E, REAL DN) {
     REAL step = lr * kappa;
     for (int64_t k = 0; k < K; k++) a[k] = a[k] - step * (-Gsum[k] / nu_tok);
     REAL sp = step * pp;
-    for (int64_t j = 0; j < L; j++) c[j] = c[j] - sp * (-beta[j] * E[j]) / nu_tok;
+    for (int64_t j = 0; j < L; j++) c[j] = c[j] - sp * (-beta[j] * E[j]) / nu_pos;
     c[L] = c[L] - sp * DN / nu_q;
     for (int64_t i = 0; i < K * K; i++) V[i] = V[i] + lr * dV[i];
 }
@@ -340,7 +343,7 @@ static void SFX(train_generic)(const void *vctx, int64_t r, char *scratch) {
     REAL bq;
     x->bad_step[r] = -1;
     for (int64_t t = 0; t < T; t++) {
-        SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+        SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_pos, x->nu_q, alpha, beta, &bq);
         memset(dV, 0, sizeof(REAL) * K * K);
         memset(G, 0, sizeof(REAL) * K);
         REAL DN = 0;
@@ -383,7 +386,7 @@ static void SFX(train_generic)(const void *vctx, int64_t r, char *scratch) {
             for (int64_t j = 0; j < L; j++) E[j] += Ep[j];
         }
         x->loss[r * T + t] = (REAL)(-lsum / (double)n);
-        SFX(update)(K, L, lr, x->kappa, x->pp, x->nu_tok, x->nu_q, V, a, c, dV, G, beta, E, DN);
+        SFX(update)(K, L, lr, x->kappa, x->pp, x->nu_tok, x->nu_pos, x->nu_q, V, a, c, dV, G, beta, E, DN);
         if (x->bad_step[r] < 0 && !(isfinite(x->loss[r * T + t]) && SFX(all_finite)(V, K * K) &&
                                     SFX(all_finite)(a, K) && SFX(all_finite)(c, L + 1)))
             x->bad_step[r] = (int32_t)t;
@@ -403,7 +406,7 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
     REAL *alpha = (REAL *)scratch, *beta = alpha + K, *H = beta + L, *f = H + K, *q = f + K, *fn = q + K;
     REAL *az = fn + K, *Zb = az + n * K, *E = Zb + n, *hs = E + L;
     REAL bq;
-    SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+    SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_pos, x->nu_q, alpha, beta, &bq);
     REAL lsum = 0, asum = 0, klsum = 0, pdsum = 0, sqsum = 0;
     for (int64_t b = 0; b < n; b++) {
         const uint8_t *s = tok + b * L;
@@ -706,7 +709,7 @@ ALWAYS_INLINE void SFX(train_avx_body)(const int K, const SFX(tctx) *x, int64_t 
     memset(Vcol, 0, sizeof(REAL) * KMAX_FAST * KMAX_FAST);
     x->bad_step[r] = -1;
     for (int64_t t = 0; t < T; t++) {
-        SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+        SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_pos, x->nu_q, alpha, beta, &bq);
         VEC alphav[KMAX_FAST], Gacc[KMAX_FAST], DNacc = VZERO(), Lacc = VZERO();
 #pragma GCC unroll 8
         for (int k = 0; k < K; k++) {
@@ -737,7 +740,8 @@ ALWAYS_INLINE void SFX(train_avx_body)(const int K, const SFX(tctx) *x, int64_t 
 #endif
         for (int k = 0; k < K; k++) G[k] = VRED_ADD(Gacc[k]);
         x->loss[r * T + t] = (REAL)(-lsum / (double)n);
-        SFX(update)(K, L, lr, x->kappa, x->pp, x->nu_tok, x->nu_q, V, a, c, dV, G, beta, E, VRED_ADD(DNacc));
+        SFX(update)(K, L, lr, x->kappa, x->pp, x->nu_tok, x->nu_pos, x->nu_q, V, a, c, dV, G, beta, E,
+                    VRED_ADD(DNacc));
         if (x->bad_step[r] < 0 && !(isfinite(x->loss[r * T + t]) && SFX(all_finite)(V, K * K) &&
                                     SFX(all_finite)(a, K) && SFX(all_finite)(c, L + 1)))
             x->bad_step[r] = (int32_t)t;
@@ -1008,7 +1012,7 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     const int full = x->full || tT == NULL;
     if (full) memset(azT, 0, sizeof(REAL) * (size_t)((nblk * LANES + 1) * PSTRIDE));
     memset(beta, 0, sizeof(REAL) * (size_t)(L + 64));
-    SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_q, alpha, beta, &bq);
+    SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_pos, x->nu_q, alpha, beta, &bq);
     REAL atab_s[PSTRIDE] = {0};
     for (int k = 0; k < K; k++) atab_s[k] = alpha[k];
     const VEC atab = VTAB(atab_s);
@@ -1199,15 +1203,15 @@ int SFX(rw_masks)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok
 /* impl: 0 = the fastest available, 1 = generic. Returns 0 on success, 2 on bad arguments, 1 on failure. */
 int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const uint8_t *tok, const uint8_t *y,
                   REAL *V, REAL *a, REAL *c, const REAL *lr, const REAL *eps, const REAL *w, double kappa,
-                  double pp, double nu_tok, double nu_q, REAL *loss, int32_t *bad_step, const void *masks,
-                  int nthreads, int impl) {
+                  double pp, double nu_tok, double nu_pos, double nu_q, REAL *loss, int32_t *bad_step,
+                  const void *masks, int nthreads, int impl) {
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127 || T < 0) return 2;
     if (R == 0 || T == 0) {
         for (int64_t r = 0; r < R; r++) bad_step[r] = -1;
         return 0;
     }
-    SFX(tctx) x = {R, n, L, K, T, tok, y, V, a, c, lr, eps, w, (REAL)kappa, (REAL)pp, (REAL)nu_tok, (REAL)nu_q,
-                   loss, bad_step, masks};
+    SFX(tctx) x = {R, n, L, K, T, tok, y, V, a, c, lr, eps, w, (REAL)kappa, (REAL)pp, (REAL)nu_tok,
+                   (REAL)nu_pos, (REAL)nu_q, loss, bad_step, masks};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(train_avx_fns)[K], &x, R, SFX(train_avx_scratch)(n, L, K), nthreads);
@@ -1217,13 +1221,13 @@ int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const u
 }
 
 int SFX(rw_eval)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, const uint8_t *y, const REAL *P,
-                 const REAL *V, const REAL *a, const REAL *c, const REAL *eps, double nu_tok, double nu_q,
-                 REAL *loss, REAL *acc, REAL *kl, REAL *pred_dist, REAL *attention, REAL *spread, REAL *h_example,
-                 REAL *h_var, const void *masks, const uint8_t *tokT, int full, const REAL *PB, int S,
+                 const REAL *V, const REAL *a, const REAL *c, const REAL *eps, double nu_tok, double nu_pos,
+                 double nu_q, REAL *loss, REAL *acc, REAL *kl, REAL *pred_dist, REAL *attention, REAL *spread,
+                 REAL *h_example, REAL *h_var, const void *masks, const uint8_t *tokT, int full, const REAL *PB, int S,
                  int nthreads, int impl) {
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127) return 2;
     if (R == 0) return 0;
-    SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_q,
+    SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_pos, (REAL)nu_q,
                    loss, acc, kl, pred_dist, attention, spread, h_example, h_var, masks, tokT, full, PB, S};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)

@@ -8,12 +8,13 @@ the two O(n·N) passes of the factorised softmax (token histogram, gather-sum) i
 
 Compiled by gcc on first use and cached in ~/.cache/rw_sweeps (or $RW_SWEEPS_CACHE), one shared object per
 (source, flags, compiler, CPU), written to a temp name and renamed so concurrent jobs never load half a
-file. Covers model=transformer with the exact Gram, float64 and float32, K ≤ 127, on CPU tensors (AVX-512
-for 3 ≤ K ≤ 8; plain C for other K, on CPUs without AVX-512, or with RW_SWEEPS_FUSED_ISA=generic).
-Everything else — the FFN model, gram=numeric, GPU tensors, no working compiler — runs `engine`'s PyTorch
-code, which stays the specification. RW_SWEEPS_BACKEND=torch|fused|auto (default auto) forces a path
-(`fused` raises where the kernel cannot run); RW_SWEEPS_THREADS sets the threads (default
-torch.get_num_threads()); runs are the unit of parallelism, so R = 1 uses one thread.
+file. Covers GD on model=transformer with the exact Gram, every model.normalize, float64 and float32,
+K ≤ 127, on CPU tensors (AVX-512 for 3 ≤ K ≤ 8; plain C for other K, on CPUs without AVX-512, or with
+RW_SWEEPS_FUSED_ISA=generic). Everything else — the FFN model, gram=numeric, optim=adam, GPU tensors, no
+working compiler — runs `engine`'s PyTorch code, which stays the specification.
+RW_SWEEPS_BACKEND=torch|fused|auto (default auto) forces a path (`fused` raises where the kernel cannot
+run); RW_SWEEPS_THREADS sets the threads (default torch.get_num_threads()); runs are the unit of
+parallelism, so R = 1 uses one thread.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from .model import Geometry
 
 SOURCE = Path(__file__).with_name("fused.c")
 CC = os.environ.get("CC", "gcc")  # the compiler; tests point it somewhere absent to check the fallback
-ABI = 7  # must match RW_ABI in fused.c
+ABI = 8  # must match RW_ABI in fused.c
 BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 # Build attempts per variant, best first: native ISA with glibc's vector log (libmvec), native ISA, and a
 # portable build with no ISA extensions at all (plain C paths only).
@@ -167,10 +168,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     i64, i32, dbl, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
     for sfx in ("f64", "f32"):
         f = getattr(lib, f"rw_train_{sfx}")
-        f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 4 + [vp, vp, vp, i32, i32]
+        f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 5 + [vp, vp, vp, i32, i32]
         f.restype = i32
         f = getattr(lib, f"rw_eval_{sfx}")
-        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 2 + [vp] * 8 + [vp, vp, i32, vp, i32, i32, i32]
+        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 3 + [vp] * 8 + [vp, vp, i32, vp, i32, i32, i32]
         f.restype = i32
         f = getattr(lib, f"rw_masks_bytes_{sfx}")
         f.argtypes, f.restype = [i64] * 3, i64
@@ -236,10 +237,11 @@ def _shape_ok(K: Optional[int], model: str, gram: str, precision: str) -> bool:
 def available(cfg=None, *, K: Optional[int] = None, model: str = "transformer", gram: str = "exact",
               precision: str = "float64") -> bool:
     """Whether `train_step` / `evaluate` run the compiled kernel for runs of this shape (a RunConfig, or
-    the keywords): False for the FFN model, gram=numeric, K > 127, RW_SWEEPS_BACKEND=torch, or no build."""
+    the keywords): False for the FFN model, gram=numeric, optim=adam, K > 127, RW_SWEEPS_BACKEND=torch, or no
+    build. Every model.normalize runs in the kernel (the logits' scales ν_tok, ν_pos, ν_q are arguments)."""
     if cfg is not None:
         K, model, gram, precision = cfg.data.K, cfg.model.name, cfg.model.gram, cfg.precision
-        if cfg.model.normalize == "positional" or cfg.optim.name != "gd":
+        if cfg.optim.name != "gd":  # Adam runs on the PyTorch path
             return False
     if backend() == "torch" or not _shape_ok(K, model, gram, precision):
         return False
@@ -257,8 +259,6 @@ def _kernel_for(state: engine.State, data: engine.Batch, geo: Geometry) -> Optio
         why = "the FFN model (F.1)"
     elif geo.gram is not None:
         why = "gram=numeric"
-    elif geo.nu_pos != geo.nu_tok:
-        why = "model.normalize=positional"
     elif V.dtype not in (torch.float64, torch.float32):
         why = f"dtype {V.dtype}"
     elif any(t.device.type != "cpu" for t in (V, state.a, state.c, data.tokens)):
@@ -429,8 +429,8 @@ def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: 
     masks = _masks(lib, data.tokens, tok, K, dtype) if steps <= 2 else None
     with torch.no_grad():
         rc = fn(R, n, L, K, steps, _ptr(tok), _ptr(y), _ptr(V), _ptr(a), _ptr(c), _ptr(lr_), _ptr(eps_), _ptr(w_),
-                float(geo.kappa), float(geo.pp), float(geo.nu_tok), float(geo.nu_q), _ptr(loss), _ptr(bad),
-                _ptr(masks), _threads(R), 0)
+                float(geo.kappa), float(geo.pp), float(geo.nu_tok), float(geo.nu_pos), float(geo.nu_q), _ptr(loss),
+                _ptr(bad), _ptr(masks), _threads(R), 0)
         if rc != 0:
             raise RuntimeError(f"fused kernel rw_train failed (code {rc})")
         if a is not state.a:
@@ -491,9 +491,9 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     blocks = _by_block(data.tokens, tok, lanes) if masks is not None else None
     PB, S = _p_by_block(data.P_true, lanes, dtype) if masks is not None else (None, 0)
     rc = fn(R, n, L, K, _ptr(tok), _ptr(y), _ptr(P), _ptr(Vc), _ptr(a), _ptr(c), _ptr(eps_), float(geo.nu_tok),
-            float(geo.nu_q), _ptr(out["loss"]), _ptr(out["acc"]), _ptr(out["kl"]), _ptr(out["pred_dist"]),
-            _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _ptr(masks), _ptr(blocks), int(full), _ptr(PB),
-            S, _threads(R), 0)
+            float(geo.nu_pos), float(geo.nu_q), _ptr(out["loss"]), _ptr(out["acc"]), _ptr(out["kl"]),
+            _ptr(out["pred_dist"]), _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _ptr(masks), _ptr(blocks),
+            int(full), _ptr(PB), S, _threads(R), 0)
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
     return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv,

@@ -1,14 +1,17 @@
 """The one-layer transformer of eq. 2.1, f(X) = V·X·S(X̃ᵀ W x̃_N), and its FFN variant F.1,
-f(X) = A·ReLU(V·X·S(X̃ᵀ W x̃_N)), in the compact form the engine trains.
+f(X) = A·ReLU(V·X·S(X̃ᵀ W x̃_N)) (`model.ffn=after`) or, with the FFN before the attention, per token,
+f(X) = Σ_i S_i·A·ReLU(V x_i) = A·ReLU(V)·X·S (`model.ffn=before`: one-hot x_i pick columns of ReLU(V), and
+x_N's token part is 0), in the compact form the engine trains.
 
 Why compact: x̃_N = [0_K; p_N] is the same for every sequence, so the W-gradient is rank one, (·)·x̃_Nᵀ
 (spec §2), and the attention only ever sees u = W x̃_N ∈ R^{K+M}. With one-hot tokens a logit splits into
 a token part and a positional part:
 
-    z_bj = (a[s_bj] + c_j) / ν_tok   (j < N),      z_bN = c_N / ν_q,
+    z_bj = a[s_bj] / ν_tok + c_j / ν_pos   (j < N),      z_bN = c_N / ν_q,
 
-with a = u[:K] and c_j = p_jᵀ u[K:]. ν are the norms of x̃ when `normalize` puts unit-length x̂ inside the
-softmax (§4), else 1. Because p_iᵀp_j = ‖p‖²·1[i=j] exactly for the sine embedding (Lemma E.5), c moves
+with a = u[:K] and c_j = p_jᵀ u[K:]. The ν are what `model.normalize` divides x̃'s parts by to put
+unit-length x̂ inside the softmax (§4; `Geometry`): ν_tok = ν_pos = ‖x̃_j‖ for whole, ν_pos = ‖p‖ alone for
+positional, 1 for none (and token, the identity on one-hot x_j). Because p_iᵀp_j = ‖p‖²·1[i=j] exactly for the sine embedding (Lemma E.5), c moves
 by ‖p‖² times its own gradient, and nothing of size M is touched after the initial state. Using the exact
 Gram identity also keeps Theorem 4.1's symmetric point exact in floating point (performance-notes §6-7).
 """
@@ -33,7 +36,7 @@ def positions(cfg: ModelConfig, N: int, dtype=torch.float64) -> torch.Tensor:
 
 @dataclass
 class Geometry:
-    """What the compact model needs of the embeddings, fixed per shape."""
+    """What the compact model needs of the embeddings and of its reading, fixed per shape."""
 
     pp: float  # ‖p_i‖², equal for every i (Lemma D.3 uses it)
     nu_tok: float  # what the token part of x̃_j (j < N) is divided by inside the softmax (1: not at all)
@@ -41,6 +44,7 @@ class Geometry:
     kappa: float  # ‖x̂_N‖²: u = W x̂_N moves by −lr·κ·G
     gram: Optional[torch.Tensor]  # (N, N) numeric P Pᵀ, or None for the exact identity ‖p‖²·I
     nu_pos: float = 1.0  # what the positional part of x̃_j (j < N) is divided by (= nu_tok but for positional)
+    ffn: str = "after"  # where the FFN of F.1 sits (model.ffn; transformer_ffn only): after | before the attention
 
 
 def geometry(cfg: ModelConfig, N: int) -> Geometry:
@@ -52,14 +56,16 @@ def geometry(cfg: ModelConfig, N: int) -> Geometry:
         gram = P @ P.T
     where = NORMALIZE_ALIASES.get(cfg.normalize, cfg.normalize)
     if where == "whole":  # x̂_j = [e_s; p_j] / √(1 + ‖p‖²), x̂_N = [0; p_N] / ‖p‖
-        nu = math.sqrt(1 + pp)
-        return Geometry(pp, nu, math.sqrt(pp), 1.0, gram, nu)
-    if where == "positional":  # x̂_j = [e_s; p_j / ‖p‖]: only the positional part has unit length
-        return Geometry(pp, 1.0, math.sqrt(pp), 1.0, gram, math.sqrt(pp))
-    if where in ("none", "token"):  # a one-hot x_i already has unit length; x_N's token part is 0
-        return Geometry(pp, 1.0, 1.0, pp, gram, 1.0)
-    raise ValueError(f"model.normalize={where!r}: must be one of none, whole, positional, token (auto is "
-                     "resolved by RunConfig)")
+        nu_tok = nu_pos = math.sqrt(1 + pp)
+        nu_q, kappa = math.sqrt(pp), 1.0
+    elif where == "positional":  # x̂_j = [e_s; p_j / ‖p‖]: only the positional part has unit length
+        nu_tok, nu_pos, nu_q, kappa = 1.0, math.sqrt(pp), math.sqrt(pp), 1.0
+    elif where in ("none", "token"):  # a one-hot x_i already has unit length; x_N's token part is 0
+        nu_tok, nu_pos, nu_q, kappa = 1.0, 1.0, 1.0, pp
+    else:
+        raise ValueError(f"model.normalize={where!r}: must be one of none, whole, positional, token (auto is "
+                         "resolved by RunConfig)")
+    return Geometry(pp, nu_tok, nu_q, kappa, gram, nu_pos, cfg.ffn)
 
 
 @dataclass
@@ -87,13 +93,22 @@ def attend(a: torch.Tensor, c: torch.Tensor, tokens: torch.Tensor, geo: Geometry
     return Attention(alpha, beta, Z, AH / Z[..., None], beta_q / Z)
 
 
-def output(params: dict, h: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """f = V h (eq. 2.1), or f = A ReLU(V h) (F.1). Returns f (R, n, K) and the pre-activation r (FFN)."""
+def output(params: dict, h: torch.Tensor, ffn: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """f = V h (eq. 2.1), f = A ReLU(V h) (F.1, ffn=after) or f = A ReLU(V) h (F.1, ffn=before), h = X·S.
+    Returns f (R, n, K) and, for ffn=after, the pre-activation r = V h (R, n, m) (else None)."""
     V = params["V"]
     if "A" not in params:
         return torch.bmm(h, V.transpose(1, 2)), None
+    if ffn == "before":
+        return torch.bmm(h, value_before(params).transpose(1, 2)), None
     r = torch.bmm(h, V.transpose(1, 2))
     return torch.bmm(torch.relu(r), params["A"].transpose(1, 2)), r
+
+
+def value_before(params: dict) -> torch.Tensor:
+    """A·ReLU(V) (R, K, K): with the FFN before the attention, Σ_i S_i A ReLU(V x_i) for one-hot x_i (and
+    x_N's token part 0, which adds A·ReLU(0) = 0) is this matrix times h = X·S, as V h is in eq. 2.1."""
+    return torch.bmm(params["A"], torch.relu(params["V"]))
 
 
 INIT_STREAM = (0x9E3779B1, 0x7F4A7C15)  # s ↦ (a·s + b) mod 2³²: odd a and odd b, so never s itself

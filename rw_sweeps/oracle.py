@@ -31,10 +31,24 @@ def embed(tokens: torch.Tensor, P: torch.Tensor, K: int, normalize: str) -> torc
     return Xt
 
 
-def forward(theta: dict, X: torch.Tensor, Xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """f(X) = V X S(X̃ᵀ W x̃_N) (eq. 2.1) or A ReLU(V X S(·)) (F.1); the softmax runs over all N columns."""
+def inputs(cfg: RunConfig, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """X (n, K, N), the one-hot tokens with x_N's token part 0 (what the value path reads), and X̃ (embed)."""
+    dtype, K, N = getattr(torch, cfg.precision), cfg.data.K, cfg.data.N
+    Xt = embed(tokens, model.positions(cfg.model, N, dtype), K, cfg.model.normalize)
+    X = Xt.new_zeros(tokens.shape[0], K, N)
+    X[:, :, :-1] = torch.nn.functional.one_hot(tokens, K).transpose(1, 2).to(dtype)
+    return X, Xt
+
+
+def forward(theta: dict, X: torch.Tensor, Xt: torch.Tensor, ffn: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """f(X) = V X S(X̃ᵀ W x̃_N) (eq. 2.1), A ReLU(V X S(·)) (F.1, ffn=after) or Σ_i S_i A ReLU(V x_i) (F.1,
+    ffn=before: the FFN on every column x_i of X, the query's zero token part included, then the attention's
+    average); the softmax runs over all N columns."""
     u = theta["W"] @ Xt[0, :, -1]  # x̃_N is the same for every sequence
     S = torch.softmax(torch.einsum("bdj,d->bj", Xt, u), dim=1)
+    if "A" in theta and ffn == "before":
+        per_token = torch.einsum("ko,bol->bkl", theta["A"], torch.relu(torch.einsum("ok,bkl->bol", theta["V"], X)))
+        return torch.einsum("bkl,bl->bk", per_token, S), S
     xs = torch.einsum("bkj,bj->bk", X, S)
     out = xs @ theta["V"].T
     if "A" in theta:
@@ -43,8 +57,9 @@ def forward(theta: dict, X: torch.Tensor, Xt: torch.Tensor) -> tuple[torch.Tenso
 
 
 def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
-    """Train one run literally; returns the list of (step, V, mean attention (N,), theta) after each step
-    (only the last one without `trajectory`)."""
+    """Train one run literally, by GD (eq. 2.3) or by torch.optim.Adam on the dense θ (optim=adam); returns
+    the list of (step, V, mean attention (N,), theta) after each step (only the last one without
+    `trajectory`)."""
     dtype = getattr(torch, cfg.precision)
     train_set, _ = data_mod.make(cfg.data, cfg.seed)
     K, N = cfg.data.K, cfg.data.N
@@ -58,16 +73,24 @@ def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
     y = train_set.y
     n = y.shape[0]
     w = 1.0 / n if cfg.optim.reduction == "mean" else 1.0
+    o, adam = cfg.optim, None
+    if o.name == "adam":
+        adam = torch.optim.Adam(list(theta.values()), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps)
     out = []
     for t in range(steps if steps is not None else cfg.optim.steps):
-        f, S = forward(theta, X, Xt)
+        f, S = forward(theta, X, Xt, cfg.model.ffn)
         loss = -w * torch.log(f[torch.arange(n), y] + cfg.optim.eps).sum()
         grads = torch.autograd.grad(loss, list(theta.values()))
         with torch.no_grad():
             for p_, g_ in zip(theta.values(), grads):
-                p_ -= cfg.optim.lr * g_
+                if adam is None:
+                    p_ -= cfg.optim.lr * g_
+                else:
+                    p_.grad = g_
+            if adam is not None:
+                adam.step()
             if trajectory or t + 1 == (steps if steps is not None else cfg.optim.steps):
-                _, S = forward(theta, X, Xt)
+                _, S = forward(theta, X, Xt, cfg.model.ffn)
                 out.append((t + 1, theta["V"].detach().clone(), S.mean(0).detach(),
                             {k: v.detach().clone() for k, v in theta.items()}))
     return out
@@ -109,12 +132,9 @@ def main(argv: list[str]) -> None:
     t0 = time.perf_counter()
     *_, (_, _, _, theta) = train(cfg, trajectory=False)
     _, test_set = data_mod.make(cfg.data, cfg.seed)
-    dtype = getattr(torch, cfg.precision)
-    Xt = embed(test_set.tokens, model.positions(cfg.model, cfg.data.N, dtype), cfg.data.K, cfg.model.normalize)
-    X = Xt.new_zeros(test_set.tokens.shape[0], cfg.data.K, cfg.data.N)
-    X[:, :, :-1] = torch.nn.functional.one_hot(test_set.tokens, cfg.data.K).transpose(1, 2).to(dtype)
+    X, Xt = inputs(cfg, test_set.tokens)
     with torch.no_grad():
-        f, S = forward(theta, X, Xt)
+        f, S = forward(theta, X, Xt, cfg.model.ffn)
     acc = (f.argmax(1) == test_set.y).double().mean().item()
     print(json.dumps({"test_acc": acc, "parent_attention": S[:, -2].mean().item(), "wall_s": time.perf_counter() - t0}))
     print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

@@ -1,9 +1,10 @@
 """The training loop, top to bottom: R runs of one shape from their configs to their records.
 
 data → initial state (or a checkpoint) → for t = 0 … T: evaluate (every `eval_every` steps), take a GD
-step, check finiteness → records (history rows, snapshots, status). Nothing here writes a result file
-but checkpoints: `rw_sweeps.run` turns the records into run folders. Runs never disturb each other: a run
-whose loss or parameters stop being finite is `diverged` at that step while the others go on.
+step (or an Adam step, `rw_sweeps.adam`), check finiteness → records (history rows, snapshots, status).
+Nothing here writes a result file but checkpoints: `rw_sweeps.run` turns the records into run folders.
+Runs never disturb each other: a run whose loss or parameters stop being finite is `diverged` at that step
+while the others go on.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import data as data_mod
-from . import engine, fused, model, results
+from . import adam, engine, fused, model, results
 from .config import RunConfig
 
 BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
@@ -97,14 +98,18 @@ def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.S
             W = theta.pop("W")
             params.append(theta)
             ac.append(model.compact(W, cfg.model, K, N, geo))
-    return engine.init_state(params, ac)
+    state = engine.init_state(params, ac)
+    if cfgs[0].optim.name == "adam":
+        state.opt = adam.moments(state, cfgs[0].model.M)
+    return state
 
 
 def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
           resumed: list[dict] | None = None) -> list[Record]:
     """Train R runs of one shape (optionally from their checkpoints) and return their records.
 
-    Between two evaluations the runs take their steps in one call of the multi-step kernel. Nothing in
+    Between two evaluations the runs take their steps in one call of the multi-step kernel (GD) or of
+    `adam.train_steps` (optim=adam: the PyTorch path, on any device). Nothing in
     the step loop reads a tensor back to the host (on a GPU, no sync): metrics, divergence steps and
     snapshots stay device tensors in a `_Log` until it is flushed, once per chunk (or when its buffer
     fills, or for a checkpoint), and the records are built from the flushed arrays."""
@@ -129,6 +134,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     eps = torch.tensor([cfg.optim.eps for cfg in cfgs], dtype=dtype, device=dev)
     w = torch.tensor([1.0 / cfg.data.n_train if cfg.optim.reduction == "mean" else 1.0 for cfg in cfgs],
                      dtype=dtype, device=dev)
+    hp = adam.hyper(cfgs, geo, dtype, dev) if c0.optim.name == "adam" else None  # lr, β₁, β₂, ε_A per run
     PiT = None  # V's limit Πᵀ (Thm 3.1), for eq. 2.1 on random walks
     if c0.data.name == "random_walk" and not c0.model.is_ffn:
         PiT = torch.stack([data_mod.Pi(c0.data.K, cfg.data.p, dtype).T for cfg in cfgs]).to(dev)
@@ -158,7 +164,10 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                 break
             while state.step < evals[i + 1]:  # the steps up to the next evaluation, in bounded calls
                 t0, n = state.step, block.steps(evals[i + 1] - state.step, c0.checkpoint_every, state.step)
-                loss, bad = fused.train_steps(state, train_set, lr, eps, w, geo, n)
+                if hp is None:
+                    loss, bad = fused.train_steps(state, train_set, lr, eps, w, geo, n)
+                else:
+                    loss, bad = adam.train_steps(state, train_set, hp, eps, w, geo, n)
                 if t0 == t:
                     log.train_loss(loss[:, 0])
                 log.diverged_at(t0, bad)
@@ -385,6 +394,29 @@ def _finite(row: dict) -> bool:
     return True
 
 
+LOCK_MASS = 0.5  # a position other than the parent holding more than this of the mean attention has locked on
+
+
+def locked_position(attention) -> int | None:
+    """The 1-based position j ≠ N−1 (paper notation: x_1 … x_{N−1}, the query x_N) that the final mean
+    attention S locks onto, or None: the argmax of S over the N−1 real tokens when it is not the parent,
+    holds more than LOCK_MASS, and the parent holds less. `attention`: the mean S_j, length N (last: query)."""
+    S = [float(v) for v in attention[:-1]]
+    if not S:
+        return None
+    j = max(range(len(S)), key=S.__getitem__)  # first of ties, like numpy's argmax
+    parent = len(S) - 1  # x_{N−1}, 0-based
+    return j + 1 if j != parent and S[j] > LOCK_MASS and S[parent] < LOCK_MASS else None
+
+
+def _final_lock(rec: Record) -> int | None:
+    """locked_position of a finished run: its last snapshot is taken at the last step. A diverged or failed
+    run has no final attention (its last snapshot predates the divergence): None."""
+    if rec.status != "done" or not rec.snapshots or rec.snapshots[-1]["step"] != rec.steps:
+        return None
+    return locked_position(rec.snapshots[-1]["attention"])
+
+
 def summary(rec: Record, wall: float) -> dict:
     """summary.json of a run (README, "Results"): its last evaluation whose every metric is finite (for a
     diverged run, the last one before it diverged; `eval_step` names it), the outcome and the run's keys."""
@@ -393,7 +425,8 @@ def summary(rec: Record, wall: float) -> dict:
     return {
         "status": rec.status, "error": rec.error,
         **{k: last.get(k) for k in METRICS}, "eval_step": last.get("step"),
-        "opt_acc": cfg.opt_acc, "symmetry_break_step": rec.break_step, "steps": rec.steps,
+        "opt_acc": cfg.opt_acc, "symmetry_break_step": rec.break_step, "locked_position": _final_lock(rec),
+        "steps": rec.steps,
         "wall_s": round(wall, 6),
         "p": cfg.data.p, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,
         "data": cfg.data.name, "init": cfg.init.name, "sigma": cfg.init.sigma, "lr": cfg.optim.lr,

@@ -25,8 +25,9 @@ def test_every_group_option_exists():
     assert GROUPS["data"] == ["qa_majority", "qa_preference", "random_walk"]
     assert GROUPS["model"] == ["transformer", "transformer_ffn"]
     assert GROUPS["init"] == ["gaussian", "zero"]
-    assert GROUPS["optim"] == ["gd"]
-    assert GROUPS["experiment"] == [f"fig{i}" for i in (10, 4, 5, 6, 7, 8, 9)]
+    assert GROUPS["optim"] == ["adam", "gd"]
+    assert GROUPS["experiment"] == sorted([f"fig{i}" for i in (10, 4, 5, 6, 7, 8, 9)]
+                                          + ["escape", "fig10_readings", "fig6_readings", "locking"])
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() if g != "experiment" for o in opts])
@@ -53,6 +54,12 @@ EXPECTED = {  # spec §7: the settings each preset must produce (single values; 
     "fig8": dict(p=0.5, K=20, N=101, init="zero", lr=1.0, steps=50),
     "fig9": dict(p=1.0, K=20, N=101, init="zero", lr=1.0, steps=50),
     "fig10": dict(K=19, model="transformer_ffn", m=19, init="gaussian", sigma=0.01, lr=0.1, n_train=1024, n_test=1024),
+    # issue 11: the reading searches keep the paper's stated settings; normalize=auto is the paper's protocol
+    "fig6_readings": dict(K=6, N=97, init="gaussian", sigma=0.01, lr=0.01, steps=1000, normalize="whole"),
+    "fig10_readings": dict(K=19, model="transformer_ffn", m=19, init="gaussian", sigma=0.01, lr=0.1, steps=100,
+                           n_train=1024, n_test=1024, normalize="whole"),
+    "escape": dict(K=6, N=97, init="gaussian", steps=1000),
+    "locking": dict(p=0.5, K=6, N=97, init="zero", lr=1.0, steps=50, normalize="none"),
 }
 
 
@@ -66,8 +73,16 @@ def test_experiment_presets_compose_to_the_paper_settings(name):
     assert {k: flat[k] for k in EXPECTED[name]} == EXPECTED[name]
 
 
-@pytest.mark.parametrize("name,sweep", [("fig6", {"data.p": "0.5,1.0"}), ("fig7", {"data": "qa_majority,qa_preference"}),
-                                        ("fig10", {"data": "qa_majority,qa_preference"})])
+@pytest.mark.parametrize("name,sweep", [
+    ("fig6", {"data.p": "0.5,1.0"}), ("fig7", {"data": "qa_majority,qa_preference"}),
+    ("fig10", {"data": "qa_majority,qa_preference"}),
+    ("fig6_readings", {"data.p": "0.5,1.0", "model.normalize": "none,whole,positional", "optim.reduction": "mean,sum",
+                       "optim": "gd,adam"}),
+    ("fig10_readings", {"data": "qa_majority,qa_preference", "model.ffn": "after,before", "optim": "gd,adam"}),
+    ("escape", {"data.p": "0.0,1.0,0.9,0.95,0.99", "model.normalize": "none,whole", "precision": "float64,float32",
+                "seed": "range(0,8)"}),
+    ("locking", {"data.n_train": "100,300,1000,3000", "data.N": "25,49,97", "model.M": "200,1000",
+                 "seed": "range(0,50)"})])
 def test_multirun_presets_declare_their_sweep(name, sweep):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
@@ -95,6 +110,10 @@ BAD = [
     ("snapshot_steps=[a]", "snapshot_steps", "list of integers"), ("optim.lr=${init.sigma}", "optim.lr", "> 0"),
     ("data=qa_majority data.N=20", "data.N", "17"), ("model=transformer_ffn model.m=0", "model.m", ">= 1"),
     ("init=gaussian init.draw=sparse", "init.draw", "compact, dense"),
+    ("model.normalize=unit", "model.normalize", "none, whole, positional, token"),
+    ("model.ffn=before", "model.ffn", "transformer_ffn"), ("model=transformer_ffn model.ffn=inside", "model.ffn", "after, before"),
+    ("optim.name=sgd", "optim.name", "gd, adam"), ("optim.beta1=1", "optim.beta1", "[0, 1)"),
+    ("optim.beta2=-0.1", "optim.beta2", "[0, 1)"), ("optim.adam_eps=0", "optim.adam_eps", "> 0"),
 ]
 
 
@@ -165,3 +184,15 @@ def test_bad_launcher_settings_are_one_line_too(tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and key in lines[0], r.stderr
         assert not (tmp_path / "s").exists()
+
+
+def test_normalize_auto_is_the_papers_protocol():
+    # §4: unit-length x̃_i in the attention with random init; the theory (zero init) has none
+    assert composed().model.normalize == "none"
+    assert composed("init=gaussian").model.normalize == "whole"
+    assert composed("init=gaussian", "model.normalize=none").model.normalize == "none"
+    assert composed("model.normalize=positional").model.normalize == "positional"
+    # the key's old boolean form still reads as it did
+    assert composed("model.normalize=true").model.normalize == "whole"
+    assert composed("init=gaussian", "model.normalize=false").model.normalize == "none"
+    assert from_dict({"model": {"normalize": True}}).model.normalize == "whole"

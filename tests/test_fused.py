@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 T = 50
 
 
-def _cfg(seed, p=0.5, init="zero", sigma=0.0, lr=1.0, normalize=False, K=6, N=25, n=200, precision="float64",
+def _cfg(seed, p=0.5, init="zero", sigma=0.0, lr=1.0, normalize="none", K=6, N=25, n=200, precision="float64",
          name="transformer", gram="exact"):
     c = RunConfig(seed=seed, precision=precision)
     c.data.K, c.data.N, c.data.p, c.data.n_train, c.data.n_test = K, N, p, n, n
@@ -118,6 +118,11 @@ def _compare(cfgs, rtol, steps=T):
         p_ref, p_got = engine.evaluate(ref, data_set, eps, geo), fused.evaluate(got, data_set, eps, geo)
         for name in PROBE_FIELDS:
             _close(f"eval {tag} {name}", getattr(p_ref, name), getattr(p_got, name), rtol)
+        # a history row's evaluation (full=False): every field it sets, against torch too
+        p_row = fused.evaluate(got, data_set, eps, geo, full=False)
+        for name in ("loss", "acc", "kl", "pred_dist", "spread"):
+            _close(f"eval {tag} {name} (full=False)", getattr(p_ref, name), getattr(p_row, name), rtol)
+        _close(f"eval {tag} parent, query (full=False)", p_ref.attention[:, -2:], p_row.attention[:, -2:], rtol)
     if state.a.dtype == torch.float32:  # the same f32 initial point, trained in float64
         ex = engine.State({"V": state.params["V"].double()}, state.a.double(), state.c.double())
         tr64 = engine.Batch(train.tokens, train.y, train.P_true.double())
@@ -144,21 +149,30 @@ GRID = [dict(p=p, init=i, sigma=s, lr=lr) for p, (i, s), lr in
         itertools.product((0.3, 0.5, 0.7), (("zero", 0.0), ("gaussian", 0.01), ("gaussian", 0.05)), (1.0, 0.3))]
 
 
-@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("normalize", ["none", "whole", "positional"])
 @pytest.mark.parametrize("precision,rtol", [("float64", 1e-12), ("float32", F32)])
 def test_kernel_matches_torch(kernel, normalize, precision, rtol):
-    """All 18 runs of the grid in one batch (each its own seed), 50 steps: state, losses and every metric."""
+    """All 18 runs of the grid in one batch (each its own seed), 50 steps: state, losses and every metric,
+    under each reading of model.normalize (positional: the logits' token and positional parts have their
+    own scales, ν_tok = 1 and ν_pos = ‖p‖)."""
     cfgs = [_cfg(seed, normalize=normalize, precision=precision, **kw) for seed, kw in enumerate(GRID)]
-    _compare(cfgs, rtol)
+    geo = model.geometry(cfgs[0].model, cfgs[0].data.N)
+    assert (geo.nu_pos != geo.nu_tok) == (normalize == "positional")
+    assert fused.available(cfgs[0])
+    ref, _ = _compare(cfgs, rtol)
+    assert (ref.c - ref.c[:, :1]).abs().max() > 1e-3  # the positions really moved apart
 
 
 @pytest.mark.parametrize("precision,rtol", [("float64", 1e-12), ("float32", F32)])
 def test_kernel_matches_torch_ragged_shapes(kernel, precision, rtol):
     """§5's N = 97 (several position tiles), n not a multiple of the SIMD width, one run, and K = 19 (the QA
-    vocabulary, beyond the AVX-512 path's K ≤ 8: the plain C path of the same library)."""
+    vocabulary, beyond the AVX-512 path's K ≤ 8: the plain C path of the same library), there also with the
+    positional normalisation."""
     _compare([_cfg(s, p=0.5, N=97, n=203, precision=precision) for s in range(3)], rtol)
     _compare([_cfg(7, p=0.7, init="gaussian", sigma=0.01, N=97, n=37, precision=precision)], rtol)
     _compare([_cfg(s, p=0.6, K=19, N=30, n=61, precision=precision) for s in range(2)], rtol)
+    _compare([_cfg(s, p=0.6, K=19, N=30, n=61, init="gaussian", sigma=0.05, normalize="positional",
+                   precision=precision) for s in range(2)], rtol)
 
 
 def test_portable_build_matches_torch(kernel, monkeypatch, tmp_path):
@@ -170,6 +184,7 @@ def test_portable_build_matches_torch(kernel, monkeypatch, tmp_path):
         assert fused.available(K=6) and not fused.info()["avx512"]
         cfgs = [_cfg(seed, **kw) for seed, kw in enumerate(GRID[::3])]
         _compare(cfgs, 1e-12)
+        _compare([_cfg(seed, normalize="positional", **kw) for seed, kw in enumerate(GRID[1::3])], 1e-12)
         _compare([_cfg(s, p=0.5, N=97, n=203, precision="float32") for s in range(2)], F32)
         _symmetric_point("float64", N=25)
     finally:

@@ -2,7 +2,8 @@
 [--metric success] [--tol 0.02] [--paper] [--wandb]
 
 Writes OUT_DIR/runs.parquet (one row per run), the phase diagrams (and with --paper the
-paper's figures) as PNG, and OUT_DIR/index.html.
+paper's figures, and issue 11's: the reading table OUT_DIR/readings.csv and .md, the escape map
+with its theory overlay, the locking diagram) as PNG, and OUT_DIR/index.html.
 """
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402
 import pandas as pd               # noqa: E402
 
+from . import claims                                      # noqa: E402
+from .escape import escape_figures                        # noqa: E402
 from .figures import paper_figures                       # noqa: E402
+from .locking import locking_figures                      # noqa: E402
 from .load import load_runs                               # noqa: E402
 from .phase import (TOL, add_success, add_success_step,   # noqa: E402
                     phase_diagram, swept_keys)
@@ -106,6 +110,16 @@ def main(argv=None) -> int:
                 notes.append(f"{name} not drawn: {type(e).__name__}: {e}")
                 continue
             save(name, caption, fig, "Paper figures")
+        figures += _reading_table(runs, out)
+        for section, make in (("Escape map (beyond the paper)", escape_figures),
+                              ("Wrong-position locking (beyond the paper)", locking_figures)):
+            for name, caption, draw in make(runs, notes):
+                try:
+                    fig = draw()
+                except Exception as e:
+                    notes.append(f"{name} not drawn: {type(e).__name__}: {e}")
+                    continue
+                save(name, caption, fig, section)
 
     table = runs.copy()
     table.attrs = {"config_keys": runs.attrs["config_keys"]}   # skipped stays in the report
@@ -117,11 +131,27 @@ def main(argv=None) -> int:
             "sweeps": [str(p) for p in args.sweeps], "tol": args.tol, "metric": args.metric,
             "x": x, "y": y, "row": row, "col": col})
     c = counts(runs, skipped)[["runs", "done", "failed", "diverged", "unfinished", "corrupt"]]
-    print(f"{report}: {len(figures)} figures; " + ", ".join(f"{k} {v}" for k, v in
+    print(f"{report}: {sum('file' in f for f in figures)} figures; " + ", ".join(f"{k} {v}" for k, v in
                                                            c.sum().items()))
     for n in notes:
         print("note:", n, file=sys.stderr)
     return 0
+
+
+def _reading_table(runs, out) -> list[dict]:
+    """The reading search's table (claims.py) as OUT/readings.csv and .md, and for the report."""
+    table = claims.reading_table(runs)
+    if not len(table):
+        return []
+    table.to_csv(out / "readings.csv", index=False)
+    shown = claims.display(table)
+    caption = (f"The reading search: {int(table['runs'].sum())} runs of "
+               f"{', '.join(claims.READING_EXPERIMENTS)}, one row per reading (seeds pooled), "
+               "each cell the fraction of the reading's runs for which the claim holds (– : no run "
+               "can say), best first by the mean over the claims with data. The claims: "
+               f"{claims.legend()}.")
+    (out / "readings.md").write_text(caption + "\n\n" + claims.to_markdown(shown))
+    return [{"df": shown, "caption": caption, "section": "Reading search (issue 11)"}]
 
 
 def _axes(ap, args, runs, notes):

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from .fastyaml import load_yaml
 
 CACHE_NAME = "runs.parquet"
-CACHE_VERSION = 1   # bump when the row format changes: old caches are then rebuilt
+CACHE_VERSION = 2   # bump when the row format changes: old caches are then rebuilt
 _META_KEY = b"rw_sweeps.analysis"
 _BOOK = ["_run", "_cfg_mtime", "_cfg_size", "_sum_mtime", "_sum_size"]   # cache-only columns
 
@@ -226,7 +226,14 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 _NUM = (int, float)
 CONTRACT_TYPES = {"seed": int, "data.K": int, "data.N": int, "data.n_train": int, "data.n_test": int,
                   "model.M": int, "optim.steps": int, "eval_every": int, "data.p": _NUM, "init.sigma": _NUM,
-                  "optim.lr": _NUM, "optim.eps": _NUM, "model.pos_scale": _NUM, "model.normalize": bool}
+                  "optim.lr": _NUM, "optim.eps": _NUM, "model.pos_scale": _NUM, "model.normalize": str,
+                  "model.ffn": str, "optim.name": str, "optim.beta1": _NUM, "optim.beta2": _NUM,
+                  "optim.adam_eps": _NUM}
+# Keys added after some run folders were written. An old folder trained what they now default to (plain GD,
+# the FFN after the attention), so it reads as such: a table mixing old and new runs shows no false axis.
+LEGACY_DEFAULTS = {"model.ffn": "after", "optim.name": "gd", "optim.beta1": 0.9, "optim.beta2": 0.999,
+                   "optim.adam_eps": 1e-8}
+LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
 
 
 def _read_run(path: Path):
@@ -250,6 +257,10 @@ def _read_run(path: Path):
     if not isinstance(config, dict):
         return None, None, _skip(path, "corrupt", "config.yaml is not a mapping")
     row = flatten_config(config)
+    if isinstance(row.get("model.normalize"), bool):
+        row["model.normalize"] = LEGACY_NORMALIZE[row["model.normalize"]]
+    for key, value in LEGACY_DEFAULTS.items():
+        row.setdefault(key, value)
     for key, kind in CONTRACT_TYPES.items():   # the results contract's types (README, "Results")
         v = row.get(key)
         if v is not None and not (isinstance(v, kind) and not (kind is not bool and isinstance(v, bool))):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import numpy as np                # noqa: E402
 import pandas as pd               # noqa: E402
 import seaborn as sns             # noqa: E402
 from matplotlib.backend_bases import FigureCanvasBase   # noqa: E402
+from matplotlib.colors import LogNorm, Normalize         # noqa: E402
 from matplotlib.patches import Patch, Rectangle          # noqa: E402
 
 from .load import config_keys     # noqa: E402
@@ -28,13 +30,14 @@ from .load import config_keys     # noqa: E402
 TOL = 0.02
 ZERO = "zero"                           # the zero-init column beside the σ axis
 LOG_KEYS = {"init.sigma", "optim.lr"}   # swept geometrically: labelled in powers of ten
-UNIT_METRICS = {"success", "acc_norm", "test_acc", "parent_attention", "v_pi_cosine"}
+UNIT_METRICS = {"success", "acc_norm", "test_acc", "parent_attention", "v_pi_cosine", "locked"}
 STEP_METRICS = {"symmetry_break_step", "success_step"}
+LOWER_IS_BETTER = {"locked"}            # red where high
 # the axes a reader expects first; other swept keys follow by name
 PREFERRED = ["data.p", "init.sigma", "optim.lr", "data.name", "data.K", "data.N", "model.M",
              "init", "model.name", "optim.eps", "optim.steps", "data.n_train"]
 LABELS = {"data.p": "p", "init.sigma": "σ", "optim.lr": "lr (η)", "optim.eps": "ε",
-          "data.K": "K", "data.N": "N", "model.M": "M"}
+          "data.K": "K", "data.N": "N", "model.M": "M", "data.n_train": "n_train"}
 
 
 def add_success(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
@@ -87,30 +90,47 @@ def swept_keys(df: pd.DataFrame) -> list[str]:
 
 
 def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "success",
-                row: str | None = None, col: str | None = None) -> pd.DataFrame:
-    """One line per cell: the facet/axis values, `value` (the mean of `metric` over the cell's
-    runs: for `success` that is the success rate over seeds), `n` runs, `n_valid` runs with a
-    value, and `theory_fail` (every run in the cell is a Thm 4.1 failure)."""
+                row: str | None = None, col: str | None = None, agg: str = "mean",
+                theory: str | None = None) -> pd.DataFrame:
+    """One line per cell: the facet/axis values, `value` (the `agg`, mean or median, of `metric`
+    over the cell's runs that have one: for `success` the mean is the success rate over seeds),
+    `n` runs, `n_valid` runs with a value, and `theory_fail` (every run in the cell is a Thm 4.1
+    failure). With `theory` (a per-run column predicting `metric`: inf = predicted never, NaN = no
+    prediction): `theory` its median over the runs predicted to get there, `n_theory` how many
+    were, `n_predicted` how many runs have a prediction at all."""
     keys = [k for k in (row, col, y, x) if k]
     if len(set(keys)) < len(keys):
         raise ValueError(f"x, y, row and col must be different keys, got {keys}")
-    for k in keys + [metric]:
+    if agg not in ("mean", "median"):
+        raise ValueError(f"agg must be mean or median, got {agg!r}")
+    for k in keys + [metric] + ([theory] if theory else []):
         if k not in df.columns:
             raise KeyError(k)
     g = pd.DataFrame({k: _values(df, k) for k in dict.fromkeys(keys)})
     g["_v"] = pd.to_numeric(df[metric], errors="coerce").astype(float)
     g["_fail"] = theory_fails(df).to_numpy()
+    extra = {}
+    if theory:
+        t = pd.to_numeric(df[theory], errors="coerce").astype(float)
+        g["_t"] = t.where(np.isfinite(t))
+        g["_p"] = t
+        extra = {"theory": ("_t", "median"), "n_theory": ("_t", "count"),
+                 "n_predicted": ("_p", "count")}
     out = g.groupby(keys, dropna=False, sort=False).agg(
-        value=("_v", "mean"), n=("_v", "size"), n_valid=("_v", "count"),
-        theory_fail=("_fail", "all")).reset_index()
+        value=("_v", agg), n=("_v", "size"), n_valid=("_v", "count"),
+        theory_fail=("_fail", "all"), **extra).reset_index()
     return out
 
 
 def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "success",
-                  row: str | None = None, col: str | None = None, title: str | None = None):
-    """Seaborn heatmaps of `metric` over (x, y), one panel per (row, col) value.
-    Returns (figure, phase_table)."""
-    table = phase_table(df, x, y, metric, row, col)
+                  row: str | None = None, col: str | None = None, title: str | None = None,
+                  agg: str = "mean", theory: str | None = None):
+    """Seaborn heatmaps of `metric` over (x, y), one panel per (row, col) value. `agg`: how a
+    cell's runs are summed up (mean or median). `theory`: a per-run column predicting `metric`,
+    printed beside the measured value in every cell ("measured / predicted"; cells no run of
+    which is predicted to get there are outlined). Step metrics are coloured on a log scale
+    when they span decades. Returns (figure, phase_table)."""
+    table = phase_table(df, x, y, metric, row, col, agg, theory)
     xs = _order(table[x])
     ys = _order(table[y])[::-1] if y else [None]   # larger values on top, zero init at the bottom
     rows = _order(table[row]) if row else [None]
@@ -119,7 +139,10 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     vmin, vmax = (0.0, 1.0) if unit else (table["value"].min(), table["value"].max())
     if not np.isfinite([vmin, vmax]).all() or vmin == vmax:
         vmin, vmax = (vmin - 1, vmax + 1) if np.isfinite(vmin) else (0.0, 1.0)
-    cmap = "RdYlGn" if unit else "viridis"
+    cmap = ("RdYlGn_r" if metric in LOWER_IS_BETTER else "RdYlGn") if unit else "viridis"
+    norm = Normalize(vmin, vmax)
+    if metric in STEP_METRICS and vmax >= 20 * max(vmin, 1):   # steps 1…1000: decades apart
+        norm = LogNorm(max(vmin, 1), vmax, clip=True)
     cell_w, cell_h = max(0.75, 0.22 * max(len(_fmt(x, v)) for v in xs)), 0.55
     fig, axes = plt.subplots(
         len(rows), len(cols), squeeze=False,
@@ -133,33 +156,50 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
             if col:
                 sub = sub[_match(sub[col], cv)]
             ax = axes[i, j]
-            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, vmin, vmax)
+            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory)
             facet = ", ".join(f"{LABELS.get(k, k)} = {_fmt(k, v)}"
                               for k, v in ((row, rv), (col, cv)) if k)
             ax.set_title(facet, fontsize=10)
     fig.set_layout_engine("constrained")
-    fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(vmin, vmax), cmap),
-                 ax=axes, label=metric, shrink=0.9, aspect=30)
+    fig.colorbar(plt.cm.ScalarMappable(norm, cmap), ax=axes,
+                 label=metric + (", log scale" if isinstance(norm, LogNorm) else ""),
+                 shrink=0.9, aspect=30)
     n = table["n"]
     per_cell = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
-    fig.suptitle(title or f"{_metric_label(metric)} ({per_cell} runs per cell)", fontsize=11)
+    label = _metric_label(metric, agg) + ("; cell: measured / predicted" if theory else "")
+    fig.suptitle(title or f"{label} ({per_cell} runs per cell)", fontsize=11)
+    handles = []
     if table["theory_fail"].any():
-        fig.legend(handles=[Patch(fill=False, edgecolor="black", ls="--", lw=2,
-                                  label="Thm 4.1: zero init fails at p ∈ {0, 1} (acc 1/K)")],
-                   loc="outside lower left", fontsize=8, frameon=False)
+        handles.append(Patch(fill=False, edgecolor="black", ls="--", lw=2,
+                             label="Thm 4.1: zero init fails at p ∈ {0, 1} (acc 1/K)"))
+    if theory and _never(table).any():
+        handles.append(Patch(fill=False, edgecolor=THEORY_NEVER, ls=":", lw=2,
+                             label="theory: no run of the cell predicted to get there"))
+    if handles:
+        fig.legend(handles=handles, loc="outside lower left", fontsize=8, frameon=False)
     return fig, table
 
 
-def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, vmin, vmax):
+THEORY_NEVER = "tab:blue"
+
+
+def _never(cells):
+    """Cells (a table or one cell) whose runs have predictions, none of them reaching the metric."""
+    return (cells["n_theory"] == 0) & (cells["n_predicted"] > 0)
+
+
+def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None):
     """One heatmap panel: cells in (ys × xs) order, values printed, theory drawn on."""
     grid = {(_key(yv), _key(xv)): r for yv, xv, r in zip(
         sub[y] if y else [None] * len(sub), sub[x], sub.to_dict("records"))}
     cells = [[grid.get((_key(yv), _key(xv))) for xv in xs] for yv in ys]
     values = np.array([[c["value"] if c else np.nan for c in line] for line in cells])
-    texts = [[_annot(c, metric) for c in line] for line in cells]
-    sns.heatmap(pd.DataFrame(values, index=y_names, columns=[_fmt(x, v) for v in xs]), ax=ax,
-                vmin=vmin, vmax=vmax, cmap=cmap, cbar=False, linewidths=0.5, linecolor="white",
-                annot=np.array(texts), fmt="", annot_kws={"fontsize": 8})
+    texts = [[_annot(c, metric, theory) for c in line] for line in cells]
+    with warnings.catch_warnings():       # a panel with no value at all (every cell "never")
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sns.heatmap(pd.DataFrame(values, index=y_names, columns=[_fmt(x, v) for v in xs]), ax=ax,
+                    norm=norm, cmap=cmap, cbar=False, linewidths=0.5, linecolor="white",
+                    annot=np.array(texts), fmt="", annot_kws={"fontsize": 7 if theory else 8})
     for (yi, xi), c in np.ndenumerate(np.array(cells, dtype=object)):
         if c and c["n_valid"] == 0:       # runs, but no value (e.g. never broke): grey, say so
             ax.add_patch(Rectangle((xi, yi), 1, 1, color="0.88"))
@@ -168,6 +208,9 @@ def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, vmin, vmax):
         if c and c["theory_fail"]:        # Thm 4.1 says these cells fail
             ax.add_patch(Rectangle((xi + 0.04, yi + 0.04), 0.92, 0.92, fill=False,
                                    edgecolor="black", lw=2, ls="--"))
+        if c and theory and _never(c):   # the prediction: never (within the horizon)
+            ax.add_patch(Rectangle((xi + 0.1, yi + 0.1), 0.8, 0.8, fill=False,
+                                   edgecolor=THEORY_NEVER, lw=2, ls=":"))
     if ZERO in xs and len(xs) > 1:        # zero init stands apart from the log σ axis
         ax.axvline(1, color="black", lw=3)
     if ZERO in ys and len(ys) > 1:
@@ -246,17 +289,20 @@ def _fmt(key, v) -> str:
     return f"{v:g}"
 
 
-def _annot(cell, metric) -> str:
+def _annot(cell, metric, theory=None) -> str:
     if cell is None:
         return ""
+    step = metric in STEP_METRICS
     if cell["n_valid"] == 0:
-        return "never" if metric in STEP_METRICS else "–"
-    v = cell["value"]
-    if metric in STEP_METRICS:
-        # a step averaged over seeds; say how many seeds never got there
-        return f"{v:.0f}" + (f"\n{cell['n_valid']}/{cell['n']}" if cell["n_valid"] < cell["n"]
-                             else "")
-    return f"{v:.2f}" if abs(v) < 100 else f"{v:.3g}"
+        text = "never" if step else "–"
+    else:
+        v = cell["value"]
+        text = f"{v:.0f}" if step else f"{v:.2f}" if abs(v) < 100 else f"{v:.3g}"
+    if theory and cell["n_predicted"]:
+        text += " / " + (f"{cell['theory']:.0f}" if cell["n_theory"] else "never")
+    if step and 0 < cell["n_valid"] < cell["n"]:
+        text += f"\n{cell['n_valid']}/{cell['n']}"   # how many seeds got there at all
+    return text
 
 
 def _axis_label(key):
@@ -266,14 +312,15 @@ def _axis_label(key):
     return label + ", log scale" if key in LOG_KEYS else label
 
 
-def _metric_label(metric):
+def _metric_label(metric, agg="mean"):
     return {"success": "success rate over seeds",
+            "locked": "locking rate over seeds",
             "acc_norm": "normalised accuracy (acc − 1/K)/(OPT − 1/K)",
-            "symmetry_break_step": "symmetry-break step (mean over runs that broke; k/n: "
+            "symmetry_break_step": f"symmetry-break step ({agg} over runs that broke; k/n: "
                                    "how many did)",
-            "success_step": "first step at success (mean over runs that got there; k/n: "
+            "success_step": f"first step at success ({agg} over runs that got there; k/n: "
                             "how many did)",
-            }.get(metric, f"mean {metric}")
+            }.get(metric, f"{agg} {metric}")
 
 
 def _opt_axis(ax, ps):

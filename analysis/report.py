@@ -50,7 +50,8 @@ def sweep_config(runs: pd.DataFrame) -> pd.DataFrame:
 
 def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: list[dict],
                  notes: list[str] = (), title: str = "rw-sweeps analysis") -> Path:
-    """`figures`: dicts with `file` (relative to `out`), `caption` and `section`."""
+    """`figures`: dicts with `caption`, `section` and either `file` (an image, relative to `out`)
+    or `df` (a table), shown in their order, grouped by section."""
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
          f"<style>{CSS}</style></head><body><h1>{_e(title)}</h1>"]
     h += [f"<p class='note'>{_e(n)}</p>" for n in notes]
@@ -60,6 +61,9 @@ def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: li
     for sec in sections:
         h.append(f"<h2>{_e(sec)}</h2>")
         for f in (f for f in figures if f["section"] == sec):
+            if "df" in f:
+                h.append(f"<p>{_e(f['caption'])}</p>" + _table(f["df"]))
+                continue
             h.append(f"<figure><img src='{_e(f['file'])}' alt='{_e(f['caption'])}'>"
                      f"<figcaption>{_e(f['caption'])}</figcaption></figure>")
     for sw, sub in (runs.groupby("sweep") if len(runs) else []):
@@ -90,7 +94,7 @@ def log_to_wandb(out: Path, runs: pd.DataFrame, figures: list[dict], mode: str =
                      group=most_common("wandb.group", None), job_type="analysis", mode=mode,
                      dir=str(out), config=config or {})
     run.log({Path(f["file"]).stem: wandb.Image(str(Path(out) / f["file"]), caption=f["caption"])
-             for f in figures})
+             for f in figures if "file" in f})
     st = Counter(runs["status"]) if len(runs) else Counter()
     run.summary.update({f"runs_{s}": st.get(s, 0) for s in STATUSES})
     run.finish()

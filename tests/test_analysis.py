@@ -92,7 +92,7 @@ def grid(tmp_path_factory):
     """p × (zero init, σ ∈ {0.01, 0.1}) × 3 seeds = 36 runs: mixed success rates, and some
     diverged runs (σ = 0.1 without normalisation)."""
     return sweep(tmp_path_factory, "grid", "data.p=0,0.5,1", "init=zero,gaussian",
-                 "init.sigma=0.01,0.1", "seed=0,1,2", *TINY)
+                 "init.sigma=0.01,0.1", "seed=0,1,2", "model.normalize=none", *TINY)
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +101,29 @@ def experiments(tmp_path_factory):
     return [sweep(tmp_path_factory, "fig4589", "experiment=fig4,fig5,fig8,fig9", *TINY),
             *(sweep(tmp_path_factory, e, f"experiment={e}", *TINY)
               for e in ("fig6", "fig7", "fig10"))]
+
+
+@pytest.fixture(scope="session")
+def issue11(tmp_path_factory):
+    """Issue 11's presets, shrunk: fig10_readings keeps its 100 steps (Fig. 10's claims are about them),
+    the others run a few dozen steps."""
+    small = ["data.n_train=200", "data.n_test=200", "model.M=200", "wandb.mode=disabled"]
+    return [sweep(tmp_path_factory, "fig6_readings", "experiment=fig6_readings", "seed=0",
+                  "optim.steps=20", "eval_every=5", *small),
+            sweep(tmp_path_factory, "fig10_readings", "experiment=fig10_readings", "seed=0,1", *small),
+            sweep(tmp_path_factory, "escape", "experiment=escape", "data.p=0.0,0.9",
+                  "init.sigma=1e-6,1e-2", "optim.lr=0.1,1.0", "precision=float64", "seed=0,1",
+                  "optim.steps=30", "eval_every=5", *small),
+            sweep(tmp_path_factory, "locking", "experiment=locking", "data.n_train=100,300", "data.N=25",
+                  "seed=range(0,4)", *small)]
+
+
+@pytest.fixture(scope="session")
+def issue11_report(issue11, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports") / "issue11"
+    r = analyse(*issue11, "--out", out, "--paper")
+    assert r.returncode == 0, r.stderr
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -251,16 +274,15 @@ def test_the_curves_are_the_mean_and_range_over_seeds(experiments):
 # ---------------------------------------------------------------------------------------------
 # the report, in a real browser; wandb
 
-@pytest.mark.parametrize("report", ["done_when_report", "paper_report"])
-def test_the_report_opens_in_headless_chromium_and_every_image_loads(report, request, tmp_path):
+def chromium_dom(out: Path, tmp_path: Path) -> str:
+    """The report's DOM once loaded in headless Chromium, with `IMAGES ok/total` appended: how many of
+    its images loaded."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed (apt-get install -y chromium)")
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    out = request.getfixturevalue(report)
     page = (out / "index.html").read_text()
-    n_figures = len(list(out.glob("*.png")))
     # the same page, plus a script that reports each image once the page has loaded
     probe = out / "_probe.html"
     probe.write_text(page.replace("</body>", """<script>
@@ -278,9 +300,42 @@ window.addEventListener('load', () => {
                            capture_output=True, text=True, timeout=120)
     finally:
         probe.unlink()
-    m = re.search(r"IMAGES (\d+)/(\d+)", r.stdout)
-    assert m, f"no probe result; chromium said: {r.stderr[-2000:]}"
-    assert int(m.group(1)) == int(m.group(2)) == n_figures > 0
+    assert re.search(r"IMAGES (\d+)/(\d+)", r.stdout), f"no probe result; chromium said: {r.stderr[-2000:]}"
+    return r.stdout
+
+
+@pytest.mark.parametrize("report", ["done_when_report", "paper_report", "issue11_report"])
+def test_the_report_opens_in_headless_chromium_and_every_image_loads(report, request, tmp_path):
+    out = request.getfixturevalue(report)
+    m = re.search(r"IMAGES (\d+)/(\d+)", chromium_dom(out, tmp_path))
+    assert int(m.group(1)) == int(m.group(2)) == len(list(out.glob("*.png"))) > 0
+
+
+def test_the_browser_shows_the_reading_table_escape_map_and_locking_diagram(issue11, issue11_report,
+                                                                             tmp_path):
+    dom = chromium_dom(issue11_report, tmp_path)
+    for section in ("Reading search (issue 11)", "Escape map (beyond the paper)",
+                    "Wrong-position locking (beyond the paper)"):
+        assert f"<h2>{section}</h2>" in dom
+    for name in ("escape_success", "escape_break", "escape_success_step", "escape_theory", "locking_rate"):
+        assert f'src="{name}.png"' in dom, name
+    # the reading table: one row per reading, its Fig. 10 cells the fractions counted here from the files
+    head, *rows = next(t for t in html_tables(dom) if "Fig. 10(a)" in t[0])
+    keys = ["model.normalize", "model.ffn", "optim.reduction", "optim.name"]
+    assert head[:4] == keys
+    readings = {}
+    for d, (cfg, s) in {**run_files(issue11[0]), **run_files(issue11[1])}.items():
+        m, o = cfg["model"], cfg["optim"]
+        key = (m["normalize"], m["ffn"] if m["name"] == "transformer_ffn" else "–", o["reduction"], o["name"])
+        hist = [json.loads(line) for line in open(d / "history.jsonl")]
+        if cfg["data"]["name"] == "qa_majority":
+            readings.setdefault(key, []).append(any(h["test_acc"] >= 0.95 for h in hist if h["step"] <= 100))
+        else:
+            readings.setdefault(key, [])
+    assert len(rows) == len(readings) == 12 + 16
+    col = head.index("Fig. 10(a)")
+    shown = {tuple(r[:4]): r[col] for r in rows}
+    assert shown == {k: f"{np.mean(v):.2f}" if v else "–" for k, v in readings.items()}
 
 
 def test_wandb_gets_the_figures_in_an_analysis_run_of_the_sweeps_group(done_when,

@@ -218,3 +218,21 @@ def test_fast_config_reader_agrees_with_pyyaml_on_every_fake_config(sweep):
     from analysis.fastyaml import _block_yaml
     for f in sweep.glob("*/config.yaml"):
         assert _block_yaml(f.read_text()) == yaml.safe_load(f.read_text())   # no fallback
+
+
+def test_old_run_folders_read_as_what_they_trained(tmp_path):
+    """model.normalize was a bool, and model.ffn / optim.name / Adam's keys did not exist: an old folder
+    reads as whole/none and the defaults, so that it sits in one table with new ones, no false axis."""
+    root = tmp_path / "s"
+    for i, (init, old) in enumerate([("zero", True), ("gaussian", True), ("gaussian", False)]):
+        run = write_run(root / str(i), init=init, sigma=0.01 if init == "gaussian" else 0.0, seed=i)
+        if old:
+            cfg = yaml.safe_load((run / "config.yaml").read_text())
+            cfg["model"]["normalize"] = init == "gaussian"
+            del cfg["model"]["ffn"], cfg["optim"]["name"], cfg["optim"]["beta1"]
+            (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    df = load_runs(root, progress=False)
+    assert df["model.normalize"].tolist() == ["none", "whole", "whole"]
+    assert set(df["model.ffn"]) == {"after"} and set(df["optim.name"]) == {"gd"}
+    assert set(df["optim.beta1"]) == {0.9}
+    assert swept_keys(df) == ["init.sigma"]

@@ -1,0 +1,373 @@
+"""The theory drawn over issue 11's escape map: the symmetry-break step of a small Gaussian init, predicted
+by linearising gradient descent along the zero-init trajectory.
+
+Theorem 4.1: from zero init on a deterministic walk (p ∈ {0, 1}) with K | N − 1, every sequence has the same
+token histogram, so GD stays on a symmetric trajectory (V_t = α_t·1, a_t ∝ 1, c_t equal on the N − 1 real
+tokens: uniform attention) and never learns. A Gaussian init of size σ puts the run at θ_0 = σ·δ_0 off that
+trajectory. To first order in σ the run is θ_t ≈ base_t + σ·δ_t, with
+
+    base_{t+1} = step(base_t),      δ_{t+1} = J_t δ_t,      J_t = ∂step/∂θ at base_t,
+
+`step` the compact GD step (eq. 2.3: engine.gradients then engine.gd_update, as a function of the state
+tuple) and δ_0 the run's own unit-σ draw (what training.initial_state draws for its seed with σ = 1: V(0),
+a(0), c(0), and A(0) for the FFN; every draw is σ times it). J_t δ_t is one `torch.func.jvp` per step, so a
+single trajectory of the unit draw predicts every σ. The predicted crossing step is the first step at
+which the attention spread of base_t + σ·δ_t on the run's test set exceeds training.BREAK_SPREAD, and the
+predicted break step the first evaluated step (a multiple of `eval_every`, or T, as training evaluates)
+from the crossing on: what summary.json's `symmetry_break_step` measures on the run itself (a broken run
+does not return to the symmetric point, while the linear state, past its crossing, soon means nothing).
+
+The spread is measured (engine.evaluate) on the linearised state, not linearised itself: it is a max over
+sequences of max_j S_j − min_j S_j, piecewise smooth with kinks wherever the arg-max changes, and exactly 0
+on the base, where a first-order expansion would have to pick among tied branches. Evaluating the actual
+spread of base_t + σ·δ_t is exact for the state the linear theory predicts and costs one forward pass.
+
+Off the trap (p ∉ {0, 1}, or K ∤ N − 1) the zero-init trajectory is not symmetric, but the same linearisation
+along it is still defined: base_t is then the zero-init run itself (which may break on its own,
+`base_break_step`), and σ·δ_t the first-order effect of the init. For init=zero configs the prediction is
+that zero-init run's own break step (or null).
+
+The linearisation always runs in float64, on the CPU unless `predict` is given a device, whatever the
+configs' `precision` and `device` say (they are reported, not used). A float32 run rounds away whatever
+part of the perturbation is below half an ulp of the state, and adds rounding noise of its own, which the
+float64 theory does not see: at the smallest σ with a slow escape (σ ≲ 1e-7, normalised, lr = 1) a float32
+run breaks up to ~7 % earlier or later than predicted, or never.
+
+GD only: Adam's step (optim=adam) is not the map linearised here, and the FFN's zero-init point (F.1) is a
+fixed point at which ReLU'(0) = 0 makes J_t the identity, so its escape is second order in σ; both get a
+null prediction with the reason.
+
+    python -m rw_sweeps.theory escape <the overrides of launch.py>   # one JSON line per composed config
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from typing import Callable, Iterator, Optional
+
+import torch
+from torch.func import jvp
+
+from . import data as data_mod
+from . import engine, model, training
+from .config import ConfigError, RunConfig
+
+DTYPE = torch.float64  # the linearisation's precision, whatever the runs' (module docstring)
+MAX_ELEMENTS = 1 << 23  # R·n·(N − 1) of one batched trajectory or evaluation: bounds the memory of a chunk
+
+
+# --------------------------------------------------------------------------------------- the step and J
+def as_tuple(state: engine.State) -> tuple[torch.Tensor, ...]:
+    """The state tuple torch.func differentiates: (V, a, c), and A last for the FFN."""
+    return (state.params["V"], state.a, state.c) + ((state.params["A"],) if "A" in state.params else ())
+
+
+def as_state(xs: tuple[torch.Tensor, ...], step: int = 0) -> engine.State:
+    params = {"V": xs[0]} if len(xs) == 3 else {"V": xs[0], "A": xs[3]}
+    return engine.State(params, xs[1], xs[2], step)
+
+
+def compact_step(data: engine.Batch, lr: torch.Tensor, eps: torch.Tensor, w: torch.Tensor,
+                 geo: model.Geometry) -> Callable[..., tuple[torch.Tensor, ...]]:
+    """The GD step of eq. 2.3 as a pure function of the state tuple (V, a, c[, A]) of R runs: its inputs are
+    cloned, never changed (engine.gd_update works in place), so torch.func can differentiate it."""
+    def step(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        state = as_state(tuple(x.clone() for x in xs))
+        _, grads = engine.gradients(state, data, eps, w, geo)
+        engine.gd_update(state, grads, lr, geo)
+        return as_tuple(state)
+    return step
+
+
+def linearised_step(step: Callable, base: tuple, delta: tuple) -> tuple[tuple, tuple]:
+    """(step(base), J·delta), J = ∂step/∂θ at base: one forward-mode pass."""
+    return jvp(step, base, delta)
+
+
+def _norm(xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """(R,) the Euclidean norm of each run's part of a state tuple."""
+    return torch.sqrt(sum(x.flatten(1).pow(2).sum(1) for x in xs))
+
+
+# ------------------------------------------------------------------------------------------ trajectories
+def eval_steps(T: int, every: int) -> list[int]:
+    """The steps training evaluates at (training.train): multiples of eval_every, and T."""
+    return [t for t in range(T + 1) if t % every == 0 or t == T]
+
+
+@dataclasses.dataclass
+class Linearised:
+    """The runs' zero-init trajectory and their perturbation at step t: the linearised state at σ is
+    base + σ·exp(log_scale)·delta (per run; delta has unit norm, its size is kept in log_scale)."""
+
+    t: int
+    base: tuple  # (V, a, c[, A]), each (R, …)
+    delta: tuple  # the same shapes, unit norm per run
+    log_scale: torch.Tensor  # (R,) log ‖δ_t‖ of the unit-σ draw
+    growth: Optional[torch.Tensor]  # (R,) ‖δ_t‖/‖δ_{t−1}‖ of the attention part (a, c); None at t = 0
+
+    def at(self, sigma: torch.Tensor, runs: torch.Tensor) -> tuple:
+        """The linearised state base + σ·δ_t of `runs` (R',) at `sigma` (R',); σ = 0 gives the base itself."""
+        log_coef = torch.log(sigma.clamp_min(1e-300)) + self.log_scale[runs]  # log σ‖δ_t‖
+        coef = torch.where(sigma > 0, torch.exp(log_coef.clamp(max=300.0)), 0.0)  # no overflow of exp itself
+        return tuple(b[runs] + _per_run(coef, b) * d[runs] for b, d in zip(self.base, self.delta))
+
+
+def _per_run(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """(R,) values shaped to broadcast against a (R, …) state tensor."""
+    return v.view(-1, *[1] * (like.dim() - 1))
+
+
+def linearise(cfgs: list[RunConfig], data: Optional[tuple] = None, device="cpu") -> Iterator[Linearised]:
+    """base_t and δ_t of R runs of one shape (one per cfg; σ and init.name ignored), t = 0 … T, as one
+    batched program: base_0 = 0, δ_0 = each run's own draw at σ = 1, then base_{t+1} = step(base_t) and
+    δ_{t+1} = J_t δ_t by `torch.func.jvp`. δ is renormalised after every step (its log-norm kept apart): J
+    is linear, so this changes nothing but keeps a growing perturbation finite over thousands of steps.
+    data: the runs' (train, test) engine.Batches, if the caller has them."""
+    c0 = cfgs[0]
+    geo = model.geometry(c0.model, c0.data.N)
+    if data is None:
+        data = batches(cfgs)
+    train = engine.Batch(*(x.to(device) for x in (data[0].tokens, data[0].y, data[0].P_true)))
+    vec = lambda xs: torch.tensor(xs, dtype=DTYPE, device=device)  # noqa: E731
+    lr, eps = vec([c.optim.lr for c in cfgs]), vec([c.optim.eps for c in cfgs])
+    w = vec([1.0 / c.data.n_train if c.optim.reduction == "mean" else 1.0 for c in cfgs])
+    unit = [dataclasses.replace(c, init=dataclasses.replace(c.init, name="gaussian", sigma=1.0)) for c in cfgs]
+    delta = tuple(x.to(device) for x in as_tuple(training.initial_state(unit, geo, DTYPE)))
+    base = tuple(torch.zeros_like(x) for x in delta)
+    norm = _norm(delta)
+    delta = tuple(x / _per_run(norm, x) for x in delta)
+    log_scale, growth = torch.log(norm), None
+    step = compact_step(train, lr, eps, w, geo)
+    for t in range(c0.optim.steps + 1):
+        yield Linearised(t, base, delta, log_scale, growth)
+        if t == c0.optim.steps:
+            return
+        ac = _norm(delta[1:3])
+        base, delta = linearised_step(step, base, delta)
+        norm = _norm(delta)
+        growth = _norm(delta[1:3]) / ac
+        log_scale = log_scale + torch.log(norm)
+        delta = tuple(x / _per_run(norm, x) for x in delta)
+
+
+def batches(cfgs: list[RunConfig]) -> tuple[engine.Batch, engine.Batch]:
+    """The runs' training and test sets (each run's own, as training draws them), in float64."""
+    return tuple(engine.Batch(s.tokens, s.y, s.P_true) for s in data_mod.make_batches(cfgs, dtype=DTYPE))
+
+
+def trajectories(cfgs: list[RunConfig], sigmas: list[list[float]], device="cpu") -> list[dict]:
+    """The predictions of R runs of one shape (one per cfg, σ ignored) from one batched linearisation.
+
+    sigmas[r]: the σ's (> 0) to predict for run r. Returns per run {"crossing": {σ: the first step t whose
+    test-set spread of base_t + σ·δ_t exceeds BREAK_SPREAD, or None}, "break": {σ: the first evaluated step
+    ≥ that crossing; 0.0: the base's own break step}, "growth": [‖δ_{t+1}‖/‖δ_t‖ of (a, c), t < T],
+    "base_spread_max": the base's largest spread over the evaluated steps}.
+
+    The linearised spread is checked at every step, not only at the evaluated ones: past its crossing the
+    linear state soon leaves the regime where it means anything (with a fast escape, ~40× a step, it is
+    not even finite by the next evaluation: tests/test_theory.py), while a run, once broken, does not
+    return to the symmetric point; so its break step is the first evaluated step from the crossing on. To
+    keep that cheap, a run's σ's are checked from the largest down, one a step (and the next at once, when
+    one breaks): in the linear regime the spread grows with σ, so the σ's cross in that order. The base
+    (the zero-init run itself) is checked where training evaluates, as the run's own break step is."""
+    c0 = cfgs[0]
+    geo = model.geometry(c0.model, c0.data.N)
+    train, test = batches(cfgs)
+    test = engine.Batch(*(x.to(device) for x in (test.tokens, test.y, test.P_true)))
+    eps = torch.tensor([c.optim.eps for c in cfgs], dtype=DTYPE, device=device)
+    R, T = len(cfgs), c0.optim.steps
+    left = [sorted({s for s in sigmas[r] if s > 0}) for r in range(R)]  # ascending: the next to cross is last
+    crossing: list[dict] = [{} for _ in range(R)]
+    base_break: list = [None] * R
+    base_max = [0.0] * R
+    evals = eval_steps(T, c0.eval_every)
+    chunk = max(1, MAX_ELEMENTS // (test.tokens.shape[1] * test.tokens.shape[2]))
+    growth = []
+
+    def spreads(lin: Linearised, pairs: list[tuple[int, float]]) -> list[float]:
+        out = []
+        for i in range(0, len(pairs), chunk):
+            part = pairs[i:i + chunk]
+            runs = torch.tensor([r for r, _ in part], device=device)
+            sigma = torch.tensor([s for _, s in part], dtype=DTYPE, device=device)
+            sub = engine.Batch(test.tokens[runs], test.y[runs], test.P_true[runs])
+            out += engine.evaluate(as_state(lin.at(sigma, runs)), sub, eps[runs], geo).spread.tolist()
+        return out
+
+    for lin in linearise(cfgs, (train, test), device):
+        if lin.growth is not None:
+            growth.append(lin.growth.tolist())
+        if lin.t in evals:
+            for r, v in enumerate(spreads(lin, [(r, 0.0) for r in range(R)])):
+                base_max[r] = max(base_max[r], v)
+                if base_break[r] is None and v > training.BREAK_SPREAD:
+                    base_break[r] = lin.t
+        pending = [r for r in range(R) if left[r]]
+        while pending:
+            hit = []
+            for r, v in zip(pending, spreads(lin, [(r, left[r][-1]) for r in pending])):
+                if v > training.BREAK_SPREAD:
+                    crossing[r][left[r].pop()] = lin.t
+                    if left[r]:
+                        hit.append(r)
+            pending = hit
+    out = []
+    for r in range(R):
+        cross = {s: crossing[r].get(s) for s in sigmas[r] if s > 0}
+        brk = {s: None if t is None else next(e for e in evals if e >= t) for s, t in cross.items()}
+        out.append({"crossing": cross, "break": {**brk, 0.0: base_break[r]}, "growth": [g[r] for g in growth],
+                    "base_spread_max": base_max[r]})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ predict
+IGNORED = ("precision", "device", "wandb", "snapshot_steps", "checkpoint_every", "experiment", "objective")
+
+
+def _trajectory_key(cfg: RunConfig) -> str:
+    """Everything a trajectory depends on: the config but σ, the init's name (δ_0 is the unit draw either
+    way) and what the float64 CPU linearisation does not use."""
+    d = {k: v for k, v in cfg.to_dict().items() if k not in IGNORED}
+    d["init"] = {k: v for k, v in d["init"].items() if k not in ("sigma", "name")}
+    return json.dumps(d, sort_keys=True)
+
+
+def _shape_key(cfg: RunConfig) -> tuple:
+    """Runs with equal keys share one batched trajectory (the rest, lr, ε, p, seed…, is per run)."""
+    d, m = cfg.data, cfg.model
+    return (d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.ffn, m.pos, m.pos_denom,
+            m.pos_scale, m.gram, cfg.optim.steps, cfg.eval_every)
+
+
+def is_trap(cfg: RunConfig) -> bool:
+    """Theorem 4.1's conditions: a deterministic walk, K | N − 1 (and zero init for the exact trap)."""
+    return cfg.data.name == "random_walk" and cfg.data.p in (0.0, 1.0) and (cfg.data.N - 1) % cfg.data.K == 0
+
+
+def _refused(cfg: RunConfig) -> Optional[str]:
+    if cfg.optim.name != "gd":
+        return f"optim.name={cfg.optim.name}: the linearisation is of the GD step (eq. 2.3) only"
+    if cfg.model.is_ffn:
+        return ("model=transformer_ffn: zero init is a fixed point where ReLU'(0) = 0, so the linearised step is "
+                "the identity and the escape is second order in sigma, which this theory does not see")
+    return None
+
+
+def _finite(x: float) -> Optional[float]:
+    return x if math.isfinite(x) else None
+
+
+def _row(cfg: RunConfig, traj: Optional[dict], reason: Optional[str]) -> dict:
+    gaussian = cfg.init.name == "gaussian"
+    out = {"predicted_break_step": None, "predicted_crossing_step": None, "growth_per_step": None, "growth": None,
+           "base_break_step": None, "base_spread_max": None, "reason": reason, "trap": is_trap(cfg),
+           "sigma": cfg.init.sigma if gaussian else 0.0, "init": cfg.init.name, "lr": cfg.optim.lr, "p": cfg.data.p,
+           "seed": cfg.seed, "normalize": cfg.model.normalize, "precision": cfg.precision,
+           "reduction": cfg.optim.reduction, "eps": cfg.optim.eps, "steps": cfg.optim.steps,
+           "eval_every": cfg.eval_every, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M,
+           "n_train": cfg.data.n_train, "n_test": cfg.data.n_test, "model": cfg.model.name, "data": cfg.data.name,
+           "optim": cfg.optim.name}
+    if traj is None:
+        return out
+    g = traj["growth"]
+    logs = [math.log(x) for x in g if x > 0 and math.isfinite(x)]
+    out.update(predicted_break_step=traj["break"][out["sigma"]], base_break_step=traj["break"][0.0],
+               predicted_crossing_step=traj["crossing"].get(out["sigma"]),
+               base_spread_max=traj["base_spread_max"],
+               growth=[_finite(x) for x in g],
+               growth_per_step=math.exp(sum(logs) / len(logs)) if logs and len(logs) == len(g) else None)
+    return out
+
+
+def predict(cfgs: list[RunConfig], device="cpu") -> list[dict]:
+    """One prediction per config, in order (module docstring): `predicted_break_step` (null: the linearised
+    state's spread stays ≤ BREAK_SPREAD through step T, or `reason` says why there is no prediction) and
+    `predicted_crossing_step` (the step it crosses, before rounding up to the evaluated steps),
+    `growth` (‖δ_{t+1}‖/‖δ_t‖ of the attention part (a, c), t = 0 … T−1), `growth_per_step` (its geometric
+    mean), `base_break_step` (the zero-init run's own) and `base_spread_max` (its largest spread at the
+    evaluated steps: exactly 0 on Thm 4.1's trap), `trap` (Thm 4.1's conditions hold) and the config's
+    keys. Configs that differ only in σ (or precision, device, wandb…) share one trajectory; trajectories of
+    one shape run batched, on `device` (the CPU by default; a GPU if the caller has one), in float64."""
+    reasons = [_refused(c) for c in cfgs]
+    keys = [_trajectory_key(c) for c in cfgs]
+    runs: dict[str, int] = {}  # trajectory key → index of its first config
+    sigmas: dict[str, set] = {}
+    for i, (c, k, why) in enumerate(zip(cfgs, keys, reasons)):
+        if why is None:
+            runs.setdefault(k, i)
+            sigmas.setdefault(k, set()).add(c.init.sigma if c.init.name == "gaussian" else 0.0)
+    done: dict[str, dict] = {}
+    firsts = list(runs.items())
+    for idx in training.group_by(firsts, lambda kv: _shape_key(cfgs[kv[1]])).values():
+        group = [firsts[j] for j in idx]
+        c0 = cfgs[group[0][1]]
+        chunk = max(1, MAX_ELEMENTS // (max(c0.data.n_train, c0.data.n_test) * (c0.data.N - 1)))
+        for s in range(0, len(group), chunk):
+            part = group[s:s + chunk]
+            out = trajectories([cfgs[i] for _, i in part], [sorted(sigmas[k]) for k, _ in part], device)
+            done.update({k: o for (k, _), o in zip(part, out)})
+    return [_row(c, done.get(k), why) for c, k, why in zip(cfgs, keys, reasons)]
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def compose(overrides: list[str]) -> list[RunConfig]:
+    """The configs `python launch.py -m <overrides>` would run: conf/ composed with Hydra (the experiment's
+    `hydra.sweeper.params` first, then the overrides, comma lists and range()/glob() expanded as the
+    sweeper expands them), each validated. A bad value raises ConfigError (one line)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from .app import _no_group_deleted, _packaged_conf
+    from .config import from_hydra_error
+    from .sweep import Planner
+
+    overrides = [o for o in overrides if o not in ("-m", "--multirun")]  # comma lists always expand here
+    try:
+        _no_group_deleted(overrides)
+        with initialize_config_dir(config_dir=_packaged_conf(), version_base="1.3", job_name="theory"):
+            loader = GlobalHydra.instance().config_loader()
+            primary = loader.load_configuration("config", overrides=overrides, run_mode=RunMode.MULTIRUN)
+            params = OmegaConf.select(primary, "hydra.sweeper.params") or {}
+            args = [f"{k}={v}" for k, v in params.items()] + overrides
+            parser = OverridesParser.create(config_loader=loader)
+            jobs = [j for b in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for j in b]
+            return [s.cfg for s in Planner(loader, primary).plan(jobs)]
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, as one line
+        mapped = from_hydra_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+USAGE = "usage: python -m rw_sweeps.theory escape [key=value ...]   (the overrides of launch.py)"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] != "escape":
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        cfgs = compose(argv[1:])
+    except Exception as exc:  # noqa: BLE001 - one line, no traceback, as launch.py's front door
+        msg = str(exc).strip().splitlines()
+        print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr)
+        return 2
+    for row in predict(cfgs):
+        print(json.dumps(row, allow_nan=False), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,8 +118,8 @@ def test_the_claims_read_the_right_steps(tmp_path):
     """Each threshold, on its edge: reaching at step 100 exactly counts, at 90 does not; a window from
     step 100 (the random V(0) is not judged); a short run says nothing."""
     def score(**kw):
-        run = write_run(tmp_path / str(len(list(tmp_path.iterdir()))), experiment="fig6_readings",
-                        init="gaussian", sigma=0.01, **kw)
+        kw = {"experiment": "fig6_readings", "init": "gaussian", "sigma": 0.01, **kw}
+        run = write_run(tmp_path / str(len(list(tmp_path.iterdir()))), **kw)
         df = load_runs(run, progress=False)
         return claims.score_runs(df).iloc[0].to_dict()
 
@@ -130,6 +130,14 @@ def test_the_claims_read_the_right_steps(tmp_path):
     s = score(p=1.0, steps=1000, history=history(acc=lambda t: 0.989), snapshots=deterministic_snapshots(0))
     assert (s["fig6c"], s["fig12"], s["fig13"]) == (1.0, 1.0, 1.0) and np.isnan(s["fig6a"])
     assert score(p=1.0, steps=1000, history=history(acc=step_up(1000, CHANCE, 0.99)))["fig6c"] == 0.0
+
+    def qa(acc):
+        return score(experiment="fig10_readings", data="qa_majority", K=19, N=17, model="transformer_ffn",
+                     ffn="before", steps=100, history=history(100, acc=acc, cos=lambda t: None))["fig10a"]
+
+    # Fig. 10(a) is a curve that reaches ~100 % and stays: a peak that falls back does not count
+    assert qa(step_up(60, 0.5, 0.95)) == 1.0
+    assert qa(lambda t: 1.0 if 10 <= t < 30 else 0.5) == 0.0
 
 
 def test_the_cli_writes_the_reading_table_as_csv_markdown_and_a_report_section(readings, tmp_path):

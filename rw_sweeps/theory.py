@@ -171,8 +171,10 @@ def trajectories(cfgs: list[RunConfig], sigmas: list[list[float]], device="cpu")
     not even finite by the next evaluation: tests/test_theory.py), while a run, once broken, does not
     return to the symmetric point; so its break step is the first evaluated step from the crossing on. To
     keep that cheap, a run's σ's are checked from the largest down, one a step (and the next at once, when
-    one breaks): in the linear regime the spread grows with σ, so the σ's cross in that order. The base
-    (the zero-init run itself) is checked where training evaluates, as the run's own break step is."""
+    one breaks): in the linear regime around Thm 4.1's symmetric point the spread grows with σ, so the σ's
+    cross in that order. Off the trap the base has a spread of its own, which a perturbation can oppose (a
+    larger σ then crosses later): so at the evaluated steps every σ is checked as well, which is exactly
+    where training measures the break. The base (the zero-init run itself) is checked there too."""
     c0 = cfgs[0]
     geo = model.geometry(c0.model, c0.data.N)
     train, test = batches(cfgs)
@@ -205,6 +207,12 @@ def trajectories(cfgs: list[RunConfig], sigmas: list[list[float]], device="cpu")
                 base_max[r] = max(base_max[r], v)
                 if base_break[r] is None and v > training.BREAK_SPREAD:
                     base_break[r] = lin.t
+        if lin.t in evals:  # every σ where training evaluates: off the trap the spread need not grow with σ
+            pairs = [(r, sg) for r in range(R) for sg in left[r]]
+            for (r, sg), v in zip(pairs, spreads(lin, pairs)):
+                if v > training.BREAK_SPREAD:
+                    crossing[r][sg] = lin.t
+                    left[r].remove(sg)
         pending = [r for r in range(R) if left[r]]
         while pending:
             hit = []

@@ -178,6 +178,20 @@ def test_zero_init_predicts_its_own_break(tmp_path):
     assert pred[0]["predicted_break_step"] is not None and pred[1]["predicted_break_step"] is None
 
 
+def test_off_the_trap_every_sigma_is_checked_where_training_evaluates(tmp_path):
+    # p = 0.9 at §5 (whole, lr 1, seed 3): the base breaks by itself at step 300, and σ = 1e-2 opposes its
+    # spread and crosses later (330). Predicted together, the small σ must still break with the base, as it
+    # does when trained, not when the larger σ does.
+    def c(sigma):
+        return cfg(seed=3, sigma=sigma, steps=340, eval_every=10, data=DataConfig(p=0.9), model=ModelConfig(normalize="whole"))
+
+    together = [r["predicted_break_step"] for r in theory.predict([c(1e-8), c(1e-2)])]
+    alone = theory.predict([c(1e-8)])[0]["predicted_break_step"]
+    measured = run.run_batch([c(1e-8)], [tmp_path / "a"], progress=False)[0]["symmetry_break_step"]
+    assert together[0] == alone == measured == 300
+    assert together[1] == 330
+
+
 def test_adam_and_the_ffn_get_no_prediction_and_a_reason():
     adam = cfg(optim=OptimConfig(name="adam", lr=0.01, steps=10))
     ffn = cfg(model=ModelConfig(name="transformer_ffn", M=40, m=5), steps=10)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, from_dict, from_hydra_error
+from .config import ConfigError, from_dict, one_line_errors
 
 log = logging.getLogger(__name__)
 
@@ -195,26 +195,20 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
                             anchor=SearchPathQuery(provider="schema"))
     name = args.config_name or config_name
     try:
-        hydra = Hydra.create_main_hydra2(task_name="preflight", config_search_path=search_path)
-        overrides = list(args.overrides)
-        mode = hydra.get_mode(config_name=name, overrides=overrides)
-        mode = RunMode.MULTIRUN if args.multirun else (mode or RunMode.RUN)
-        cfg = hydra.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
-                                   run_mode=mode, with_log_configuration=False)
-        _no_group_deleted(overrides)
-        if mode == RunMode.RUN:
-            from .resources import check
+        with one_line_errors():
+            hydra = Hydra.create_main_hydra2(task_name="preflight", config_search_path=search_path)
+            overrides = list(args.overrides)
+            mode = hydra.get_mode(config_name=name, overrides=overrides)
+            mode = RunMode.MULTIRUN if args.multirun else (mode or RunMode.RUN)
+            cfg = hydra.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
+                                       run_mode=mode, with_log_configuration=False)
+            _no_group_deleted(overrides)
+            if mode == RunMode.RUN:
+                from .resources import check
 
-            HydraConfig.instance().set_config(cfg)
-            task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-            check(from_dict(OmegaConf.to_container(task, resolve=True), complete=True))
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        mapped = from_hydra_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
+                HydraConfig.instance().set_config(cfg)
+                task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+                check(from_dict(OmegaConf.to_container(task, resolve=True), complete=True))
     finally:
         GlobalHydra.instance().clear()
 

@@ -9,6 +9,7 @@ Hydra's and OmegaConf's own composition errors to the same line.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -365,6 +366,21 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
         options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
         return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}")
     return None
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """Inside: Hydra's and OmegaConf's composition errors leave as the one-line ConfigError that
+    `from_hydra_error` maps them to (anything it cannot map leaves unchanged)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, as one line
+        mapped = from_hydra_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
 
 
 @functools.lru_cache(maxsize=4096)

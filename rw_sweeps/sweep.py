@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 
-from .config import ConfigError, RunConfig, as_schema, from_dict, from_hydra_error
+from .config import ConfigError, RunConfig, as_schema, from_dict, one_line_errors
 
 
 @dataclass
@@ -205,13 +205,6 @@ class Planner:
         """Validate every job; the first bad value raises ConfigError (one line) before anything runs."""
         out = []
         for i, overrides in enumerate(jobs):
-            try:
+            with one_line_errors():
                 out.append(self.spec(overrides, initial_job_idx + i))
-            except ConfigError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, as one line
-                mapped = from_hydra_error(exc)
-                if mapped is None:
-                    raise
-                raise mapped from exc
         return out

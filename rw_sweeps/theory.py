@@ -52,7 +52,7 @@ from torch.func import jvp
 
 from . import data as data_mod
 from . import engine, model, training
-from .config import ConfigError, RunConfig
+from .config import RunConfig
 
 DTYPE = torch.float64  # the linearisation's precision, whatever the runs' (module docstring)
 MAX_ELEMENTS = 1 << 23  # R·n·(N − 1) of one batched trajectory or evaluation: bounds the memory of a chunk
@@ -333,27 +333,21 @@ def compose(overrides: list[str]) -> list[RunConfig]:
     from omegaconf import OmegaConf
 
     from .app import _no_group_deleted, _packaged_conf
-    from .config import from_hydra_error
+    from .config import one_line_errors
     from .sweep import Planner
 
     overrides = [o for o in overrides if o not in ("-m", "--multirun")]  # comma lists always expand here
     try:
-        _no_group_deleted(overrides)
-        with initialize_config_dir(config_dir=_packaged_conf(), version_base="1.3", job_name="theory"):
-            loader = GlobalHydra.instance().config_loader()
-            primary = loader.load_configuration("config", overrides=overrides, run_mode=RunMode.MULTIRUN)
-            params = OmegaConf.select(primary, "hydra.sweeper.params") or {}
-            args = [f"{k}={v}" for k, v in params.items()] + overrides
-            parser = OverridesParser.create(config_loader=loader)
-            jobs = [j for b in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for j in b]
-            return [s.cfg for s in Planner(loader, primary).plan(jobs)]
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, as one line
-        mapped = from_hydra_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
+        with one_line_errors():
+            _no_group_deleted(overrides)
+            with initialize_config_dir(config_dir=_packaged_conf(), version_base="1.3", job_name="theory"):
+                loader = GlobalHydra.instance().config_loader()
+                primary = loader.load_configuration("config", overrides=overrides, run_mode=RunMode.MULTIRUN)
+                params = OmegaConf.select(primary, "hydra.sweeper.params") or {}
+                args = [f"{k}={v}" for k, v in params.items()] + overrides
+                parser = OverridesParser.create(config_loader=loader)
+                jobs = [j for b in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for j in b]
+                return [s.cfg for s in Planner(loader, primary).plan(jobs)]
     finally:
         GlobalHydra.instance().clear()
 

@@ -329,7 +329,8 @@ def test_the_browser_shows_the_reading_table_escape_map_and_locking_diagram(issu
         key = (m["normalize"], m["ffn"] if m["name"] == "transformer_ffn" else "–", o["reduction"], o["name"])
         hist = [json.loads(line) for line in open(d / "history.jsonl")]
         if cfg["data"]["name"] == "qa_majority":
-            readings.setdefault(key, []).append(any(h["test_acc"] >= 0.95 for h in hist if h["step"] <= 100))
+            at_100 = [h["test_acc"] for h in hist if h["step"] <= 100][-1]  # where the curve is at step 100
+            readings.setdefault(key, []).append(at_100 >= 0.95)
         else:
             readings.setdefault(key, [])
     assert len(rows) == len(readings) == 12 + 16

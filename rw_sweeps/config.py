@@ -21,6 +21,10 @@ from hydra.errors import CompactHydraException
 
 # Shapes of the question-answering tasks of §6 (19-word vocabulary; N − 1 words, then the answer).
 QA_SHAPES = {"qa_majority": (19, 17), "qa_preference": (19, 19)}
+# First-order Markov chains over K states (rw_sweeps.markov.transition gives each one's Π); the circle
+# families need K ≥ 3 (for K = 2 the ±1 steps land on the same node), binary_chain is K = 2 by definition.
+CIRCLE_CHAINS = ("random_walk", "lazy_walk")
+CHAINS = (*CIRCLE_CHAINS, "binary_chain", "markov_matrix")
 NORMALIZE = ("none", "whole", "positional", "token")
 # bools (and what OmegaConf makes of a bool given to a str key) read as before model.normalize was a string
 NORMALIZE_ALIASES = {True: "whole", False: "none", "True": "whole", "False": "none", "true": "whole",
@@ -38,10 +42,13 @@ class ConfigError(CompactHydraException):
 
 @dataclass
 class DataConfig:
-    name: str = "random_walk"  # random_walk | qa_majority | qa_preference
-    K: int = 6  # number of nodes (vocabulary size for QA)
+    name: str = "random_walk"  # random_walk | lazy_walk | binary_chain | markov_matrix | qa_majority | qa_preference
+    K: int = 6  # number of nodes (vocabulary size for QA; 2 for binary_chain; Π's size for markov_matrix)
     N: int = 97  # sequence length, counting the target: N − 1 observed tokens
-    p: float = 0.5  # probability of a clockwise (+1) step
+    p: float = 0.5  # probability of a clockwise (+1) step (random_walk, lazy_walk); P(0→1) for binary_chain
+    q: float = 0.5  # P(1→0) (binary_chain only: Makkuva et al.'s switching probabilities p, q)
+    stay: float = 0.0  # holding probability (lazy_walk only): Π = stay·I + (1 − stay)·Π_circle(p)
+    Pi: Optional[List[List[float]]] = None  # the row-stochastic K×K Π, a list of rows (markov_matrix only)
     n_train: int = 1000
     n_test: int = 1000
 
@@ -133,9 +140,13 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @property
-    def opt_acc(self) -> float:
-        """OPT = max(p, 1 − p) for random walks (§1); the QA answers are deterministic."""
-        return max(self.data.p, 1 - self.data.p) if self.data.name == "random_walk" else 1.0
+    def opt_acc(self) -> float | None:
+        """OPT = max(p, 1 − p) for random walks (§1); the QA answers are deterministic. None for the other
+        chains, whose Bayes-optimal accuracy depends on the test set's last tokens: the summary measures it
+        there (`training.train`)."""
+        if self.data.name in QA_SHAPES:
+            return 1.0
+        return max(self.data.p, 1 - self.data.p) if self.data.name == "random_walk" else None
 
 
 def _coerce(key: str, value: Any, typ: str) -> Any:
@@ -164,6 +175,13 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
         if value is not None and not isinstance(value, (str, int, float)):
             raise ConfigError(key, value, "must be a string or null")
         return None if value is None else str(value)
+    if typ == "Optional[List[List[float]]]":  # a matrix as a list of rows (data.Pi)
+        if value is None:
+            return None
+        if (not isinstance(value, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in value)
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for r in value for x in r)):
+            raise ConfigError(key, value, "must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]], or null")
+        return [[float(x) for x in r] for r in value]
     if typ in ("list", "List[int]", "List[str]"):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, value, "must be a list")
@@ -215,14 +233,14 @@ SEED_MAX = 2**32 - 1  # seeds are 0 … 2³²−1 (torch's generator uses 32 bit
 def validate(c: RunConfig) -> RunConfig:
     """Every rule the engine relies on, each failing with the dotted key, the value and what is allowed."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
-    for key, val in (("data.p", d.p), ("model.pos_scale", mo.pos_scale), ("init.sigma", i.sigma),
+    for key, val in (("data.p", d.p), ("data.q", d.q), ("data.stay", d.stay), ("model.pos_scale", mo.pos_scale), ("init.sigma", i.sigma),
                      ("optim.lr", o.lr), ("optim.eps", o.eps), ("optim.beta1", o.beta1), ("optim.beta2", o.beta2),
                      ("optim.adam_eps", o.adam_eps)):
         if not math.isfinite(val):
             raise ConfigError(key, val, "must be a finite number")
     if not 0 <= c.seed <= SEED_MAX:
         raise ConfigError("seed", c.seed, f"must be in [0, {SEED_MAX}] (2³² − 1)")
-    _choice("data.name", d.name, ("random_walk", *QA_SHAPES))
+    _choice("data.name", d.name, (*CHAINS, *QA_SHAPES))
     _choice("model.name", mo.name, ("transformer", "transformer_ffn"))
     _choice("init.name", i.name, ("zero", "gaussian"))
     _choice("init.draw", i.draw, ("compact", "dense"))
@@ -240,10 +258,10 @@ def validate(c: RunConfig) -> RunConfig:
         raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
     _choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
     _choice("wandb.granularity", c.wandb.granularity, ("auto", "run", "job"))
-    if not 0.0 <= d.p <= 1.0:
-        raise ConfigError("data.p", d.p, "must be in [0, 1]")
-    if d.K < 3:
-        raise ConfigError("data.K", d.K, "must be >= 3")
+    for key, val in (("data.p", d.p), ("data.q", d.q), ("data.stay", d.stay)):
+        if not 0.0 <= val <= 1.0:
+            raise ConfigError(key, val, "must be in [0, 1]")
+    _validate_chain(d)
     if d.N < 2:
         raise ConfigError("data.N", d.N, "must be >= 2")
     if d.name in QA_SHAPES and (d.K, d.N) != QA_SHAPES[d.name]:
@@ -286,6 +304,32 @@ def validate(c: RunConfig) -> RunConfig:
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise ConfigError("snapshot_steps", c.snapshot_steps, "must be a list of integers >= 0")
     return c
+
+
+def _validate_chain(d: DataConfig) -> None:
+    """The per-family rules on K and Π (the K ≥ 3 rule is the circle's)."""
+    if d.name in CIRCLE_CHAINS and d.K < 3:
+        raise ConfigError("data.K", d.K, f"must be >= 3 for data={d.name} (a circle of K nodes)")
+    if d.name == "binary_chain" and d.K != 2:
+        raise ConfigError("data.K", d.K, "must be 2 for data=binary_chain")
+    if d.name != "markov_matrix":
+        if d.Pi is not None:
+            raise ConfigError("data.Pi", d.Pi, "must be null unless data=markov_matrix")
+        return
+    P = d.Pi
+    if P is None:
+        raise ConfigError("data.Pi", P, "must be a K×K row-stochastic matrix (a list of rows) for data=markov_matrix")
+    if not P or any(len(row) != len(P) for row in P):
+        raise ConfigError("data.Pi", P, "must be square: K rows of K entries each")
+    if len(P) != d.K:
+        raise ConfigError("data.Pi", P, f"must be data.K×data.K ({d.K}×{d.K}); it is {len(P)}×{len(P)}")
+    if d.K < 2:
+        raise ConfigError("data.K", d.K, "must be >= 2 for data=markov_matrix")
+    for i, row in enumerate(P):
+        if not all(math.isfinite(x) and x >= 0 for x in row):
+            raise ConfigError("data.Pi", P, f"row {i} has a negative or non-finite entry; entries must be in [0, 1]")
+        if abs(math.fsum(row) - 1) > 1e-9:
+            raise ConfigError("data.Pi", P, f"row {i} sums to {math.fsum(row):.12g}; every row must sum to 1 (to 1e-9)")
 
 
 def _require_all(cls, d: dict, prefix: str) -> None:
@@ -346,7 +390,9 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             key = key.split("[")[0]
             typ = schema_type(key) or ""
             typ = typ[len("Optional["):-1] if typ.startswith("Optional[") else typ
-            rule = _TYPE_RULE.get(typ, "must be a list of integers" if typ == "List[int]" else str(e).splitlines()[0])
+            rule = _TYPE_RULE.get(typ, {"List[int]": "must be a list of integers",
+                                        "List[List[float]]": "must be a list of rows of numbers or null"}.get(
+                typ, str(e).splitlines()[0]))
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
             m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)

@@ -1,4 +1,5 @@
-"""Data of §1 (random walks on a circle) and §6 (the two question-answering tasks).
+"""Data of §1 (random walks on a circle), of the other first-order Markov chains (`chains`: lazy_walk,
+binary_chain, markov_matrix, with Π from `rw_sweeps.markov`) and §6 (the two question-answering tasks).
 
 Labels are 0-based: node i of the paper is label i − 1. A sequence is the N − 1 observed tokens
 s_1..s_{N−1} (the one-hot x_i = e_{s_i}) and the target y = s_N.
@@ -148,6 +149,37 @@ def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Spli
     return split
 
 
+@functools.lru_cache(maxsize=1024)
+def _cumulative(Pi_bytes: bytes, K: int) -> np.ndarray:
+    """Π's cumulative rows without the last column, for the search `#{j < K−1 : u ≥ F_j}`; entries from a
+    row's last state of positive probability on are +∞, so a rounding gap below 1 never lands on a state of
+    probability 0."""
+    P = np.frombuffer(Pi_bytes, np.float64).reshape(K, K)
+    F = np.cumsum(P, 1)[:, :-1].copy()
+    last = K - 1 - np.argmax(P[:, ::-1] > 0, 1)  # each row's last state with Π > 0
+    F[np.arange(K - 1)[None, :] >= last[:, None]] = np.inf
+    F.flags.writeable = False
+    return F
+
+
+def chains(P: np.ndarray, N: int, n: int, gen: torch.Generator, dtype=torch.float64) -> Split:
+    """n sequences of a first-order chain with transition matrix P (K×K, row-stochastic): s_1 ~ Unif([K])
+    as the circle draws it (randint(K, (n, 1))), then one float64 uniform per step, s_{k+1} = the first j
+    whose cumulative row F_{s_k, j} exceeds it; vectorised over the sequences, a loop over the N − 1 steps."""
+    P = np.ascontiguousarray(P, np.float64)
+    K = P.shape[0]
+    s1 = torch.randint(K, (n, 1), generator=gen)
+    u = torch.rand(n, N - 1, generator=gen, dtype=torch.float64).numpy()
+    F = _cumulative(P.tobytes(), K)
+    s = np.empty((n, N), np.int64)
+    s[:, 0] = s1.numpy()[:, 0]
+    for k in range(N - 1):
+        s[:, k + 1] = (u[:, k, None] >= F[s[:, k]]).sum(1)
+    tokens, y = torch.from_numpy(s[:, :-1].copy()), torch.from_numpy(s[:, -1].copy())
+    # P(y | context) = Π[s_{N−1}]: the Markov property, as for the circle
+    return Split(tokens, y, torch.from_numpy(P[s[:, -2]]).to(dtype))
+
+
 def qa_majority(n: int, gen: torch.Generator) -> Split:
     """Task 1: 'Based on the list <5 fruits> which type of fruit appears most frequently' → majority fruit."""
     fruits = torch.randint(2, (n, 5), generator=gen)  # 0 = apple, 1 = orange, each list w.p. 1/32
@@ -170,6 +202,9 @@ def qa_preference(n: int, gen: torch.Generator) -> Split:
 def _draw(cfg: DataConfig, n: int, gen: torch.Generator) -> Split:
     if cfg.name == "random_walk":
         return random_walks(cfg.K, cfg.N, cfg.p, n, gen)
+    P = markov.of(cfg)
+    if P is not None:
+        return chains(P, cfg.N, n, gen)
     return {"qa_majority": qa_majority, "qa_preference": qa_preference}[cfg.name](n, gen)
 
 
@@ -255,7 +290,8 @@ MAX_PREFETCHED = 200_000  # runs held at most (a stale prefetch must not grow wi
 
 def _run_key(cfg, dtype, token_dtype) -> tuple:
     d = cfg.data
-    return (cfg.seed, d.name, d.K, d.N, d.p, d.n_train, d.n_test, dtype, token_dtype)
+    Pi = None if d.Pi is None else tuple(map(tuple, d.Pi))
+    return (cfg.seed, d.name, d.K, d.N, d.p, d.q, d.stay, Pi, d.n_train, d.n_test, dtype, token_dtype)
 
 
 def prefetch(cfgs: list, dtype: torch.dtype = torch.float64, token_dtype: torch.dtype = torch.int64) -> None:

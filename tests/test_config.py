@@ -22,7 +22,7 @@ def composed(*overrides: str) -> RunConfig:
 
 
 def test_every_group_option_exists():
-    assert GROUPS["data"] == ["qa_majority", "qa_preference", "random_walk"]
+    assert GROUPS["data"] == ["binary_chain", "lazy_walk", "markov_matrix", "qa_majority", "qa_preference", "random_walk"]
     assert GROUPS["model"] == ["transformer", "transformer_ffn"]
     assert GROUPS["init"] == ["gaussian", "zero"]
     assert GROUPS["optim"] == ["adam", "gd"]
@@ -104,8 +104,8 @@ BAD = [
     ("optim.steps=0", "optim.steps", ">= 1"), ("precision=float16", "precision", "float64"),
     ("data.K=3.5", "data.K", "integer"), ("model.normalize=maybe", "model.normalize", "must be one of none, whole, positional, token"),
     ("optim.reduction=max", "optim.reduction", "mean"), ("wandb.mode=loud", "wandb.mode", "offline"),
-    ("data.q=1", "data.q", "unknown key"), ("init=uniform", "init", "gaussian, zero"),
-    ("~data.p", "data.p", "cannot be removed"), ("+data.q=1", "data.q", "unknown key"),
+    ("data.r=1", "data.r", "unknown key"), ("init=uniform", "init", "gaussian, zero"),
+    ("~data.p", "data.p", "cannot be removed"), ("+data.r=1", "data.r", "unknown key"),
     ("objective=foo", "objective", "test_acc"), ("seed=abc", "seed", "integer"),
     ("snapshot_steps=[a]", "snapshot_steps", "list of integers"), ("optim.lr=${init.sigma}", "optim.lr", "> 0"),
     ("data=qa_majority data.N=20", "data.N", "17"), ("model=transformer_ffn model.m=0", "model.m", ">= 1"),
@@ -114,6 +114,17 @@ BAD = [
     ("model.ffn=before", "model.ffn", "transformer_ffn"), ("model=transformer_ffn model.ffn=inside", "model.ffn", "after, before"),
     ("optim.name=sgd", "optim.name", "gd, adam"), ("optim.beta1=1", "optim.beta1", "[0, 1)"),
     ("optim.beta2=-0.1", "optim.beta2", "[0, 1)"), ("optim.adam_eps=0", "optim.adam_eps", "> 0"),
+    # the first-order chains beyond the circle (issue 12): K per family, probabilities, Π's shape and rows
+    ("data=binary_chain data.K=3", "data.K", "must be 2"), ("data=binary_chain data.q=1.5", "data.q", "[0, 1]"),
+    ("data=binary_chain data.q=abc", "data.q", "number"), ("data=lazy_walk data.stay=-0.1", "data.stay", "[0, 1]"),
+    ("data=lazy_walk data.K=2", "data.K", ">= 3"),
+    ("data=markov_matrix data.K=2 data.Pi=[[0.9,0.2],[0.2,0.8]]", "data.Pi", "row 0 sums to 1.1"),
+    ("data=markov_matrix data.K=2 data.Pi=[[0.9,0.1],[-0.2,1.2]]", "data.Pi", "row 1 has a negative"),
+    ("data=markov_matrix data.K=2 data.Pi=[[0.5,0.5],[1.0]]", "data.Pi", "square"),
+    ("data=markov_matrix data.Pi=[[0.5,0.5],[0.5,0.5]]", "data.Pi", "data.K×data.K (3×3)"),
+    ("data=markov_matrix data.Pi=null", "data.Pi", "row-stochastic"),
+    ("data=markov_matrix data.Pi=abc", "data.Pi", "list of rows"),
+    ("data.Pi=[[1.0]]", "data.Pi", "null unless data=markov_matrix"),
 ]
 
 

@@ -159,7 +159,7 @@ def test_interpolated_and_plus_overrides_are_checked_when_resolved(tmp_path):
     r = launch("-m", "data.p=0.3,7", "optim.lr=${data.p}", *QUIET, f"hydra.sweep.dir={tmp_path / 'bad'}", cwd=tmp_path)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "data.p=7" in lines[0] and not (tmp_path / "bad").exists()
-    for bad, key in (("~data.p", "data.p"), ("+data.q=1", "data.q"), ("++model.depth=2", "model.depth")):
+    for bad, key in (("~data.p", "data.p"), ("+data.r=1", "data.r"), ("++model.depth=2", "model.depth")):
         r = launch("-m", "seed=0,1", bad, *QUIET, f"hydra.sweep.dir={tmp_path / 'bad'}", cwd=tmp_path)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and key in lines[0], r.stderr

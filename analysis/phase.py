@@ -34,9 +34,10 @@ UNIT_METRICS = {"success", "acc_norm", "test_acc", "parent_attention", "v_pi_cos
 STEP_METRICS = {"symmetry_break_step", "success_step"}
 LOWER_IS_BETTER = {"locked"}            # red where high
 # the axes a reader expects first; other swept keys follow by name
-PREFERRED = ["data.p", "init.sigma", "optim.lr", "data.name", "data.K", "data.N", "model.M",
+PREFERRED = ["data.p", "data.q", "data.stay", "data.graph", "data.order", "init.sigma", "optim.lr", "data.name",
+             "data.K", "data.N", "model.M",
              "init", "model.name", "optim.eps", "optim.steps", "data.n_train"]
-LABELS = {"data.p": "p", "init.sigma": "σ", "optim.lr": "lr (η)", "optim.eps": "ε",
+LABELS = {"data.p": "p", "data.q": "q", "data.stay": "stay", "init.sigma": "σ", "optim.lr": "lr (η)", "optim.eps": "ε",
           "data.K": "K", "data.N": "N", "model.M": "M", "data.n_train": "n_train"}
 
 
@@ -131,6 +132,8 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     which is predicted to get there are outlined). Step metrics are coloured on a log scale
     when they span decades. Returns (figure, phase_table)."""
     table = phase_table(df, x, y, metric, row, col, agg, theory)
+    # OPT = max(p, 1 − p) is the circle's; other families (binary chain, lazy walk, …) have their own
+    circle = bool((_col(df, "data.name", "data").fillna("random_walk") == "random_walk").all())
     xs = _order(table[x])
     ys = _order(table[y])[::-1] if y else [None]   # larger values on top, zero init at the bottom
     rows = _order(table[row]) if row else [None]
@@ -156,7 +159,7 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
             if col:
                 sub = sub[_match(sub[col], cv)]
             ax = axes[i, j]
-            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory)
+            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory, circle)
             facet = ", ".join(f"{LABELS.get(k, k)} = {_fmt(k, v)}"
                               for k, v in ((row, rv), (col, cv)) if k)
             ax.set_title(facet, fontsize=10)
@@ -188,7 +191,7 @@ def _never(cells):
     return (cells["n_theory"] == 0) & (cells["n_predicted"] > 0)
 
 
-def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None):
+def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None, circle=True):
     """One heatmap panel: cells in (ys × xs) order, values printed, theory drawn on."""
     grid = {(_key(yv), _key(xv)): r for yv, xv, r in zip(
         sub[y] if y else [None] * len(sub), sub[x], sub.to_dict("records"))}
@@ -218,8 +221,27 @@ def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None):
     ax.set_xlabel(_axis_label(x))
     ax.set_ylabel(_axis_label(y) if y else "")
     ax.tick_params(axis="y", rotation=0)
-    if x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
+    if circle and x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
         _opt_axis(ax, xs)
+    if {x, y} == {"data.p", "data.q"}:
+        _p_plus_q_line(ax, x, xs, ys)
+
+
+def _p_plus_q_line(ax, x, xs, ys):
+    """Makkuva et al.'s boundary p + q = 1 over a p × q heatmap (cell centres at index + 0.5; ys run
+    from the top row down), drawn where both axes are numeric."""
+    if not all(isinstance(v, (int, float)) for v in (*xs, *ys)) or len(xs) < 2 or len(ys) < 2:
+        return
+    xv, yv = np.array(xs, float), np.array(ys, float)
+    order = np.argsort(yv)
+    t = np.linspace(max(xv.min(), 1 - yv.max()), min(xv.max(), 1 - yv.min()), 50)
+    if len(t) < 2 or t[0] >= t[-1]:
+        return
+    px = np.interp(t, xv, np.arange(len(xv))) + 0.5
+    py = np.interp(1 - t, yv[order], np.arange(len(yv))[order]) + 0.5
+    if x != "data.p":   # the x axis is q: swap which value each axis reads
+        px, py = np.interp(1 - t, xv, np.arange(len(xv))) + 0.5, np.interp(t, yv[order], np.arange(len(yv))[order]) + 0.5
+    ax.plot(px, py, color="black", lw=1.5, ls="-.", label="p + q = 1")
 
 
 @contextmanager

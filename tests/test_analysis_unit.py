@@ -236,3 +236,22 @@ def test_old_run_folders_read_as_what_they_trained(tmp_path):
     assert set(df["model.ffn"]) == {"after"} and set(df["optim.name"]) == {"gd"}
     assert set(df["optim.beta1"]) == {0.9}
     assert swept_keys(df) == ["init.sigma"]
+
+
+def test_a_p_by_q_diagram_draws_makkuvas_p_plus_q_equals_1_line_and_no_circle_opt():
+    import itertools as it
+
+    from analysis.phase import phase_diagram
+
+    rows = [{"data.p": p, "data.q": q, "data.name": "binary_chain", "data.K": 2, "data.N": 97, "init": "zero",
+             "success": p + q < 1, "status": "done", "seed": 0} for p, q in it.product((0.1, 0.5, 0.9), repeat=2)]
+    fig, table = phase_diagram(pd.DataFrame(rows), "data.p", "data.q")
+    ax = fig.axes[0]
+    (line,) = [ln for ln in ax.lines if ln.get_label() == "p + q = 1"]
+    x, y = line.get_data()
+    # cell centres: p = 0.1 is column 0 (x 0.5); q runs from the top row (0.9, y 0.5) down
+    assert (x[0], y[0]) == pytest.approx((0.5, 0.5)) and (x[-1], y[-1]) == pytest.approx((2.5, 2.5))
+    from matplotlib.text import Text
+
+    assert not any("OPT" in t.get_text() for t in fig.findobj(Text))  # max(p, 1−p) is the circle's
+    assert sorted(table["value"].tolist()) == [0.0] * 6 + [1.0] * 3

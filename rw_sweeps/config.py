@@ -19,12 +19,19 @@ from typing import Any, List, Optional
 
 from hydra.errors import CompactHydraException
 
+# kth_order's bound on T (markov is plain numpy: no import cycle, nothing heavy)
+from .markov import MAX_KTH_ENTRIES
+
 # Shapes of the question-answering tasks of §6 (19-word vocabulary; N − 1 words, then the answer).
 QA_SHAPES = {"qa_majority": (19, 17), "qa_preference": (19, 19)}
 # First-order Markov chains over K states (rw_sweeps.markov.transition gives each one's Π); the circle
 # families need K ≥ 3 (for K = 2 the ±1 steps land on the same node), binary_chain is K = 2 by definition.
-CIRCLE_CHAINS = ("random_walk", "lazy_walk")
+CIRCLE_CHAINS = ("random_walk", "lazy_walk", "jump_walk")
 CHAINS = (*CIRCLE_CHAINS, "binary_chain", "markov_matrix")
+CHAINS += ("graph_walk",)  # a simple random walk on a named graph (markov.GRAPHS)
+# Chains whose next state depends on more than the last one: an order-k chain with a Dirichlet tensor per seed,
+# and Edelman et al.'s fresh chain per sequence (rw_sweeps.data.kth_order, icl_markov); no single Π.
+CONTEXT_CHAINS = ("kth_order", "icl_markov")
 NORMALIZE = ("none", "whole", "positional", "token")
 # bools (and what OmegaConf makes of a bool given to a str key) read as before model.normalize was a string
 NORMALIZE_ALIASES = {True: "whole", False: "none", "True": "whole", "False": "none", "true": "whole",
@@ -42,13 +49,20 @@ class ConfigError(CompactHydraException):
 
 @dataclass
 class DataConfig:
-    name: str = "random_walk"  # random_walk | lazy_walk | binary_chain | markov_matrix | qa_majority | qa_preference
+    name: str = "random_walk"  # random_walk | lazy_walk | jump_walk | graph_walk | binary_chain | markov_matrix | kth_order | icl_markov | qa_majority | qa_preference
     K: int = 6  # number of nodes (vocabulary size for QA; 2 for binary_chain; Π's size for markov_matrix)
     N: int = 97  # sequence length, counting the target: N − 1 observed tokens
     p: float = 0.5  # probability of a clockwise (+1) step (random_walk, lazy_walk); P(0→1) for binary_chain
     q: float = 0.5  # P(1→0) (binary_chain only: Makkuva et al.'s switching probabilities p, q)
     stay: float = 0.0  # holding probability (lazy_walk only): Π = stay·I + (1 − stay)·Π_circle(p)
     Pi: Optional[List[List[float]]] = None  # the row-stochastic K×K Π, a list of rows (markov_matrix only)
+    jumps: Optional[List[float]] = None  # jump_walk only: [P(+1), P(−1), P(+2), P(−2), …, P(+r), P(−r)], sum 1
+    graph: str = "cycle"  # graph_walk only: cycle | path | complete | grid | torus | hypercube | random_regular
+    degree: int = 3  # graph_walk random_regular only: d of the random d-regular graph on K nodes (drawn from the seed)
+    side: int = 3  # graph_walk grid/torus only: side × side nodes (data.K must be side²)
+    dim: int = 3  # graph_walk hypercube only: {0,1}^dim (data.K must be 2^dim)
+    order: int = 1  # kth_order only: k, the next state's law depends on the last k states
+    alpha: float = 1.0  # Dirichlet(alpha·1_K) concentration of kth_order's T rows and icl_markov's per-sequence Π rows
     n_train: int = 1000
     n_test: int = 1000
 
@@ -182,6 +196,12 @@ def _coerce(key: str, value: Any, typ: str) -> Any:
                 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for r in value for x in r)):
             raise ConfigError(key, value, "must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]], or null")
         return [[float(x) for x in r] for r in value]
+    if typ == "Optional[List[float]]":  # a list of probabilities (data.jumps)
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+            raise ConfigError(key, value, "must be a list of numbers, e.g. [0.4,0.3,0.2,0.1], or null")
+        return [float(x) for x in value]
     if typ in ("list", "List[int]", "List[str]"):
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, value, "must be a list")
@@ -240,7 +260,7 @@ def validate(c: RunConfig) -> RunConfig:
             raise ConfigError(key, val, "must be a finite number")
     if not 0 <= c.seed <= SEED_MAX:
         raise ConfigError("seed", c.seed, f"must be in [0, {SEED_MAX}] (2³² − 1)")
-    _choice("data.name", d.name, (*CHAINS, *QA_SHAPES))
+    _choice("data.name", d.name, (*CHAINS, *CONTEXT_CHAINS, *QA_SHAPES))
     _choice("model.name", mo.name, ("transformer", "transformer_ffn"))
     _choice("init.name", i.name, ("zero", "gaussian"))
     _choice("init.draw", i.draw, ("compact", "dense"))
@@ -261,9 +281,10 @@ def validate(c: RunConfig) -> RunConfig:
     for key, val in (("data.p", d.p), ("data.q", d.q), ("data.stay", d.stay)):
         if not 0.0 <= val <= 1.0:
             raise ConfigError(key, val, "must be in [0, 1]")
-    _validate_chain(d)
+    _validate_chain(d, c.seed)
     if d.N < 2:
         raise ConfigError("data.N", d.N, "must be >= 2")
+    _validate_context_chain(d)
     if d.name in QA_SHAPES and (d.K, d.N) != QA_SHAPES[d.name]:
         K, N = QA_SHAPES[d.name]
         key, val, want = ("data.K", d.K, K) if d.K != K else ("data.N", d.N, N)
@@ -306,12 +327,32 @@ def validate(c: RunConfig) -> RunConfig:
     return c
 
 
-def _validate_chain(d: DataConfig) -> None:
+def _validate_context_chain(d: DataConfig) -> None:
+    """kth_order and icl_markov: K ≥ 2, a finite alpha > 0, 1 ≤ order ≤ N − 1 (y's k states are all
+    observed), and T's K^order·K entries within markov.MAX_KTH_ENTRIES."""
+    if not math.isfinite(d.alpha) or not d.alpha > 0:
+        raise ConfigError("data.alpha", d.alpha, "must be a finite number > 0 (the Dirichlet concentration)")
+    if d.name not in CONTEXT_CHAINS:
+        return
+    if d.K < 2:
+        raise ConfigError("data.K", d.K, f"must be >= 2 for data={d.name}")
+    if d.name != "kth_order":
+        return
+    if not 1 <= d.order <= d.N - 1:
+        raise ConfigError("data.order", d.order, f"must be in [1, data.N − 1] = [1, {d.N - 1}] for data=kth_order")
+    if d.K ** (d.order + 1) > MAX_KTH_ENTRIES:
+        raise ConfigError("data.order", d.order, f"makes T too large: K^(order+1) = {d.K}^{d.order + 1} entries > "
+                          f"{MAX_KTH_ENTRIES} (2^24); lower data.order or data.K")
+
+
+def _validate_chain(d: DataConfig, seed: int = 0) -> None:
     """The per-family rules on K and Π (the K ≥ 3 rule is the circle's)."""
     if d.name in CIRCLE_CHAINS and d.K < 3:
         raise ConfigError("data.K", d.K, f"must be >= 3 for data={d.name} (a circle of K nodes)")
     if d.name == "binary_chain" and d.K != 2:
         raise ConfigError("data.K", d.K, "must be 2 for data=binary_chain")
+    _validate_jumps(d)
+    _validate_graph(d, seed)
     if d.name != "markov_matrix":
         if d.Pi is not None:
             raise ConfigError("data.Pi", d.Pi, "must be null unless data=markov_matrix")
@@ -330,6 +371,55 @@ def _validate_chain(d: DataConfig) -> None:
             raise ConfigError("data.Pi", P, f"row {i} has a negative or non-finite entry; entries must be in [0, 1]")
         if abs(math.fsum(row) - 1) > 1e-9:
             raise ConfigError("data.Pi", P, f"row {i} sums to {math.fsum(row):.12g}; every row must sum to 1 (to 1e-9)")
+
+
+def _validate_jumps(d: DataConfig) -> None:
+    """jump_walk's data.jumps: 2r probabilities, P(+k) then P(−k) for k = 1 … r, summing to 1. Any r is allowed:
+    steps are taken mod K, and steps landing on the same node add (markov.jump)."""
+    if d.name != "jump_walk":
+        if d.jumps is not None:
+            raise ConfigError("data.jumps", d.jumps, "must be null unless data=jump_walk")
+        return
+    J = d.jumps
+    if J is None or not J or len(J) % 2:
+        raise ConfigError("data.jumps", J, "must be an even-length list [P(+1), P(−1), P(+2), P(−2), …] for data=jump_walk")
+    for k, x in enumerate(J):
+        if not (math.isfinite(x) and x >= 0):
+            raise ConfigError("data.jumps", J, f"entry {k} (P({'+-'[k % 2]}{k // 2 + 1})) is {x}; entries must be in [0, 1]")
+    if abs(math.fsum(J) - 1) > 1e-9:
+        raise ConfigError("data.jumps", J, f"sums to {math.fsum(J):.12g}; the probabilities must sum to 1 (to 1e-9)")
+
+
+def _validate_graph(d: DataConfig, seed: int) -> None:
+    """graph_walk: the graph's name, its size keys, K consistent with them, and a connected graph (built here,
+    from the run's seed for random_regular, so a disconnected draw fails before any job starts)."""
+    if d.name != "graph_walk":
+        return
+    from . import markov
+
+    _choice("data.graph", d.graph, markov.GRAPHS)
+    g = d.graph
+    if g in ("grid", "torus"):
+        if d.side < (3 if g == "torus" else 2):
+            raise ConfigError("data.side", d.side, f"must be >= {3 if g == 'torus' else 2} for data.graph={g}")
+        if d.K != d.side ** 2:
+            raise ConfigError("data.K", d.K, f"must be side² = {d.side ** 2} for data.graph={g} (data.side={d.side})")
+    elif g == "hypercube":
+        if d.dim < 1:
+            raise ConfigError("data.dim", d.dim, "must be >= 1 for data.graph=hypercube")
+        if d.K != 2 ** d.dim:
+            raise ConfigError("data.K", d.K, f"must be 2^dim = {2 ** d.dim} for data.graph=hypercube (data.dim={d.dim})")
+    elif d.K < (3 if g == "cycle" else 2):
+        raise ConfigError("data.K", d.K, f"must be >= {3 if g == 'cycle' else 2} for data.graph={g}")
+    if g == "random_regular":
+        if not 0 <= d.degree < d.K or (d.K * d.degree) % 2:
+            raise ConfigError("data.degree", d.degree, f"must be in [1, K−1] with K·degree even (K={d.K})")
+    try:
+        markov.graph(g, d.K, d.degree, d.side, d.dim, seed)
+    except ValueError as e:  # not connected (degree 0, or an unlucky random draw)
+        key = "data.degree" if g == "random_regular" else "data.graph"
+        raise ConfigError(key, d.degree if g == "random_regular" else g,
+                          f"gives a graph that is not connected ({e}; seed={seed}); a random walk on it never mixes") from None
 
 
 def _require_all(cls, d: dict, prefix: str) -> None:
@@ -391,7 +481,8 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             typ = schema_type(key) or ""
             typ = typ[len("Optional["):-1] if typ.startswith("Optional[") else typ
             rule = _TYPE_RULE.get(typ, {"List[int]": "must be a list of integers",
-                                        "List[List[float]]": "must be a list of rows of numbers or null"}.get(
+                                        "List[List[float]]": "must be a list of rows of numbers or null",
+                                        "List[float]": "must be a list of numbers or null"}.get(
                 typ, str(e).splitlines()[0]))
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):

@@ -1,5 +1,6 @@
 """Data of §1 (random walks on a circle), of the other first-order Markov chains (`chains`: lazy_walk,
-binary_chain, markov_matrix, with Π from `rw_sweeps.markov`) and §6 (the two question-answering tasks).
+binary_chain, markov_matrix, with Π from `rw_sweeps.markov`), of two that are not first order (`kth_order`,
+`icl_markov`: P_true the exact conditional, T[last k states] and the posterior predictive) and §6 (the two question-answering tasks).
 
 Labels are 0-based: node i of the paper is label i − 1. A sequence is the N − 1 observed tokens
 s_1..s_{N−1} (the one-hot x_i = e_{s_i}) and the target y = s_N.
@@ -154,11 +155,17 @@ def _cumulative(Pi_bytes: bytes, K: int) -> np.ndarray:
     """Π's cumulative rows without the last column, for the search `#{j < K−1 : u ≥ F_j}`; entries from a
     row's last state of positive probability on are +∞, so a rounding gap below 1 never lands on a state of
     probability 0."""
-    P = np.frombuffer(Pi_bytes, np.float64).reshape(K, K)
-    F = np.cumsum(P, 1)[:, :-1].copy()
-    last = K - 1 - np.argmax(P[:, ::-1] > 0, 1)  # each row's last state with Π > 0
-    F[np.arange(K - 1)[None, :] >= last[:, None]] = np.inf
+    F = _cumulative_rows(np.frombuffer(Pi_bytes, np.float64).reshape(K, K))
     F.flags.writeable = False
+    return F
+
+
+def _cumulative_rows(P: np.ndarray) -> np.ndarray:
+    """`_cumulative` of any stack of rows P (..., K): kth_order's K^k contexts, icl_markov's chain per sequence."""
+    K = P.shape[-1]
+    F = np.cumsum(P, -1)[..., :-1].copy()
+    last = K - 1 - np.argmax(P[..., ::-1] > 0, -1)  # each row's last state with Π > 0
+    F[np.arange(K - 1) >= last[..., None]] = np.inf
     return F
 
 
@@ -180,6 +187,58 @@ def chains(P: np.ndarray, N: int, n: int, gen: torch.Generator, dtype=torch.floa
     return Split(tokens, y, torch.from_numpy(P[s[:, -2]]).to(dtype))
 
 
+@functools.lru_cache(maxsize=8)
+def _kth_law(K: int, order: int, alpha: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """kth_order's T as K^order rows (context index Σ_i s_{t−k+i}·K^{k−1−i}, the oldest state most
+    significant) and their cumulative rows; cached, since a run's training and test sets share T."""
+    T = markov.kth_tensor(K, order, alpha, seed).reshape(K**order, K)
+    T.flags.writeable = False
+    F = _cumulative_rows(T)
+    F.flags.writeable = False
+    return T, F
+
+
+def kth_order(K: int, N: int, order: int, alpha: float, seed: int, n: int, gen: torch.Generator,
+              dtype=torch.float64) -> Split:
+    """n sequences of the order-k chain of `markov.kth_tensor`: s_1..s_k ~ Unif([K]) i.i.d., then
+    s_{t+1} = the first j whose cumulative T[s_{t−k+1..t}, j] exceeds a float64 uniform; P_true = T's row
+    of the last k observed tokens (validate keeps k ≤ N − 1)."""
+    T, F = _kth_law(K, order, float(alpha), seed)
+    C = K**order
+    s = np.empty((n, N), np.int64)
+    s[:, :order] = torch.randint(K, (n, order), generator=gen).numpy()
+    u = torch.rand(n, N - order, generator=gen, dtype=torch.float64).numpy()
+    ctx = np.zeros(n, np.int64)
+    for t in range(order):
+        ctx = ctx * K + s[:, t]
+    for t in range(order, N):
+        s[:, t] = (u[:, t - order, None] >= F[ctx]).sum(1)
+        ctx = (ctx * K + s[:, t]) % C
+    tokens, y = torch.from_numpy(s[:, :-1].copy()), torch.from_numpy(s[:, -1].copy())
+    last = np.zeros(n, np.int64)
+    for t in range(N - 1 - order, N - 1):  # the context of y = s_N: s_{N−k} … s_{N−1}
+        last = last * K + s[:, t]
+    return Split(tokens, y, torch.from_numpy(T[last]).to(dtype))
+
+
+def icl_markov(K: int, N: int, alpha: float, n: int, gen: torch.Generator, dtype=torch.float64) -> Split:
+    """Edelman et al.: sequence i has its own chain Π_i, rows ~ Dirichlet(alpha·1_K) i.i.d. (numpy, seeded by
+    one draw of the data stream), s_1 ~ Unif([K]), then the chain; P_true is the posterior predictive given
+    the in-context transition counts (`markov.posterior_predictive`), not Π_i: the Bayes optimum."""
+    s1 = torch.randint(K, (n,), generator=gen).numpy()
+    u = torch.rand(n, N - 1, generator=gen, dtype=torch.float64).numpy()
+    rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=gen)))
+    F = _cumulative_rows(rng.dirichlet(np.full(K, float(alpha)), size=(n, K)))  # (n, K, K − 1)
+    s = np.empty((n, N), np.int64)
+    s[:, 0] = s1
+    rows = np.arange(n)
+    for t in range(N - 1):
+        s[:, t + 1] = (u[:, t, None] >= F[rows, s[:, t]]).sum(1)
+    tokens, y = s[:, :-1].copy(), s[:, -1].copy()
+    P = markov.posterior_predictive(tokens, K, alpha)
+    return Split(torch.from_numpy(tokens), torch.from_numpy(y), torch.from_numpy(P).to(dtype))
+
+
 def qa_majority(n: int, gen: torch.Generator) -> Split:
     """Task 1: 'Based on the list <5 fruits> which type of fruit appears most frequently' → majority fruit."""
     fruits = torch.randint(2, (n, 5), generator=gen)  # 0 = apple, 1 = orange, each list w.p. 1/32
@@ -199,10 +258,16 @@ def qa_preference(n: int, gen: torch.Generator) -> Split:
     return Split(tokens, first.clone(), torch.nn.functional.one_hot(first, len(VOCAB)).double())
 
 
-def _draw(cfg: DataConfig, n: int, gen: torch.Generator) -> Split:
+def _draw(cfg: DataConfig, n: int, gen: torch.Generator, seed: int = 0) -> Split:
     if cfg.name == "random_walk":
         return random_walks(cfg.K, cfg.N, cfg.p, n, gen)
-    P = markov.of(cfg)
+    if cfg.name == "kth_order":  # T is fixed per run: drawn from the run's seed on its own stream
+        return kth_order(cfg.K, cfg.N, cfg.order, cfg.alpha, seed, n, gen)
+    if cfg.name == "icl_markov":
+        return icl_markov(cfg.K, cfg.N, cfg.alpha, n, gen)
+    if cfg.name == "graph_walk" and cfg.graph == "cycle":  # the p = 0.5 circle: its own sampler, the same data
+        return random_walks(cfg.K, cfg.N, 0.5, n, gen)
+    P = markov.of(cfg, seed)  # the run's seed: graph=random_regular draws its graph from it
     if P is not None:
         return chains(P, cfg.N, n, gen)
     return {"qa_majority": qa_majority, "qa_preference": qa_preference}[cfg.name](n, gen)
@@ -211,7 +276,7 @@ def _draw(cfg: DataConfig, n: int, gen: torch.Generator) -> Split:
 def make(cfg: DataConfig, seed: int) -> tuple[Split, Split]:
     """The fixed training and test sets of one run: train first, then test, from one generator."""
     gen = torch.Generator().manual_seed(seed)
-    return _draw(cfg, cfg.n_train, gen), _draw(cfg, cfg.n_test, gen)
+    return _draw(cfg, cfg.n_train, gen, seed), _draw(cfg, cfg.n_test, gen, seed)
 
 
 MAX_DATA_WORKERS = 16
@@ -256,7 +321,7 @@ def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = to
                 if cfg.data.name == "random_walk":
                     _walks_into(K, cfg.data.N, cfg.data.p, gen, tok[r], y[r], P[r])
                 else:
-                    s = _draw(cfg.data, n, gen)
+                    s = _draw(cfg.data, n, gen, cfg.seed)
                     split.tokens[r], split.y[r], split.P_true[r] = s.tokens, s.y, s.P_true
 
     # runs a `prefetch` already drew (in the background, while the device trained the chunk before)
@@ -291,7 +356,9 @@ MAX_PREFETCHED = 200_000  # runs held at most (a stale prefetch must not grow wi
 def _run_key(cfg, dtype, token_dtype) -> tuple:
     d = cfg.data
     Pi = None if d.Pi is None else tuple(map(tuple, d.Pi))
-    return (cfg.seed, d.name, d.K, d.N, d.p, d.q, d.stay, Pi, d.n_train, d.n_test, dtype, token_dtype)
+    jumps = None if d.jumps is None else tuple(d.jumps)
+    return (cfg.seed, d.name, d.K, d.N, d.p, d.q, d.stay, Pi, jumps, d.graph, d.degree, d.side, d.dim,
+            d.order, d.alpha, d.n_train, d.n_test, dtype, token_dtype)
 
 
 def prefetch(cfgs: list, dtype: torch.dtype = torch.float64, token_dtype: torch.dtype = torch.int64) -> None:

@@ -3,6 +3,8 @@
 imports the training code) draws the same Π."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -16,9 +18,60 @@ def Pi(K: int, p: float) -> np.ndarray:
     return P
 
 
-def transition(name: str, K: int, p: float = 0.5, q: float = 0.5, stay: float = 0.0, Pi_rows=None) -> np.ndarray | None:
+def jump(K: int, jumps) -> np.ndarray:
+    """jump_walk's Π: jumps = [P(+1), P(−1), P(+2), P(−2), …, P(+r), P(−r)], steps taken mod K. `+=` so that
+    steps landing on the same node add (±r for r = K/2, or any r ≥ K/2, which wraps around; a step by a
+    multiple of K holds still)."""
+    i = np.arange(K)
+    P = np.zeros((K, K))
+    for k, prob in enumerate(jumps):
+        step = (k // 2 + 1) * (1 if k % 2 == 0 else -1)
+        np.add.at(P, (i, (i + step) % K), prob)
+    return P
+
+
+GRAPHS = ("cycle", "path", "complete", "grid", "torus", "hypercube", "random_regular")
+
+
+def graph_nodes(graph: str, K: int, side: int, dim: int) -> int:
+    """The number of nodes of `graph`: data.K for the families sized that way, side² for grid and torus,
+    2^dim for the hypercube (config.validate checks that data.K equals it)."""
+    return side * side if graph in ("grid", "torus") else 2 ** dim if graph == "hypercube" else K
+
+
+@functools.lru_cache(maxsize=256)
+def _graph_pi(graph: str, K: int, degree: int, side: int, dim: int, seed: int) -> np.ndarray:
+    import networkx as nx  # here, not at the top: only graph_walk needs it
+
+    if graph == "random_regular":  # a fixed function of the run seed: Π is per run, not per config group
+        G = nx.random_regular_graph(degree, K, seed=seed)
+    else:
+        G = {"cycle": lambda: nx.cycle_graph(K), "path": lambda: nx.path_graph(K),
+             "complete": lambda: nx.complete_graph(K), "grid": lambda: nx.grid_2d_graph(side, side),
+             "torus": lambda: nx.grid_2d_graph(side, side, periodic=True),
+             "hypercube": lambda: nx.hypercube_graph(dim)}[graph]()
+    if not nx.is_connected(G):
+        raise ValueError(f"the {graph} graph on {G.number_of_nodes()} nodes is not connected")
+    # nodes in sorted order: 0 … K−1, grid/torus (row, column) row-major, hypercube's bits as a binary number
+    A = nx.to_numpy_array(G, nodelist=sorted(G), dtype=np.float64)
+    P = A / A.sum(1, keepdims=True)
+    P.flags.writeable = False
+    return P
+
+
+def graph(graph: str, K: int, degree: int = 3, side: int = 3, dim: int = 3, seed: int = 0) -> np.ndarray:
+    """graph_walk's Π: the simple random walk (uniform over the neighbours) on a named graph; the random
+    d-regular graph is networkx.random_regular_graph(degree, K, seed=seed), seed the run's seed. ValueError
+    if the graph is not connected (config.validate turns it into a ConfigError before any job starts)."""
+    return _graph_pi(graph, K, degree, side, dim, seed if graph == "random_regular" else 0).copy()
+
+
+def transition(name: str, K: int, p: float = 0.5, q: float = 0.5, stay: float = 0.0, Pi_rows=None, jumps=None,
+               graph_name: str = "cycle", degree: int = 3, side: int = 3, dim: int = 3,
+               seed: int = 0) -> np.ndarray | None:
     """Π of a first-order chain family (`data.name` and its keys; a DataConfig's fields), None for a task
-    that is not a first-order chain (the QA tasks). Row i is the law of the next state given state i."""
+    that is not a first-order chain (the QA tasks). Row i is the law of the next state given state i. `seed`
+    (the run's) matters only for graph_walk's random_regular graph."""
     if name == "random_walk":
         return Pi(K, p)
     if name == "lazy_walk":  # the circle that holds still with probability `stay`
@@ -27,9 +80,56 @@ def transition(name: str, K: int, p: float = 0.5, q: float = 0.5, stay: float = 
         return np.array([[1 - p, p], [q, 1 - q]])
     if name == "markov_matrix":
         return np.array(Pi_rows, dtype=np.float64).reshape(K, K)
+    if name == "jump_walk":
+        return jump(K, jumps)
+    if name == "graph_walk":
+        return graph(graph_name, K, degree, side, dim, seed)
     return None
 
 
-def of(d) -> np.ndarray | None:
-    """`transition` of a DataConfig-like object (anything with name, K, p and, where used, q, stay, Pi)."""
-    return transition(d.name, d.K, d.p, getattr(d, "q", 0.5), getattr(d, "stay", 0.0), getattr(d, "Pi", None))
+def of(d, seed: int = 0) -> np.ndarray | None:
+    """`transition` of a DataConfig-like object (anything with name, K, p and, where used, q, stay, Pi, jumps,
+    graph, degree, side, dim) and the run's seed (only graph=random_regular depends on it)."""
+    g = lambda key, default: getattr(d, key, default)  # noqa: E731 — an old config lacks the newer keys
+    return transition(d.name, d.K, d.p, g("q", 0.5), g("stay", 0.0), g("Pi", None), g("jumps", None),
+                      g("graph", "cycle"), g("degree", 3), g("side", 3), g("dim", 3), seed)
+
+
+# ------------------------------------------------------------------------ chains that are not first order
+# kth_order's transition tensor has its own stream: s ↦ (a·s + b) mod 2³² with model.INIT_STREAM's odd a and
+# another odd b, so it is never the data's seed s (a·s + b − s is odd) nor the init's (the two differ by b − b′ ≠ 0).
+KTH_STREAM = (0x9E3779B1, 0x3C6EF373)
+MAX_KTH_ENTRIES = 2**24  # K^order contexts × K entries (128 MiB of float64): config.validate's bound
+
+
+def kth_seed(seed: int) -> int:
+    a, b = KTH_STREAM
+    return (a * seed + b) % 2**32
+
+
+def kth_tensor(K: int, order: int, alpha: float, seed: int) -> np.ndarray:
+    """kth_order's T, shape (K,)*order + (K,): T[s_{t−k}, …, s_{t−1}, :] ~ Dirichlet(alpha·1_K) i.i.d. per
+    context, a function of the run's seed alone (the same for its training and test sets)."""
+    rng = np.random.default_rng(kth_seed(seed))
+    return rng.dirichlet(np.full(K, float(alpha)), size=K**order).reshape((K,) * order + (K,))
+
+
+def posterior_predictive(tokens: np.ndarray, K: int, alpha: float) -> np.ndarray:
+    """icl_markov's Bayes optimum (rows ~ Dirichlet(alpha), one chain per sequence): for tokens (n, L),
+    P(y = j | x) = (n_{s,j} + alpha) / (n_s + K·alpha), s = x_L, n_{s,j} the s→j transitions among x_1..x_L."""
+    n = len(tokens)
+    s = tokens[:, -1]
+    from_s = tokens[:, :-1] == s[:, None]  # transitions t → t+1 that leave x_L's state
+    rows = np.broadcast_to(np.arange(n)[:, None], from_s.shape)
+    counts = np.bincount((rows * K + tokens[:, 1:])[from_s], minlength=n * K).reshape(n, K).astype(np.float64)
+    return (counts + alpha) / (counts.sum(1, keepdims=True) + K * alpha)
+
+
+def first_order_pi(d, seed: int) -> np.ndarray | None:
+    """Π of a run whose data are a first-order chain (`of`, and kth_order with order 1: T itself), else None
+    (kth_order with order ≥ 2, icl_markov, the QA tasks): what v_pi_cosine compares V with."""
+    if d.name == "kth_order":
+        return kth_tensor(d.K, 1, d.alpha, seed) if d.order == 1 else None
+    if d.name == "icl_markov":  # a fresh chain per sequence: no single Π
+        return None
+    return of(d, seed)

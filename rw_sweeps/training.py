@@ -29,7 +29,7 @@ BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point co
 def shape_key(cfg: RunConfig) -> tuple:
     """Runs with equal keys can share one tensor program (everything else is per run)."""
     d, m = cfg.data, cfg.model
-    return (cfg.device, d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.ffn, m.pos,
+    return (cfg.device, d.name, d.K, d.N, d.order, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.ffn, m.pos,
             m.pos_denom, m.pos_scale, m.gram, cfg.optim.name, cfg.optim.steps, cfg.precision, cfg.eval_every, tuple(cfg.snapshot_steps))
 
 
@@ -53,6 +53,21 @@ class Record:
     break_step: int | None = None
     steps: int = 0
     opt_acc: float | None = None  # the Bayes-optimal test accuracy where it has no closed form (cfg.opt_acc)
+    trap: bool | None = None  # every training sequence has the same token histogram (`trap_flags`)
+
+
+def trap_flags(tokens: torch.Tensor, K: int) -> list[bool]:
+    """Per run (tokens (R, n, N−1)): is the histogram of x_1 … x_{N−1} the same for every training sequence?
+    Theorem 4.1's condition generalised: then x̄ = (1/(N−1))·Σ x_j carries nothing about y (random_walk with
+    p ∈ {0, 1} and K | N − 1; a deterministic permutation chain whose cycle lengths all divide N − 1). One
+    bincount per run over (sequence, token), compared with the first sequence's row; one sync at the end."""
+    R, n, L = tokens.shape
+    off = (torch.arange(n, device=tokens.device) * K)[:, None]
+    flags = [None] * R
+    for r in range(R):
+        h = torch.bincount((tokens[r].long() + off).view(-1), minlength=n * K).view(n, K)
+        flags[r] = (h == h[:1]).all()
+    return torch.stack(flags).tolist() if R else []
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -127,6 +142,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         best = test_set.P_true.double().amax(-1).mean(-1).tolist()
         for rec, b in zip(recs, best):
             rec.opt_acc = b
+    for rec, t in zip(recs, trap_flags(train_set.tokens, c0.data.K)):
+        rec.trap = t
     if resumed:
         state = engine.stack_slices([b["state"] for b in resumed])
         for rec, b in zip(recs, resumed):
@@ -141,8 +158,11 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                      dtype=dtype, device=dev)
     hp = adam.hyper(cfgs, geo, dtype, dev) if c0.optim.name == "adam" else None  # lr, β₁, β₂, ε_A per run
     PiT = None  # V's limit Πᵀ (Thm 3.1), for eq. 2.1 on first-order chains (random walks and the others)
-    if markov.of(c0.data) is not None and not c0.model.is_ffn:
-        PiT = torch.stack([torch.from_numpy(markov.of(cfg.data)).to(dtype).T for cfg in cfgs]).to(dev)
+    # null where there is no single Π (kth_order with order ≥ 2, icl_markov, QA); shape_key keeps data.order
+    # equal within a batch, so every run of it has a Π or none has
+    if markov.first_order_pi(c0.data, c0.seed) is not None and not c0.model.is_ffn:
+        PiT = torch.stack([torch.from_numpy(markov.first_order_pi(cfg.data, cfg.seed)).to(dtype).T
+                           for cfg in cfgs]).to(dev)
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
     evals = [t for t in range(state.step, T + 1) if t % c0.eval_every == 0 or t == T]
     if progress is None:
@@ -430,7 +450,8 @@ def summary(rec: Record, wall: float) -> dict:
     return {
         "status": rec.status, "error": rec.error,
         **{k: last.get(k) for k in METRICS}, "eval_step": last.get("step"),
-        "opt_acc": cfg.opt_acc if rec.opt_acc is None else rec.opt_acc, "symmetry_break_step": rec.break_step, "locked_position": _final_lock(rec),
+        "opt_acc": cfg.opt_acc if rec.opt_acc is None else rec.opt_acc, "trap": rec.trap,
+        "symmetry_break_step": rec.break_step, "locked_position": _final_lock(rec),
         "steps": rec.steps,
         "wall_s": round(wall, 6),
         "p": cfg.data.p, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,

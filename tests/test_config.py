@@ -22,7 +22,8 @@ def composed(*overrides: str) -> RunConfig:
 
 
 def test_every_group_option_exists():
-    assert GROUPS["data"] == ["binary_chain", "lazy_walk", "markov_matrix", "qa_majority", "qa_preference", "random_walk"]
+    assert GROUPS["data"] == ["binary_chain", "graph_walk", "icl_markov", "jump_walk", "kth_order", "lazy_walk",
+                              "markov_matrix", "qa_majority", "qa_preference", "random_walk"]
     assert GROUPS["model"] == ["transformer", "transformer_ffn"]
     assert GROUPS["init"] == ["gaussian", "zero"]
     assert GROUPS["optim"] == ["adam", "gd"]
@@ -126,6 +127,30 @@ BAD = [
     ("data=markov_matrix data.Pi=null", "data.Pi", "row-stochastic"),
     ("data=markov_matrix data.Pi=abc", "data.Pi", "list of rows"),
     ("data.Pi=[[1.0]]", "data.Pi", "null unless data=markov_matrix"),
+    # jump_walk's probabilities and graph_walk's graphs (issue 12)
+    ("data=jump_walk data.jumps=[0.5,0.6]", "data.jumps", "sums to 1.1"),
+    ("data=jump_walk data.jumps=[1.2,-0.2]", "data.jumps", "entry 1 (P(-1)) is -0.2"),
+    ("data=jump_walk data.jumps=[0.5,0.25,0.25]", "data.jumps", "even-length"),
+    ("data=jump_walk data.jumps=abc", "data.jumps", "list of numbers"),
+    ("data=jump_walk data.K=2", "data.K", ">= 3"),
+    ("data.jumps=[0.5,0.5]", "data.jumps", "null unless data=jump_walk"),
+    ("data=graph_walk data.graph=star", "data.graph", "cycle, path, complete, grid, torus, hypercube, random_regular"),
+    ("data=graph_walk data.graph=grid data.side=4", "data.K", "side² = 16 for data.graph=grid"),
+    ("data=graph_walk data.graph=torus data.side=2 data.K=4", "data.side", ">= 3"),
+    ("data=graph_walk data.graph=hypercube data.dim=4", "data.K", "2^dim = 16 for data.graph=hypercube"),
+    ("data=graph_walk data.graph=cycle data.K=2", "data.K", ">= 3"),
+    ("data=graph_walk data.graph=random_regular data.degree=0", "data.degree", "not connected"),
+    ("data=graph_walk data.graph=random_regular data.K=4 data.degree=1", "data.degree", "not connected"),
+    ("data=graph_walk data.graph=random_regular data.K=7 data.degree=3", "data.degree", "K·degree even"),
+    ("data=graph_walk data.graph=random_regular data.degree=6", "data.degree", "[1, K−1]"),
+    # the chains that are not first order (issue 12): order, alpha, K, T's size
+    ("data=kth_order data.order=0", "data.order", "[1, data.N − 1]"),
+    ("data=kth_order data.N=3 data.order=3 model.M=10", "data.order", "[1, 2]"),
+    ("data=kth_order data.K=10 data.order=7", "data.order", "too large"),
+    ("data=kth_order data.order=1.5", "data.order", "integer"),
+    ("data=kth_order data.alpha=0", "data.alpha", "> 0"), ("data=icl_markov data.alpha=-1", "data.alpha", "> 0"),
+    ("data=icl_markov data.alpha=inf", "data.alpha", "finite"), ("data=icl_markov data.alpha=abc", "data.alpha", "number"),
+    ("data=icl_markov data.K=1", "data.K", ">= 2"), ("data=kth_order data.K=1", "data.K", ">= 2"),
 ]
 
 

@@ -81,7 +81,13 @@ def main(argv=None) -> int:
         return 1
 
     runs = add_success(runs, args.tol)
-    x, y, row, col = _axes(ap, args, runs, notes)
+    # Sweeps of several data families (a circle, a binary chain, graphs…) share few axes: each family gets
+    # its own phase diagrams on its own swept keys, unless the axes are given
+    families = list(dict.fromkeys(runs["data.name"].dropna())) if "data.name" in runs else []
+    split = len(families) > 1 and not any((args.x, args.y, args.row, args.col))
+    groups = [(f, runs["data.name"] == f) for f in families] if split else [(None, slice(None))]
+    axes = {f: _axes(ap, args, runs[rows], notes, f) for f, rows in groups}
+    x, y, row, col = next(iter(axes.values()))
     runs = add_success_step(runs, args.tol)     # reads every history: after the cheap checks
     if args.metric not in runs.columns or not pd.api.types.is_numeric_dtype(runs[args.metric]):
         ap.error(f"--metric {args.metric}: not a numeric column (try success, acc_norm, "
@@ -94,14 +100,20 @@ def main(argv=None) -> int:
         plt.close(fig)
         figures.append({"file": f"{name}.png", "caption": caption, "section": section})
 
-    on = " × ".join(k for k in (x, y) if k) + "".join(f", by {k}" for k in (row, col) if k)
-    for metric in dict.fromkeys([args.metric, "symmetry_break_step", "success_step"]):
-        if metric == args.metric or (metric in runs.columns and runs[metric].notna().any()):
-            fig, _ = phase_diagram(runs, x, y, metric, row, col)
-            save(f"phase_{metric}", f"{metric} over {on}"
-                 + (f" (tol {args.tol:g})" if "success" in metric else ""), fig, "Phase diagrams")
-        else:
-            notes.append(f"no run has a {metric}: its phase diagram is left out.")
+    for family, rows in groups:
+        sub = runs[rows]
+        fx, fy, frow, fcol = axes[family]
+        on = " × ".join(k for k in (fx, fy) if k) + "".join(f", by {k}" for k in (frow, fcol) if k)
+        on += f" ({family})" if family else ""
+        suffix = f"_{family}" if family else ""
+        for metric in dict.fromkeys([args.metric, "symmetry_break_step", "success_step"]):
+            if metric == args.metric or (metric in sub.columns and sub[metric].notna().any()):
+                fig, _ = phase_diagram(sub, fx, fy, metric, frow, fcol)
+                save(f"phase_{metric}{suffix}", f"{metric} over {on}"
+                     + (f" (tol {args.tol:g})" if "success" in metric else ""), fig, "Phase diagrams")
+            else:
+                notes.append(f"no run{' of ' + family if family else ''} has a {metric}: "
+                             "its phase diagram is left out.")
     if args.paper:
         for name, caption, draw in paper_figures(runs, notes):
             try:
@@ -154,8 +166,8 @@ def _reading_table(runs, out) -> list[dict]:
     return [{"df": shown, "caption": caption, "section": "Reading search (issue 11)"}]
 
 
-def _axes(ap, args, runs, notes):
-    """The axes asked for, else the swept keys in order (x, y, row, col)."""
+def _axes(ap, args, runs, notes, family=None):
+    """The axes asked for, else the swept keys in order (x, y, row, col) (of one data family's runs)."""
     for flag, key in (("--x", args.x), ("--y", args.y), ("--row", args.row), ("--col", args.col)):
         if key and key not in runs.columns:
             ap.error(f"{flag} {key}: no such key; swept keys: "
@@ -171,8 +183,8 @@ def _axes(ap, args, runs, notes):
         picked[0] = next((k for k in ("data.p", "data.name", "init") if k in runs.columns),
                          "status")
     if free:
-        notes.append(f"also swept, averaged within each cell: {', '.join(free)} "
-                     "(pass --row/--col to split them)")
+        notes.append(f"{family + ': ' if family else ''}also swept, averaged within each cell: "
+                     f"{', '.join(free)} (pass --row/--col to split them)")
     return picked
 
 

@@ -179,7 +179,7 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     handles = []
     if table["theory_fail"].any():
         handles.append(Patch(fill=False, edgecolor="black", ls="--", lw=2,
-                             label="Thm 4.1: zero init fails at p ∈ {0, 1} (acc 1/K)"))
+                             label="trap (Thm 4.1): zero init on a constant token histogram fails"))
     if theory and _never(table).any():
         handles.append(Patch(fill=False, edgecolor=THEORY_NEVER, ls=":", lw=2,
                              label="theory: no run of the cell predicted to get there"))

@@ -255,3 +255,18 @@ def test_a_p_by_q_diagram_draws_makkuvas_p_plus_q_equals_1_line_and_no_circle_op
 
     assert not any("OPT" in t.get_text() for t in fig.findobj(Text))  # max(p, 1−p) is the circle's
     assert sorted(table["value"].tolist()) == [0.0] * 6 + [1.0] * 3
+
+
+def test_sweeps_of_several_data_families_get_phase_diagrams_per_family(tmp_path):
+    # a circle sweep over p and a QA sweep over seeds share no axis: one set of diagrams each, on its own keys
+    root = tmp_path / "mixed"
+    for i, p in enumerate((0.1, 0.5, 0.9)):
+        write_run(root / str(i), p=p)
+    for i in range(2):
+        write_run(root / str(3 + i), data="qa_majority", K=19, N=17, seed=i, init="gaussian", sigma=0.01)
+    assert main([str(root), "--out", str(tmp_path / "out")]) == 0
+    pngs = sorted(p.name for p in (tmp_path / "out").glob("phase_success_*.png"))
+    assert pngs == ["phase_success_qa_majority.png", "phase_success_random_walk.png",
+                    "phase_success_step_qa_majority.png", "phase_success_step_random_walk.png"]
+    html = (tmp_path / "out" / "index.html").read_text()
+    assert "success over data.p (random_walk)" in html

@@ -132,7 +132,8 @@ def test_glob_runs_every_experiment_preset(tmp_path):
                   for n, s in runs.items()) == sorted(
         ["qa_majority/fig10", "random_walk/fig4", "random_walk/fig5", "random_walk/fig6", "qa_majority/fig7",
          "random_walk/fig8", "random_walk/fig9", "random_walk/fig6_readings", "qa_majority/fig10_readings",
-         "random_walk/escape", "random_walk/locking", "binary_chain/makkuva_pq", "lazy_walk/lazy"])
+         "random_walk/escape", "random_walk/locking", "binary_chain/makkuva_pq", "lazy_walk/lazy",
+         "graph_walk/graphs", "kth_order/kth_order", "icl_markov/icl"])
     assert all(s["status"] == "done" and s["steps"] == 2 for s in runs.values())
 
 

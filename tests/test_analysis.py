@@ -127,6 +127,23 @@ def issue11_report(issue11, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def issue12_report(tmp_path_factory):
+    """Issue 12's presets, shrunk, in one report: the binary chain's p × q grid, the lazy walk, the graphs,
+    order-k and in-context chains."""
+    small = ["data.n_train=100", "data.n_test=100", "model.M=200", "optim.steps=5", "seed=0", "wandb.mode=disabled"]
+    sweeps = [sweep(tmp_path_factory, "makkuva_pq", "experiment=makkuva_pq", "data.p=0.2,0.8", "data.q=0.2,0.8",
+                    "init=zero", *small),
+              sweep(tmp_path_factory, "lazy", "experiment=lazy", "data.stay=0.0,0.5", "data.p=0.5,1.0", *small),
+              sweep(tmp_path_factory, "graphs", "experiment=graphs", *small),
+              sweep(tmp_path_factory, "kth_order", "experiment=kth_order", "data.N=17", *small),
+              sweep(tmp_path_factory, "icl", "experiment=icl", "data.N=9,17", "init=zero", *small)]
+    out = tmp_path_factory.mktemp("reports") / "issue12"
+    r = analyse(*sweeps, "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
 def paper_report(experiments, tmp_path_factory):
     out = tmp_path_factory.mktemp("reports") / "paper"
     r = analyse(*experiments, "--out", out, "--paper")
@@ -304,11 +321,20 @@ window.addEventListener('load', () => {
     return r.stdout
 
 
-@pytest.mark.parametrize("report", ["done_when_report", "paper_report", "issue11_report"])
+@pytest.mark.parametrize("report", ["done_when_report", "paper_report", "issue11_report", "issue12_report"])
 def test_the_report_opens_in_headless_chromium_and_every_image_loads(report, request, tmp_path):
     out = request.getfixturevalue(report)
     m = re.search(r"IMAGES (\d+)/(\d+)", chromium_dom(out, tmp_path))
     assert int(m.group(1)) == int(m.group(2)) == len(list(out.glob("*.png"))) > 0
+
+
+def test_the_browser_shows_a_phase_diagram_per_data_family(issue12_report, tmp_path):
+    dom = chromium_dom(issue12_report, tmp_path)
+    for family in ("binary_chain", "lazy_walk", "graph_walk", "kth_order", "icl_markov"):
+        assert f'src="phase_success_{family}.png"' in dom, family
+    assert "success over data.p × data.q (binary_chain)" in dom and "data.graph" in dom
+    m = re.search(r"IMAGES (\d+)/(\d+)", dom)
+    assert int(m.group(1)) == int(m.group(2)) == len(list(issue12_report.glob("*.png")))
 
 
 def test_the_browser_shows_the_reading_table_escape_map_and_locking_diagram(issue11, issue11_report,

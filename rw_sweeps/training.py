@@ -442,16 +442,37 @@ def _final_lock(rec: Record) -> int | None:
     return locked_position(rec.snapshots[-1]["attention"])
 
 
+def parent_positions(cfg: RunConfig) -> list[int] | None:
+    """The 1-based positions y depends on (paper notation, x_N the query): N−1 for every first-order family
+    and the in-context chains (whose posterior reads x_{N−1}), N−k … N−1 for an order-k chain, none for the
+    QA tasks (the answer depends on the whole sentence)."""
+    N = cfg.data.N
+    if cfg.data.name in ("qa_majority", "qa_preference"):
+        return None
+    k = cfg.data.order if cfg.data.name == "kth_order" else 1
+    return list(range(N - k, N))
+
+
+def _parents_attention(rec: Record, parents: list[int] | None) -> float | None:
+    """The final mean attention summed over the parent positions (the last snapshot, at the last step)."""
+    if parents is None or rec.status != "done" or not rec.snapshots or rec.snapshots[-1]["step"] != rec.steps:
+        return None
+    attention = rec.snapshots[-1]["attention"]
+    return float(sum(attention[j - 1] for j in parents))
+
+
 def summary(rec: Record, wall: float) -> dict:
     """summary.json of a run (README, "Results"): its last evaluation whose every metric is finite (for a
     diverged run, the last one before it diverged; `eval_step` names it), the outcome and the run's keys."""
     cfg = rec.cfg
     last = next((row for row in reversed(rec.history) if _finite(row)), {})
+    parents = parent_positions(cfg)
     return {
         "status": rec.status, "error": rec.error,
         **{k: last.get(k) for k in METRICS}, "eval_step": last.get("step"),
         "opt_acc": cfg.opt_acc if rec.opt_acc is None else rec.opt_acc, "trap": rec.trap,
         "symmetry_break_step": rec.break_step, "locked_position": _final_lock(rec),
+        "parent_positions": parents, "parents_attention": _parents_attention(rec, parents),
         "steps": rec.steps,
         "wall_s": round(wall, 6),
         "p": cfg.data.p, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,

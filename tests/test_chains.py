@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from rw_sweeps import data as data_mod
-from rw_sweeps import fused, markov, model, oracle, training
+from rw_sweeps import fused, markov, model, oracle, run, training
 from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig
 
 from .conftest import launch, summaries
@@ -488,3 +488,18 @@ def test_make_batches_and_prefetch_equal_make_beyond_first_order():
             a, b = data_mod.make(c.data, c.seed)
             assert torch.equal(tr.tokens[r], a.tokens) and torch.equal(te.P_true[r], b.P_true), c.data
     assert training.shape_key(cfgs[0]) != training.shape_key(cfgs[2])
+
+
+def test_parent_positions_are_the_last_k_for_an_order_k_chain(tmp_path):
+    # "parent" is position N−1 in every first-order family; an order-k chain reads N−k … N−1, and
+    # parents_attention is the final mean attention on them (from the last snapshot, taken at the last step)
+    from rw_sweeps.training import parent_positions
+
+    kth = cfg(data=DataConfig(name="kth_order", K=3, N=13, order=3, n_train=64, n_test=64), optim=OptimConfig(steps=3))
+    walk = cfg(data=DataConfig(K=4, N=13, n_train=64, n_test=64), optim=OptimConfig(steps=3))
+    assert parent_positions(kth) == [10, 11, 12] and parent_positions(walk) == [12]
+    s_kth, s_walk = (run.run_batch([c], [tmp_path / n], progress=False)[0] for c, n in ((kth, "k"), (walk, "w")))
+    snaps = [json.loads(line) for line in (tmp_path / "k" / "snapshots.jsonl").read_text().splitlines()]
+    assert s_kth["parent_positions"] == [10, 11, 12]
+    assert s_kth["parents_attention"] == pytest.approx(sum(snaps[-1]["attention"][9:12]), abs=1e-15)
+    assert s_walk["parents_attention"] == pytest.approx(s_walk["parent_attention"], abs=1e-12)

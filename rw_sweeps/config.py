@@ -56,6 +56,10 @@ class DataConfig:
     q: float = 0.5  # P(1→0) (binary_chain only: Makkuva et al.'s switching probabilities p, q)
     stay: float = 0.0  # holding probability (lazy_walk only): Π = stay·I + (1 − stay)·Π_circle(p)
     Pi: Optional[List[List[float]]] = None  # the row-stochastic K×K Π, a list of rows (markov_matrix only)
+    # markov_matrix only: Π from a file instead (a .npy array, or text: K rows of K numbers separated by spaces
+    # or commas; a relative path is from the launch folder). Read when the config is validated; it replaces
+    # data.Pi, so a run's config.yaml holds the matrix it was trained on.
+    Pi_file: Optional[str] = None
     jumps: Optional[List[float]] = None  # jump_walk only: [P(+1), P(−1), P(+2), P(−2), …, P(+r), P(−r)], sum 1
     graph: str = "cycle"  # graph_walk only: cycle | path | complete | grid | torus | hypercube | random_regular
     degree: int = 3  # graph_walk random_regular only: d of the random d-regular graph on K nodes (drawn from the seed)
@@ -354,9 +358,12 @@ def _validate_chain(d: DataConfig, seed: int = 0) -> None:
     _validate_jumps(d)
     _validate_graph(d, seed)
     if d.name != "markov_matrix":
-        if d.Pi is not None:
-            raise ConfigError("data.Pi", d.Pi, "must be null unless data=markov_matrix")
+        for key, val in (("data.Pi", d.Pi), ("data.Pi_file", d.Pi_file)):
+            if val is not None:
+                raise ConfigError(key, val, "must be null unless data=markov_matrix")
         return
+    if d.Pi_file is not None:  # the file replaces data.Pi (the group's example, or what a config.yaml recorded)
+        d.Pi = _read_pi(d.Pi_file)
     P = d.Pi
     if P is None:
         raise ConfigError("data.Pi", P, "must be a K×K row-stochastic matrix (a list of rows) for data=markov_matrix")
@@ -371,6 +378,27 @@ def _validate_chain(d: DataConfig, seed: int = 0) -> None:
             raise ConfigError("data.Pi", P, f"row {i} has a negative or non-finite entry; entries must be in [0, 1]")
         if abs(math.fsum(row) - 1) > 1e-9:
             raise ConfigError("data.Pi", P, f"row {i} sums to {math.fsum(row):.12g}; every row must sum to 1 (to 1e-9)")
+
+
+def _read_pi(path: str) -> list:
+    """data.Pi_file's matrix as a list of rows, or a one-line ConfigError."""
+    import os
+
+    import numpy as np
+
+    f = os.path.expanduser(path)
+    try:
+        if f.endswith(".npy"):
+            P = np.load(f, allow_pickle=False)
+        else:
+            with open(f, encoding="utf-8") as fh:
+                P = np.loadtxt(fh.read().replace(",", " ").splitlines(), ndmin=2)
+    except (OSError, ValueError) as e:
+        raise ConfigError("data.Pi_file", path, f"must be a readable .npy or text matrix ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if P.ndim != 2:
+        raise ConfigError("data.Pi_file", path, f"must hold a 2-d matrix; it holds {P.ndim} dimension(s)")
+    return [[float(x) for x in row] for row in P]
 
 
 def _validate_jumps(d: DataConfig) -> None:

@@ -503,3 +503,22 @@ def test_parent_positions_are_the_last_k_for_an_order_k_chain(tmp_path):
     assert s_kth["parent_positions"] == [10, 11, 12]
     assert s_kth["parents_attention"] == pytest.approx(sum(snaps[-1]["attention"][9:12]), abs=1e-15)
     assert s_walk["parents_attention"] == pytest.approx(s_walk["parent_attention"], abs=1e-12)
+
+
+def test_markov_matrix_reads_its_pi_from_a_file_and_records_it(tmp_path):
+    # text (commas or spaces) or .npy; the run's config.yaml holds the matrix itself
+    (tmp_path / "pi.txt").write_text("0.9, 0.1\n0.2 0.8\n")
+    np.save(tmp_path / "pi.npy", np.array([[0.9, 0.1], [0.2, 0.8]]))
+    for name in ("pi.txt", "pi.npy"):
+        out = tmp_path / ("run_" + name)
+        r = launch("data=markov_matrix", "data.K=2", f"data.Pi_file={tmp_path / name}", "data.N=9", "model.M=20",
+                   "data.n_train=32", "data.n_test=32", "optim.steps=2", "wandb.mode=disabled",
+                   f"hydra.run.dir={out}", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert yaml.safe_load((out / "config.yaml").read_text())["data"]["Pi"] == [[0.9, 0.1], [0.2, 0.8]]
+    (tmp_path / "bad.txt").write_text("0.9 0.2\n0.2 0.8\n")
+    for arg, message in ((f"data.Pi_file={tmp_path / 'bad.txt'}", "row 0 sums to 1.1"),
+                         (f"data.Pi_file={tmp_path / 'missing.txt'}", "data.Pi_file=")):
+        r = launch("data=markov_matrix", "data.K=2", arg, "wandb.mode=disabled", cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and message in lines[0], r.stderr

@@ -155,9 +155,11 @@ def _one_line(exc: BaseException) -> str:
 def one_line(summary: dict) -> str:
     """The line a run logs when it ends."""
     s = summary
+    # the circle (and the QA tasks, as always) by p; the other families by name, since p may mean nothing there
+    what = f"p={s['p']}" if s.get("data") in (None, "random_walk", "qa_majority", "qa_preference") else f"data={s['data']}"
     if s["status"] != "done":
-        return f"{s['status']}: p={s['p']} init={s['init']} seed={s['seed']}: {s['error']}"
+        return f"{s['status']}: {what} init={s['init']} seed={s['seed']}: {s['error']}"
     fmt = lambda x: "null" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
-    return (f"done: p={s['p']} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
+    return (f"done: {what} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
             f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
             f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={s['symmetry_break_step']}")

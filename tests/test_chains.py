@@ -522,3 +522,12 @@ def test_markov_matrix_reads_its_pi_from_a_file_and_records_it(tmp_path):
         r = launch("data=markov_matrix", "data.K=2", arg, "wandb.mode=disabled", cwd=tmp_path)
         lines = r.stderr.strip().splitlines()
         assert r.returncode != 0 and len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_a_runs_line_names_the_family_where_p_means_nothing():
+    base = {"status": "done", "K": 6, "N": 97, "init": "zero", "seed": 0, "steps": 2, "test_acc": 0.5, "opt_acc": 0.5,
+            "parent_attention": 1.0, "v_pi_cosine": 0.9, "test_kl": 0.1, "symmetry_break_step": 2, "p": 0.5}
+    assert run.one_line({**base, "data": "random_walk"}).startswith("done: p=0.5 K=6")
+    assert run.one_line({**base, "data": "graph_walk"}).startswith("done: data=graph_walk K=6")
+    assert run.one_line({**base, "data": "icl_markov", "status": "diverged", "error": "x"}) == \
+        "diverged: data=icl_markov init=zero seed=0: x"

@@ -213,11 +213,9 @@ def train_steps(state: engine.State, data: engine.Batch, hp: Hyper, eps: torch.T
                 geo: Geometry, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`steps` Adam steps on every run; returns (loss (R, steps), bad (R,)) as fused.train_steps does: the
     loss before each step, and the first step whose loss or updated parameters are not finite (or −1)."""
-    R = state.a.shape[0]
-    losses, bad = [], torch.full((R,), -1, dtype=torch.int64, device=state.a.device)
-    for t in range(steps):
+    def one() -> torch.Tensor:
         loss, grads = engine.gradients(state, data, eps, w, geo)
         step(state, grads, hp)
-        bad = torch.where((bad < 0) & ~engine.finite_runs(loss, state), torch.full_like(bad, t), bad)
-        losses.append(loss)
-    return (torch.stack(losses, 1) if losses else torch.empty(R, 0, dtype=state.a.dtype)), bad
+        return loss
+
+    return engine.run_steps(state, steps, one)

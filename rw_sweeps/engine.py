@@ -119,6 +119,19 @@ def train_step(state: State, data: Batch, lr: torch.Tensor, eps: torch.Tensor, w
     return loss
 
 
+def run_steps(state: State, steps: int, step) -> tuple[torch.Tensor, torch.Tensor]:
+    """`steps` calls of `step()` (one update of every run in place, returning each run's loss before it):
+    (loss (R, steps), bad (R,) the first step whose loss or updated parameters are not finite, or −1), as
+    the fused kernel's multi-step call returns them."""
+    R = state.a.shape[0]
+    losses, bad = [], torch.full((R,), -1, dtype=torch.int64, device=state.a.device)
+    for t in range(steps):
+        loss = step()
+        bad = torch.where((bad < 0) & ~finite_runs(loss, state), torch.full_like(bad, t), bad)
+        losses.append(loss)
+    return (torch.stack(losses, 1) if losses else torch.empty(R, 0, dtype=state.a.dtype)), bad
+
+
 def finite_runs(loss: torch.Tensor, state: State) -> torch.Tensor:
     """(R,) bool: each run's loss and every one of its parameters are finite (divergence is the opposite)."""
     finite = torch.isfinite(loss) & torch.isfinite(state.a).all(1) & torch.isfinite(state.c).all(1)

@@ -443,14 +443,7 @@ def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: 
 
 
 def _train_steps_torch(state, data, lr, eps, w, geo, steps):
-    R = state.a.shape[0]
-    losses, bad = [], torch.full((R,), -1, dtype=torch.int64, device=state.a.device)
-    for t in range(steps):
-        loss = engine.train_step(state, data, lr, eps, w, geo)
-        finite = engine.finite_runs(loss, state)
-        bad = torch.where((bad < 0) & ~finite, torch.full_like(bad, t), bad)
-        losses.append(loss)
-    return (torch.stack(losses, 1) if losses else torch.empty(R, 0, dtype=state.a.dtype)), bad
+    return engine.run_steps(state, steps, lambda: engine.train_step(state, data, lr, eps, w, geo))
 
 
 def train_step(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: torch.Tensor, w: torch.Tensor,

@@ -97,15 +97,13 @@ def test_binary_chain_opt_acc_is_the_stationary_value(tmp_path):
     assert c.opt_acc is None  # no closed form: the summary measures it
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_engine_equals_the_oracle(family, tmp_path):
-    """The training path (the fused kernel where built, K = 2 included) against the literal autograd model,
-    after T steps from the same dense Gaussian W: V, a, c and the test attention to 1e-8, and the accuracy."""
-    T = 20
-    c = cfg(data=DataConfig(N=13, n_train=64, n_test=64, **FAMILIES[family]), model=ModelConfig(M=40),
+def _engine_equals_oracle(data: dict, tmp_path, T: int = 20):
+    """Train one run of `data` through training.train and literally (rw_sweeps.oracle), from the same dense
+    Gaussian W: V, a, c and the test attention to 1e-8 after T steps, the accuracy exactly, and V moved.
+    Returns the run's config, record and final V."""
+    c = cfg(data=DataConfig(N=13, n_train=64, n_test=64, **data), model=ModelConfig(M=40),
             init=InitConfig("gaussian", 0.02, "dense"), optim=OptimConfig(lr=1.0, steps=T), eval_every=T,
             snapshot_steps=[0])
-    assert fused.available(c) == (fused.library() is not None and fused.backend() != "torch")
     rec = training.train([c], [tmp_path], progress=False)[0]
     assert rec.status == "done" and rec.steps == T
     *_, (_, _, _, theta) = oracle.train(c, T, trajectory=False)
@@ -122,10 +120,21 @@ def test_engine_equals_the_oracle(family, tmp_path):
         assert (got - ref).abs().max().item() <= 1e-8 * max(1.0, ref.abs().max().item()), name
     assert rec.history[-1]["test_acc"] == (f.argmax(1) == test.y).double().mean().item()
     assert (torch.tensor(last["V"]) - torch.tensor(first["V"])).abs().max().item() > 1e-2  # it really moved
+    return c, rec, torch.tensor(last["V"], dtype=torch.float64)
+
+
+def _cosine(V, PiT) -> float:
+    return ((V * PiT).sum() / (V.norm() * PiT.norm())).item()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_engine_equals_the_oracle(family, tmp_path):
+    """The training path (the fused kernel where built, K = 2 included) against the literal autograd model,
+    after T steps from the same dense Gaussian W: V, a, c and the test attention to 1e-8, and the accuracy."""
+    c, rec, V = _engine_equals_oracle(FAMILIES[family], tmp_path)
+    assert fused.available(c) == (fused.library() is not None and fused.backend() != "torch")
     # cos(V, Πᵀ) with the family's Π
-    PiT = torch.from_numpy(markov.of(c.data)).T
-    V = torch.tensor(last["V"], dtype=torch.float64)
-    assert math.isclose(rec.history[-1]["v_pi_cosine"], ((V * PiT).sum() / (V.norm() * PiT.norm())).item(),
+    assert math.isclose(rec.history[-1]["v_pi_cosine"], _cosine(V, torch.from_numpy(markov.of(c.data)).T),
                         rel_tol=1e-9)
 
 
@@ -431,31 +440,10 @@ CONTEXT_CASES = {"kth_order_1": {**KTH, "order": 1}, "kth_order_2": KTH, "icl_ma
 def test_engine_equals_the_oracle_beyond_first_order(case, tmp_path):
     """As test_engine_equals_the_oracle: V, a, c and the test attention to 1e-8 after T steps, the accuracy
     exactly; v_pi_cosine against T for order 1, null where there is no single Π."""
-    T = 20
-    c = cfg(data=DataConfig(N=13, n_train=64, n_test=64, **CONTEXT_CASES[case]), model=ModelConfig(M=40),
-            init=InitConfig("gaussian", 0.02, "dense"), optim=OptimConfig(lr=1.0, steps=T), eval_every=T,
-            snapshot_steps=[0])
-    rec = training.train([c], [tmp_path], progress=False)[0]
-    assert rec.status == "done" and rec.steps == T
-    *_, (_, _, _, theta) = oracle.train(c, T, trajectory=False)
-    _, test = data_mod.make(c.data, c.seed)
-    X, Xt = oracle.inputs(c, test.tokens)
-    with torch.no_grad():
-        f, S = oracle.forward(theta, X, Xt, c.model.ffn)
-    last, first = rec.snapshots[-1], rec.snapshots[0]
-    geo = model.geometry(c.model, c.data.N)
-    a, cc = model.compact(theta["W"], c.model, c.data.K, c.data.N, geo)
-    for name, got, ref in (("V", last["V"], theta["V"]), ("a", last["a"], a), ("c", last["c"], cc),
-                           ("attention", last["attention"], S.mean(0))):
-        got = torch.as_tensor(got, dtype=torch.float64)
-        assert (got - ref).abs().max().item() <= 1e-8 * max(1.0, ref.abs().max().item()), name
-    assert rec.history[-1]["test_acc"] == (f.argmax(1) == test.y).double().mean().item()
-    assert (torch.tensor(last["V"]) - torch.tensor(first["V"])).abs().max().item() > 1e-2
+    c, rec, V = _engine_equals_oracle(CONTEXT_CASES[case], tmp_path)
     cos = rec.history[-1]["v_pi_cosine"]
     if case == "kth_order_1":
-        PiT = torch.from_numpy(markov.kth_tensor(3, 1, 1.0, c.seed)).T
-        V = torch.tensor(last["V"], dtype=torch.float64)
-        assert math.isclose(cos, ((V * PiT).sum() / (V.norm() * PiT.norm())).item(), rel_tol=1e-9)
+        assert math.isclose(cos, _cosine(V, torch.from_numpy(markov.kth_tensor(3, 1, 1.0, c.seed)).T), rel_tol=1e-9)
     else:
         assert cos is None
 

@@ -32,6 +32,8 @@ import matplotlib.pyplot as plt   # noqa: E402
 import numpy as np                # noqa: E402
 import pandas as pd               # noqa: E402
 
+from rw_sweeps.safefs import atomic_write  # noqa: E402
+
 from .fastyaml import load_yaml   # noqa: E402
 from .phase import _fmt, phase_diagram   # noqa: E402
 
@@ -128,13 +130,10 @@ def _read_cache(f: Path) -> dict:
 
 
 def _write_cache(f: Path, runs: dict) -> None:
-    tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps({"version": CACHE_VERSION, "runs": runs}, allow_nan=False))
-        os.replace(tmp, f)               # atomic: a reader sees the old cache or the new one
+    try:                                 # the one atomic writer: a reader sees the old cache or the new one
+        atomic_write(f, json.dumps({"version": CACHE_VERSION, "runs": runs}, allow_nan=False))
     except (OSError, ValueError) as e:   # a read-only sweep still gets its overlay, uncached
         warnings.warn(f"could not write theory cache {f}: {e}")
-        tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
+from rw_sweeps.safefs import write_with
+
 from .fastyaml import load_yaml
 
 CACHE_NAME = "runs.parquet"
@@ -195,16 +197,14 @@ def _read_cache(sweep: Path):
 
 def _write_cache(sweep: Path, df: pd.DataFrame, config_keys):
     f = sweep / CACHE_NAME
-    tmp = f.with_name(f".{f.name}.{os.getpid()}.tmp")
     try:
         table = pa.Table.from_pandas(_parquet_safe(df), preserve_index=False)
         meta = {**(table.schema.metadata or {}),
                 _META_KEY: json.dumps({"version": CACHE_VERSION, "config_keys": config_keys})}
-        pq.write_table(table.replace_schema_metadata(meta), tmp)
-        os.replace(tmp, f)                 # atomic, like every file of the contract
+        table = table.replace_schema_metadata(meta)
+        write_with(f, lambda fh: pq.write_table(table, fh))  # the one atomic writer
     except OSError as e:                   # a read-only sweep folder still loads, just uncached
         warnings.warn(f"could not write cache {f}: {e}")
-        tmp.unlink(missing_ok=True)
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:

@@ -122,7 +122,7 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
             out[i] = _finish(rc, run.failed_summary(rc, Path(specs[i].output_dir), str(problem)))
             continue
         if rc.wandb.group is None:
-            group = group_of(specs[i].base_hydra, True)
+            group = group_of({"sweep": {"dir": specs[i].sweep_dir}}, True)  # resolved, `${now:…}` and all
             rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
         todo.append((i, rc))
     summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo])

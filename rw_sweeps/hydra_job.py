@@ -27,6 +27,7 @@ from omegaconf._utils import OmegaConfDumper
 
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
+from .safefs import append_text, atomic_write as _write, ensure_dir
 from .sweep import Spec
 from .yamltext import Templates
 
@@ -75,13 +76,6 @@ def _replaced(node: dict, path: list, value: Any) -> dict:
     out = dict(node)
     out[path[0]] = _replaced(node[path[0]], path[1:], value) if len(path) > 1 else value
     return out
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 class LazyJobReturn(JobReturn):
@@ -138,6 +132,7 @@ class Chunk:
     planner: Any = None  # builds the DictConfigs callbacks receive
     lean: bool = False  # skip each run's hydra.yaml and log (documented switch for huge grids)
     job_id: Optional[str] = None  # the scheduler's job id (SLURM), else each run's job number
+    finished: bool = False  # runs already done: their Hydra job without training, and nothing written
 
     def __call__(self) -> list[JobReturn]:
         specs = self.specs
@@ -155,7 +150,8 @@ class Chunk:
             started = []
             for i, s in enumerate(specs):
                 try:  # a run whose folder cannot be written fails alone, as its own job would
-                    self._begin(s, yaml_of)
+                    if not self.finished:
+                        self._begin(s, yaml_of)
                 except Exception as exc:  # noqa: BLE001
                     results[i] = (exc, [f"failed: {s.output_dir}: {type(exc).__name__}: {exc}"])
                     continue
@@ -185,12 +181,11 @@ class Chunk:
 
     def _begin(self, s: Spec, yaml_of: YamlTemplates) -> None:
         """The job's folder and `.hydra/` files, as run_job makes them (before the task is called)."""
-        out = Path(s.output_dir)
+        out = ensure_dir(Path(s.output_dir))  # a run folder or `.hydra` planted as a link fails that run
         sub = s.base_hydra.get("output_subdir")
         if sub is None:
-            out.mkdir(parents=True, exist_ok=True)
             return
-        (out / sub).mkdir(parents=True, exist_ok=True)
+        ensure_dir(out / sub)
         task = yaml_of.text(s.base_task, s.task_changes) if s.base_task is not None else to_yaml(s.task)
         _write(out / sub / "config.yaml", task)
         if not self.lean:
@@ -201,10 +196,9 @@ class Chunk:
         if console is not None:
             for line in lines:
                 print(console.format(_record(line)), flush=True)
-        if file_fmt is not None and not self.lean:
+        if file_fmt is not None and not self.lean and not self.finished:
             text = "".join(file_fmt.format(_record(line)) + "\n" for line in lines)
-            with open(Path(s.output_dir) / f"{s.name}.log", "a", encoding="utf-8") as fh:
-                fh.write(text)
+            append_text(Path(s.output_dir) / f"{s.name}.log", text)
 
 
 def _record(msg: str) -> logging.LogRecord:

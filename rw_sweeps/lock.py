@@ -1,31 +1,62 @@
-"""One launch per sweep folder: `<sweep>/.rw_lock`, created with O_EXCL (atomic on local and NFS v3+ file
-systems), names its holder: a host and pid, or, once a detached SLURM sweep's launcher has returned, the
-job arrays that still write into the folder. A second launch refuses in one line naming the holder, or
-waits for it with `hydra.launcher.wait_for_lock=true`. A lock whose process is gone (same host) or whose
-jobs have all ended is stale and taken over.
+"""One launch per sweep folder: `<sweep>/.rw_lock` names its holder: a host and pid, or, once a detached
+SLURM sweep's launcher has returned, the job arrays that still write into the folder. The lock is taken in
+one atomic step, before anything else is written: the holder record is written to a fresh private file and
+hard-linked to the lock's name (atomic on local and NFS file systems, and a reader never finds it empty).
+A second launch refuses in one line naming the holder, or waits for it with
+`hydra.launcher.wait_for_lock=true`. A lock whose process is gone (same host) or whose jobs have all ended
+is stale and taken over; a lock that cannot be read or validated is reported, never taken over silently,
+except a very young empty one (a launch of an older version creating it), which counts as held.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import secrets
 import socket
 import time
 from pathlib import Path
 
+from .safefs import atomic_write, read_bytes
+
 LOCK = ".rw_lock"
+
+
+YOUNG_S = 10.0  # an empty lock younger than this is being written by its holder: held
+_HELD: set[str] = set()  # the sweep folders this process holds
 
 
 class SweepLocked(RuntimeError):
     """The sweep folder is in use by another launch (the message names it)."""
 
 
-def _read(path: Path) -> tuple[dict | None, int | None]:
+def _valid(holder) -> bool:
+    """A holder record as `acquire` and `hand_to_jobs` write it."""
+    if not isinstance(holder, dict):
+        return False
+    pid, since, arrays = holder.get("pid"), holder.get("since"), holder.get("arrays", [])
+    return (isinstance(holder.get("host"), str) and (pid is None or (isinstance(pid, int) and not isinstance(pid, bool)
+            and pid > 0)) and isinstance(since, (int, float)) and not isinstance(since, bool)
+            and math.isfinite(since) and 0 <= since < 1e11 and isinstance(arrays, list)
+            and all(isinstance(a, str) for a in arrays) and (pid is not None or bool(arrays)))
+
+
+def _read(path: Path) -> tuple[str, dict | None, int | None]:
+    """("held" | "gone" | "young" | "bad", the holder record, the file's inode)."""
     try:
-        st = os.stat(path)
-        holder = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None, None
-    return (holder if isinstance(holder, dict) else None), st.st_ino
+        st = os.lstat(path)
+        raw = read_bytes(path)
+    except FileNotFoundError:
+        return "gone", None, None
+    except OSError:
+        return "bad", None, None
+    if not raw.strip():
+        return ("young" if time.time() - st.st_mtime < YOUNG_S else "bad"), None, st.st_ino
+    try:
+        holder = json.loads(raw)
+    except ValueError:
+        return "bad", None, st.st_ino
+    return ("held" if _valid(holder) else "bad"), (holder if isinstance(holder, dict) else None), st.st_ino
 
 
 def _held(holder: dict) -> bool:
@@ -51,39 +82,67 @@ def describe(holder: dict, sweep_dir: Path) -> str:
     who = [f"pid {holder['pid']} on {holder.get('host')}"] if holder.get("pid") else []
     if holder.get("arrays"):
         who.append(f"SLURM job(s) {', '.join(holder['arrays'])}")
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["since"]))
     return (f"sweep folder {sweep_dir} is in use by {' and '.join(who) or 'another launch'} (since {since}); "
             f"wait for it with hydra.launcher.wait_for_lock=true, or remove {Path(sweep_dir) / LOCK} if it is gone")
 
 
-def acquire(sweep_dir: Path, wait: bool = False, poll_s: float = 2.0) -> dict:
-    """Take the sweep's lock for this process, or raise SweepLocked (or wait for it)."""
-    path = Path(sweep_dir) / LOCK
-    path.parent.mkdir(parents=True, exist_ok=True)
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "arrays": []}
-    while True:
+def _create(path: Path, me: dict) -> bool:
+    """The lock, with its content, in one step; False if a lock is there."""
+    body = json.dumps(me).encode()
+    private = path.with_name(f"{LOCK}.{socket.gethostname()}.{os.getpid()}")
+    atomic_write(private, body)  # a fresh file of ours (the one writer), then linked to the lock's name
+    try:
+        os.link(private, path)
+        return True
+    except FileExistsError:
+        return False
+    except OSError:  # a file system without hard links: O_EXCL, then the content
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except FileExistsError:
-            holder, ino = _read(path)
-            if holder is not None and _held(holder):
-                if not wait:
-                    raise SweepLocked(describe(holder, Path(sweep_dir))) from None
-                time.sleep(poll_s)
-                continue
-            _take_over(path, ino)
-            continue
-        with os.fdopen(fd, "w") as fh:
-            json.dump(me, fh)
+            return False
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(body)
+        return True
+    finally:
+        private.unlink(missing_ok=True)
+
+
+def acquire(sweep_dir: Path, wait: bool = False, poll_s: float = 2.0) -> dict:
+    """Take the sweep's lock for this process, or raise SweepLocked (or wait for it). Taking a lock this
+    process holds already is a no-op."""
+    path = Path(sweep_dir) / LOCK
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "arrays": []}
+    if str(path.resolve()) in _HELD:
         return me
+    from .safefs import ensure_dir
+
+    ensure_dir(path.parent)
+    while True:
+        if _create(path, me):
+            _HELD.add(str(path.resolve()))
+            return me
+        state, holder, ino = _read(path)
+        if state == "bad":
+            raise SweepLocked(f"sweep folder {sweep_dir}: its lock {path} cannot be read as a holder record; "
+                              f"remove it if no launch is using the folder")
+        if state in ("held", "young") and (state == "young" or _held(holder)):
+            if not wait:
+                raise SweepLocked(describe(holder, Path(sweep_dir)) if holder else
+                                  f"sweep folder {sweep_dir} is being locked by another launch right now")
+            time.sleep(poll_s)
+            continue
+        if state == "held":
+            _take_over(path, ino)
 
 
 def _take_over(path: Path, ino: int | None) -> None:
     """Remove a stale lock, but only the very file judged stale (another launch may have replaced it)."""
-    aside = path.with_name(f"{LOCK}.stale.{os.getpid()}")
+    aside = path.with_name(f"{LOCK}.stale.{secrets.token_hex(8)}")
     try:
         os.rename(path, aside)
-    except FileNotFoundError:
+    except OSError:  # gone already (another launch took it over), or not ours to move
         return
     if ino is not None and os.stat(aside).st_ino != ino:  # a fresh lock: put it back
         os.rename(aside, path)
@@ -94,16 +153,15 @@ def _take_over(path: Path, ino: int | None) -> None:
 def hand_to_jobs(sweep_dir: Path, arrays: list[str]) -> None:
     """A detached SLURM sweep: the lock now belongs to its jobs, until they have all ended."""
     path = Path(sweep_dir) / LOCK
-    holder, _ = _read(path)
+    _, holder, _ = _read(path)
     if holder is not None and holder.get("pid") == os.getpid():
         holder.update(pid=None, arrays=sorted(set(holder.get("arrays", [])) | set(arrays)))
-        tmp = path.with_name(f"{LOCK}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(holder))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(holder))
 
 
 def release(sweep_dir: Path) -> None:
     path = Path(sweep_dir) / LOCK
-    holder, _ = _read(path)
+    _HELD.discard(str(path.resolve()))
+    _, holder, _ = _read(path)
     if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
         path.unlink(missing_ok=True)

@@ -1,23 +1,23 @@
 """The run-folder contract (README, "Results"): config.yaml, summary.json, history.jsonl, snapshots.jsonl,
 and the checkpoint.pt of an unfinished run.
 
-Every file is written to a temporary name in the same folder and renamed into place, so a reader (or a
-resumed sweep) never sees half a file; summary.json is written last and marks the run as finished. Files
-get the permissions the umask allows (group-readable on a shared file system), as `open` would give them.
-Writing costs a few syscalls per file: no temp-file module, no mkdir unless the folder is missing.
+Every file goes through the one atomic writer (`rw_sweeps.safefs`: a fresh temp name opened with
+O_EXCL|O_NOFOLLOW, then a rename), so a reader (or a resumed sweep) never sees half a file and a planted
+link is never followed; a run's summary.json is written right after its own files and marks it finished.
+Checkpoints hold only tensors and plain data and are loaded with `weights_only=True`: a planted pickle
+cannot run code.
 """
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import os
-import secrets
 from pathlib import Path
 
 import yaml
 
+from .safefs import atomic_write, read_bytes, write_with
 from .yamltext import Templates
 
 SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml", "history.jsonl",
@@ -27,30 +27,6 @@ SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml"
 def run_id(run_dir: Path) -> str:
     """Deterministic per folder, so a re-run or requeued job continues the same wandb run."""
     return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
-
-
-_HOST_TOKEN = secrets.token_hex(4)  # with the pid and a counter: temp names unique per write, across hosts
-_count = itertools.count()
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to a temp name in the same folder (created if need be), then rename it into place.
-    os.open's mode goes through the umask, as open()'s does."""
-    path = Path(path)
-    tmp = f"{path.parent}/.{path.name}.{os.getpid()}-{_HOST_TOKEN}-{next(_count)}.tmp"
-    data = text.encode("utf-8")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def clean(x):
@@ -137,34 +113,59 @@ def complete(run_dir: Path) -> bool:
     return True
 
 
+# Where a run is logged, how often it is saved and what number its task returns: never what it computes, so
+# a run that differs only in these is the same run (found done, resumed from its checkpoint).
+NOT_RESULTS = ("checkpoint_every", "objective", "wandb")
+
+
+def identity(cfg: dict) -> dict:
+    """The part of a run's config that determines its results."""
+    return {k: v for k, v in cfg.items() if k not in NOT_RESULTS}
+
+
 def same_run(a: dict | None, b: dict | None) -> bool:
-    """Two configs train the same run: equal but for where they are logged (wandb settings)."""
+    """Two configs train the same run: equal but for `NOT_RESULTS`."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
-    return {k: v for k, v in a.items() if k != "wandb"} == {k: v for k, v in b.items() if k != "wandb"}
+    return identity(a) == identity(b)
+
+
+def differing_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two configs (`NOT_RESULTS` left out at the top)."""
+    if not prefix:
+        a, b = identity(a), identity(b)
+    out = []
+    for k in list(a) + [k for k in b if k not in a]:
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += differing_keys(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}")
+    return out
 
 
 def save_checkpoint(run_dir: Path, blob: dict) -> None:
-    """The training state of an unfinished run (`rw_sweeps.training.checkpoint`), written atomically."""
+    """The training state of an unfinished run (`rw_sweeps.training.checkpoint`: tensors and plain data)."""
     import torch
 
-    path = Path(run_dir) / CHECKPOINT
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{CHECKPOINT}.{os.getpid()}.tmp")
-    torch.save(blob, tmp)
-    os.replace(tmp, path)
+    write_with(Path(run_dir) / CHECKPOINT, lambda fh: torch.save(blob, fh))
 
 
 def load_checkpoint(cfg: dict, run_dir: Path) -> dict | None:
-    """A run's checkpoint if it exists and belongs to this exact config (else it is ignored)."""
+    """A run's checkpoint if it exists and belongs to this config (`same_run`), else None. It is read with
+    `weights_only=True` (tensors and plain containers only: a pickle that would run code is refused) and
+    never through a link planted at its name."""
+    import io
+
     import torch
 
-    path = Path(run_dir) / CHECKPOINT
-    if not path.exists():
+    try:
+        raw = read_bytes(Path(run_dir) / CHECKPOINT)
+    except OSError:  # missing, or a link: start over
         return None
     try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # noqa: BLE001 - a torn or foreign file: start over
+        blob = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - a torn, foreign or code-carrying file: start over
         return None
     return blob if isinstance(blob, dict) and same_run(blob.get("config"), cfg) else None
 

@@ -43,27 +43,28 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         traceback.print_exc(file=sys.stderr)
         records = [Record(cfgs[0], Path(run_dirs[0]), status="failed", error=_one_line(exc))]
     wall = (time.time() - t0) / len(cfgs)
-    entries, unwritable = [], {}
-    for rec in records:
+    entries, written = [], []
+    for rec in records:  # run by run, its summary right after its own files: a full disk keeps every run that fit
         summary = {**training.summary(rec, wall), **provenance()}
         cfg_dict = rec.cfg.to_dict()
+        entry = {"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"], "history": rec.history,
+                 "summary": summary}
+        entries.append(entry)
         try:  # a folder that cannot be written fails its own run, never the others
             results.write_run(rec.run_dir, cfg_dict, rec.history, rec.snapshots)
         except Exception as exc:  # noqa: BLE001
             summary.update(status="failed", error=f"writing the results: {_one_line(exc)}")
-            unwritable[id(summary)] = summary
-        entries.append({"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"],
-                        "history": rec.history, "summary": summary})
-    written = []
-    for e in entries:
+            try:  # the failure itself is small: a summary that says why may still fit
+                results.write_summary(rec.run_dir, summary)
+            except Exception:  # noqa: BLE001 - the returned summary still says why
+                pass
+            continue
         try:
-            results.write_summary(e["run_dir"], e["summary"])
-            results.drop_checkpoint(e["run_dir"])  # the finished results supersede it
-            if id(e["summary"]) not in unwritable:
-                written.append(e)
+            results.write_summary(rec.run_dir, summary)
+            results.drop_checkpoint(rec.run_dir)  # the finished results supersede it
+            written.append(entry)
         except Exception as exc:  # noqa: BLE001
-            if id(e["summary"]) not in unwritable:
-                e["summary"].update(status="failed", error=f"writing the results: {_one_line(exc)}")
+            summary.update(status="failed", error=f"writing the results: {_one_line(exc)}")
     try:  # after the summaries, in the background (tracking.wait); `rw_sweeps.wandb_export` recovers a kill
         tracking.log_runs(written)
     except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
@@ -83,13 +84,14 @@ def failed_summary(cfg: RunConfig, run_dir: Path, error: str) -> dict:
     return summary
 
 
-def done_summary(c: RunConfig, run_dir: Path) -> dict | None:
-    """The run folder's summary if it says `done` for exactly this config, else None."""
+def done_summary(c: RunConfig, run_dir: Path, config: dict | None = None) -> dict | None:
+    """The run folder's summary if it says `done` for this config (`results.same_run`) and every file of
+    the contract is there and parses, else None. `config`: the folder's config.yaml, if already read."""
     s = results.read_summary(run_dir)
-    if (s is not None and s.get("status") == "done" and results.same_run(results.read_config(run_dir), c.to_dict())
-            and results.complete(run_dir)):
-        return s
-    return None
+    if s is None or s.get("status") != "done":
+        return None
+    config = results.read_config(run_dir) if config is None else config
+    return s if results.same_run(config, c.to_dict()) and results.complete(run_dir) else None
 
 
 def is_done(c: RunConfig, run_dir: Path) -> bool:

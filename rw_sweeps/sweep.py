@@ -44,8 +44,10 @@ class Spec:
     base_task: dict | None = field(repr=False, default=None)  # the composition's task config (None: `task`)
     task_changes: dict = field(default_factory=dict)  # this job's value overrides
     output_dir: str = ""  # absolute
+    sweep_dir: str = ""  # absolute, resolved (`${now:…}` and all): the sweep's folder, its wandb group
     cfg: RunConfig | None = None  # validated, for the project's own task
     template: Any = field(default=None, repr=False)  # key of the composed DictConfig it came from
+    placed: bool | None = None  # set by `rw_sweeps.placement` (via the launcher): None not yet, True done
 
     @cached_property
     def hydra(self) -> dict:
@@ -62,6 +64,13 @@ class Spec:
     def set_hydra(self, key: str, value: Any) -> None:
         self.hydra_changes[key] = value
         self.__dict__.pop("hydra", None)
+
+    def relocate(self, num: int, output_dir: str) -> None:
+        """This job lives in another folder of its sweep (`rw_sweeps.placement`): its number and folder."""
+        self.num, self.output_dir = num, output_dir
+        self.set_hydra("job.num", num)
+        self.set_hydra("job.id", str(num))
+        self.set_hydra("runtime.output_dir", output_dir)
 
 
 def _has_interpolation(node: Any) -> bool:
@@ -176,6 +185,7 @@ class Planner:
             resolved = OmegaConf.to_container(OmegaConf.masked_copy(template, task_keys), resolve=True)
             spec = Spec(num, overrides, task, resolved, hydra, template=template)
         spec.output_dir = self.output_dir(spec)
+        spec.sweep_dir = self.sweep_dir
         spec.set_hydra("runtime.output_dir", spec.output_dir)
         spec.cfg = from_dict(spec.resolved, complete=True)
         return spec

@@ -41,6 +41,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .safefs import write_with
+
 # disable_job_creation is wandb's documented switch for W&B Launch jobs (already its default in 0.31); wandb
 # still imports `wandb.sdk.launch` once per process in `_detect_and_apply_job_inputs` (0.3–2 s, pydantic),
 # which no setting skips: it is paid once per process, in the background logger.
@@ -221,7 +223,7 @@ def _log_job(entries: list[dict]) -> None:
 
         hist = pd.DataFrame([{"run_id": e["run_id"], **{k: f.get(k) for k in swept}, **row}
                              for e, f in zip(entries, flat) for row in e["history"]])
-        hist.to_parquet(folder / "history.parquet", index=False)
+        write_with(folder / "history.parquet", lambda fh: hist.to_parquet(fh, index=False))
         art = wandb.Artifact(f"history-{job_id}", type="history", metadata={"swept": swept})
         art.add_file(str(folder / "history.parquet"), policy="immutable")  # referenced in place, not copied
         run.log_artifact(art)
@@ -311,7 +313,7 @@ def _log_analysis(sweep_dir: Path, w: dict) -> None:
         if metric in runs.columns and runs[metric].notna().any():
             fig, _ = phase_diagram(runs, *axes[:2], metric, *axes[2:])
             path = folder / f"phase_{metric}.png"
-            fig.savefig(path, dpi=90, bbox_inches="tight")
+            write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=90, bbox_inches="tight"))
             plt.close(fig)
             images[f"phase_{metric}"] = wandb.Image(str(path), caption=f"{metric} over {' × '.join(k for k in axes if k)}")
     # The table: the swept keys and the headline metrics, from plain lists (wandb type-checks every cell in

@@ -178,22 +178,18 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     block = _Block()
     stop = _SaveOnSignal()  # SLURM's USR2 (preemption, time limit), SIGTERM, Ctrl-C: checkpoint, then go on
     with stop:
-        for i, t in enumerate(evals):
-            # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
-            snapshot = t in snap_steps  # only a snapshot needs the attention at every position
-            probe = fused.evaluate(state, test_set, eps, geo, PiT, full=snapshot)
-            log.evaluation(t, probe, state if snapshot else None)
-            if t == T:
-                loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
-                log.train_loss(loss, engine.finite_runs(loss, state))
-                break
-            while state.step < evals[i + 1]:  # the steps up to the next evaluation, in bounded calls
-                t0, n = state.step, block.steps(evals[i + 1] - state.step, c0.checkpoint_every, state.step)
+        # Every evaluation, snapshot and checkpoint sits on an absolute step: a run resumed from a checkpoint
+        # at any step (a signal's, or one off the evaluation grid) first steps up to its next evaluation,
+        # so its files equal an uninterrupted run's.
+        evaluated = None  # the last evaluated step: the first step taken from it records its training loss
+        for t in evals:
+            while state.step < t:  # the steps up to this evaluation, in bounded calls
+                t0, n = state.step, block.steps(t - state.step, c0.checkpoint_every, state.step)
                 if hp is None:
                     loss, bad = fused.train_steps(state, train_set, lr, eps, w, geo, n)
                 else:
                     loss, bad = adam.train_steps(state, train_set, hp, eps, w, geo, n)
-                if t0 == t:
+                if t0 == evaluated:
                     log.train_loss(loss[:, 0])
                 log.diverged_at(t0, bad)
                 block.done(n)
@@ -206,6 +202,14 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                     for r, rec in enumerate(recs):
                         results.save_checkpoint(rec.run_dir, checkpoint(rec, state, r))
                     stop.deliver()  # the signal's own handler now: submitit requeues, Ctrl-C interrupts, …
+            # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
+            snapshot = t in snap_steps  # only a snapshot needs the attention at every position
+            probe = fused.evaluate(state, test_set, eps, geo, PiT, full=snapshot)
+            log.evaluation(t, probe, state if snapshot else None)
+            evaluated = t
+            if t == T:
+                loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
+                log.train_loss(loss, engine.finite_runs(loss, state))
     log.flush(T)
     if bar is not None:
         bar.close()

@@ -46,6 +46,7 @@ class RwLauncherConf:
     max_runs_per_job: Optional[int] = None  # packed: cap on runs per chunk (null: by memory only)
     lean: bool = False  # packed: skip each run's .hydra/hydra.yaml and <job>.log (grids of 100k runs)
     wait_for_lock: bool = False  # another launch holds the sweep folder: wait for it (else: refuse, one line)
+    overwrite: bool = False  # train over run folders that hold a run of another config (else: refuse, one line)
     detach: bool = False  # slurm: submit, print the job ids and return
     dry_run: bool = False  # print the plan (slurm: the sbatch scripts) and stop: nothing written or submitted
     poll_s: float = 5.0  # slurm, blocking: seconds between questions to SLURM while waiting
@@ -307,8 +308,9 @@ class RwLauncher(Launcher):
 
         self._reset_logging()
         p = self.params
-        todo = [s for s in specs if not run.is_done(s.cfg, Path(s.output_dir))]
-        done = [s for s in specs if s not in todo]
+        done_idx = self.place(specs, planner)
+        todo = [s for i, s in enumerate(specs) if i not in done_idx]
+        done = [s for i, s in enumerate(specs) if i in done_idx]
         self.skipped |= {s.output_dir for s in done}
         per_device = None  # packed on local GPUs: the chunks of each GPU (one process each)
         if p["pack"] and p["backend"] == "local_gpus":
@@ -323,20 +325,21 @@ class RwLauncher(Launcher):
         if p["dry_run"]:
             self._dry_run(specs, done, jobs)
             return None
-        self._lock()
+        if todo:  # a sweep whose every run is done writes nothing (it may be read-only)
+            self._lock()
         rec = self._record(specs, done, todo)
         log.info(f"{p['backend']} launcher: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
                  f"{' (packed)' if p['pack'] else ''}; sweep folder {self.sweep_dir}")
 
         observed = bool(self.hydra_context.callbacks.callbacks)  # only then are per-run DictConfigs built
 
-        def chunk(group: list) -> Chunk:
+        def chunk(group: list, finished: bool = False) -> Chunk:
             return Chunk(group, twin, self.hydra_context, self.task_function,
-                         planner if observed else None, lean=p["lean"])
+                         planner if observed else None, lean=p["lean"], finished=finished)
 
         returns: Dict[int, JobReturn] = {}
         if done:  # finished runs still go through their Hydra job (callbacks, JobReturn), without training
-            returns.update({r_num: r for r_num, r in zip([s.num for s in done], chunk(done)())})
+            returns.update({r_num: r for r_num, r in zip([s.num for s in done], chunk(done, finished=True)())})
         payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True)
                     for job in jobs]
         if per_device is not None:  # one GpuJob per device, its chunks in turn; a result per chunk again
@@ -357,6 +360,23 @@ class RwLauncher(Launcher):
                 rets = [_from_folder(s, res, tracker.summary(self._name(s))) for s in job]
             returns.update({s.num: r for s, r in zip(job, rets)})
         return [returns[s.num] for s in specs]
+
+    def place(self, specs: list, planner) -> set:
+        """Every spec's folder (`rw_sweeps.placement`, once per spec: the rw sweeper places the whole grid
+        before its first batch); the indices of the runs already done. A conflict is one line, exit 2."""
+        from rw_sweeps import placement
+
+        if all(getattr(s, "placed", None) is not None for s in specs):
+            return {i for i, s in enumerate(specs) if s.placed}
+        default_subdir = planner.subdir == "${hydra.job.num}"
+        try:
+            found = placement.place(specs, self.sweep_dir, default_subdir, self.params.get("overwrite", False))
+        except placement.FolderTaken as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            sys.exit(2)
+        for i, s in enumerate(specs):
+            s.placed = i in found.done
+        return set(found.done)
 
     def _launch_jobs(self, job_overrides, initial_job_idx) -> Optional[Sequence[JobReturn]]:
         """Any task, one Hydra job per job, as Hydra's basic launcher / hydra-submitit-launcher run it."""

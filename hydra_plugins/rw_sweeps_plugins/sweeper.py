@@ -88,9 +88,30 @@ class RwSweeper(BasicSweeper):
                 sys.exit(2)  # before any job: nothing to report to on_multirun_end
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        if not OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False):
-            sweep_dir.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        dry_run = OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False)
+        if specs is not None and hasattr(self.launcher, "place"):
+            # the folder is usable, the lock is taken, then every run of the grid finds its folder, before
+            # anything else is written; a read-only sweep whose runs are all done is reported, untouched
+            from rw_sweeps import placement
+
+            try:
+                can_write = placement.writable(sweep_dir)
+            except placement.FolderTaken as exc:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+                sys.exit(2)
+            if can_write and not dry_run:
+                self.launcher._lock()
+            done = self.launcher.place(specs, planner)
+            if not can_write and len(done) < len(specs):
+                print(f"error: invalid config: hydra.sweep.dir={sweep_dir}: not writable, and {len(specs) - len(done)} "
+                      f"of its {len(specs)} runs are not done", file=sys.stderr, flush=True)
+                sys.exit(2)
+            dry_run = dry_run or not can_write
+        if not dry_run:
+            from rw_sweeps.safefs import atomic_write, ensure_dir
+
+            ensure_dir(sweep_dir)
+            atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # what OmegaConf.save writes
         if twin is not None and getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
             self._log_analysis(None)  # its imports, on the logger thread while the jobs train
         counts: Counter = Counter()

@@ -1,0 +1,162 @@
+"""Where each run of a launch lives in its sweep folder: found by its config, never by its job number.
+
+A sweep folder outlives the command that made it: a grid grows (`data.p=0,0.5` then `data.p=0,0.1,0.5`), is
+reordered, or is launched again with one key changed. Before anything is written, `place` reads the config
+of every run folder already there and
+
+- gives each run of the launch the folder that holds its config (`results.same_run`: keys that cannot
+  change a result, such as `checkpoint_every` and `wandb.*`, do not count), wherever that folder is: a
+  finished run is found and never trained again, an unfinished one resumes in its own folder;
+- gives a new run its job number's folder when that is free (missing, or holding no readable run), and the
+  next unused number when the folder belongs to another run of this launch: finished folders are never
+  renumbered;
+- refuses, naming the folder and the keys that differ, when a new run's folder holds a run of another config
+  that this launch does not ask for, unless `overwrite` (`hydra.launcher.overwrite=true`) says to train over it.
+
+With a sweep subdir other than Hydra's default (`${hydra.job.num}`) a folder's name comes from the job's own
+config, so runs keep their folders; only the refusal applies.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import results
+from .config import ConfigError, from_dict
+
+
+class FolderTaken(ConfigError):
+    """A run folder holds a run of another config: one line, before anything is written."""
+
+    def __init__(self, message: str):
+        RuntimeError.__init__(self, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class Placement:
+    """What `place` found: the summaries of the runs already done (by the spec's index) and the folders that
+    were given to runs other than their job number's."""
+    done: dict = field(default_factory=dict)
+    moved: int = 0
+
+
+def _key(cfg: dict) -> str:
+    return json.dumps(results.identity(cfg), sort_keys=True, default=str)
+
+
+def _run_config(folder: Path) -> dict | None:
+    """The config of the run in `folder`, or None when it holds no readable, valid one (a damaged folder
+    is retrained over, as before). A folder that is a link is nobody's run."""
+    if folder.is_symlink():
+        return None
+    cfg = results.read_config(folder)
+    if cfg is None:
+        return None
+    try:
+        from_dict(cfg, complete=True)
+    except (ConfigError, TypeError, ValueError):
+        return None
+    return cfg
+
+
+def existing(sweep_dir: Path, extra: list[Path]) -> dict[Path, dict]:
+    """Every run folder of the sweep with a readable config: its direct subfolders and `extra` ones."""
+    folders: list[Path] = []
+    try:
+        with os.scandir(sweep_dir) as it:
+            folders = [Path(e.path) for e in it if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+    except OSError:
+        pass
+    seen = set(folders)
+    folders += [f for f in extra if f not in seen and f.exists()]
+    out = {}
+    for f in folders:
+        cfg = _run_config(f)
+        if cfg is not None:
+            out[f] = cfg
+    return out
+
+
+def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = False) -> Placement:
+    """Give every spec its folder (see the module's doc); raise FolderTaken on the first conflict."""
+    from .run import done_summary
+
+    sweep_dir = Path(sweep_dir)
+    own = [Path(s.output_dir) for s in specs]
+    found = existing(sweep_dir, own)
+    by_key: dict[str, list[Path]] = {}
+    for folder, cfg in found.items():
+        by_key.setdefault(_key(cfg), []).append(folder)
+    for folders in by_key.values():  # a run's own folder first, then by number
+        folders.sort(key=lambda f: (not f.name.isdigit(), int(f.name) if f.name.isdigit() else 0, f.name))
+    claimed: dict[Path, int] = {}  # folder → the index of the run of this launch that it holds
+    matched: dict[int, Path] = {}
+    keys = [_key(s.cfg.to_dict()) for s in specs]
+    for i, s in enumerate(specs):  # runs already in the folder, wherever they are; their own folder first
+        options = by_key.get(keys[i], [])
+        pick = own[i] if own[i] in options and own[i] not in claimed else next((f for f in options if f not in claimed), None)
+        if pick is not None:
+            claimed[pick], matched[i] = i, pick
+    numbers = [int(f.name) for f in found if f.parent == sweep_dir and f.name.isdigit()] + [s.num for s in specs]
+    fresh = max(numbers, default=-1) + 1
+    out = Placement()
+    conflicts = []
+    for i, s in enumerate(specs):
+        if i in matched:
+            if matched[i] != own[i]:
+                num = int(matched[i].name) if default_subdir and matched[i].name.isdigit() else s.num
+                s.relocate(num, str(matched[i]))
+                out.moved += 1
+        elif own[i] in claimed:  # its number's folder holds another run of this launch: the next free number
+            if not default_subdir:
+                raise FolderTaken(f"invalid config: hydra.sweep.subdir: two runs of this launch share {own[i]}")
+            while os.path.lexists(sweep_dir / str(fresh)):
+                fresh += 1
+            s.relocate(fresh, str(sweep_dir / str(fresh)))
+            fresh += 1
+            out.moved += 1
+        elif own[i] in found and not overwrite:
+            conflicts.append((own[i], results.differing_keys(found[own[i]], s.cfg.to_dict()), found[own[i]], s.cfg))
+    if conflicts:
+        folder, differ, old, new = conflicts[0]
+        shown = ", ".join(f"{k}={_get(old, k)!r} there, {_get(new.to_dict(), k)!r} here" for k in differ[:3])
+        more = f" (and {len(conflicts) - 1} more folder(s))" if len(conflicts) > 1 else ""
+        raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: {folder} holds a run of another config "
+                          f"({shown}){more}; add hydra.launcher.overwrite=true to train over it, or choose another "
+                          f"hydra.sweep.dir")
+    for i, s in enumerate(specs):
+        summary = done_summary(s.cfg, Path(s.output_dir), found.get(Path(s.output_dir)))
+        if summary is not None:
+            out.done[i] = summary
+    return out
+
+
+def writable(sweep_dir: Path) -> bool:
+    """Can this launch write into its sweep folder? False for an existing folder that is read-only (a finished
+    sweep may be: its re-run writes nothing); FolderTaken (one line) when it cannot be one at all."""
+    sweep_dir = Path(sweep_dir)
+    if os.path.lexists(sweep_dir):
+        if not sweep_dir.is_dir():
+            raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: exists and is not a folder")
+        return os.access(sweep_dir, os.W_OK | os.X_OK)
+    parent = sweep_dir.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: cannot be created, {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: cannot be created, {parent} is not writable")
+    return True
+
+
+def _get(cfg: dict, dotted: str):
+    node = cfg
+    for k in dotted.split("."):
+        node = node.get(k) if isinstance(node, dict) else None
+    return node

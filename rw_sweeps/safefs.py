@@ -1,0 +1,92 @@
+"""The one way this project writes into a sweep folder, which strangers may share.
+
+Every file is written to a fresh, unpredictable temporary name opened with O_CREAT|O_EXCL|O_NOFOLLOW (a
+link or file planted at that name makes the open fail instead of redirecting the write) and renamed over
+its target (a rename replaces a planted link itself, never what it points to); readers so see the old
+file or the new one, never half of one. Logs are appended through O_NOFOLLOW, and a run folder or its
+`.hydra` that is a symbolic link is refused (`PlantedLink`) rather than followed. Files get the
+permissions the umask allows, as `open` would give them (group-readable on a shared file system).
+"""
+from __future__ import annotations
+
+import errno
+import io
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Callable
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class PlantedLink(OSError):
+    """A folder the project writes into is a symbolic link: followed, it would send files elsewhere."""
+
+
+def ensure_dir(path: Path) -> Path:
+    """The folder, created if missing (with its parents); a link at its place is refused, not followed."""
+    path = Path(path)
+    if path.is_symlink():
+        raise PlantedLink(f"{path} is a symbolic link; refusing to write through it")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file at the folder's place
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
+    if path.is_symlink():  # planted between the check and the mkdir
+        raise PlantedLink(f"{path} is a symbolic link; refusing to write through it")
+    return path
+
+
+def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
+    """`write(fh)` into a fresh temp file beside `path`, then rename it into place (the one writer)."""
+    path = Path(path)
+    if path.parent.is_symlink():
+        raise PlantedLink(f"{path.parent} is a symbolic link; refusing to write through it")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        fd = os.open(tmp, _CREATE, 0o666)
+    except FileNotFoundError:
+        ensure_dir(path.parent)
+        fd = os.open(tmp, _CREATE, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Text (UTF-8) or bytes to `path`, atomically (`write_with`)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    write_with(path, lambda fh: fh.write(raw))
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append to a log file, never through a link planted at its name."""
+    fd = os.open(path, _APPEND, 0o666)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def read_bytes(path: Path) -> bytes:
+    """A file's bytes, never through a link at its name (raises OSError for one)."""
+    fd = os.open(path, _READ)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+class NoFollowFileHandler(logging.FileHandler):
+    """logging.FileHandler that opens its file with O_NOFOLLOW (a run's `<job>.log` in the sweep folder)."""
+
+    def _open(self):  # noqa: D401 - the one method FileHandler documents for opening its stream
+        flags = _APPEND if "a" in self.mode else (_CREATE & ~os.O_EXCL) | os.O_TRUNC
+        fd = os.open(self.baseFilename, flags, 0o666)
+        return os.fdopen(fd, self.mode.replace("b", ""), encoding=self.encoding, errors=self.errors)

@@ -28,14 +28,8 @@ from .config import ConfigError, from_dict
 
 
 class FolderTaken(ConfigError):
-    """A run folder holds a run of another config: one line, before anything is written."""
-
-    def __init__(self, message: str):
-        RuntimeError.__init__(self, message)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
+    """The sweep folder cannot take this launch (a run of another config in a run's folder, not a folder,
+    not writable): one line, before anything is written."""
 
 
 @dataclass
@@ -103,8 +97,11 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
         pick = own[i] if own[i] in options and own[i] not in claimed else next((f for f in options if f not in claimed), None)
         if pick is not None:
             claimed[pick], matched[i] = i, pick
-    numbers = [int(f.name) for f in found if f.parent == sweep_dir and f.name.isdigit()] + [s.num for s in specs]
-    fresh = max(numbers, default=-1) + 1
+    # a new run whose number's folder holds another run of this launch takes the lowest number that no
+    # folder and no run staying in its own number's folder has
+    staying = {own[i] for i in range(len(specs)) if i not in matched and own[i] not in claimed}
+    used = {f.name for f in found} | {f.name for f in staying} | {f.name for f in claimed}
+    fresh = 0
     out = Placement()
     conflicts = []
     for i, s in enumerate(specs):
@@ -115,8 +112,8 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                 out.moved += 1
         elif own[i] in claimed:  # its number's folder holds another run of this launch: the next free number
             if not default_subdir:
-                raise FolderTaken(f"invalid config: hydra.sweep.subdir: two runs of this launch share {own[i]}")
-            while os.path.lexists(sweep_dir / str(fresh)):
+                raise FolderTaken("hydra.sweep.subdir", own[i].name, f"two runs of this launch share {own[i]}")
+            while str(fresh) in used or os.path.lexists(sweep_dir / str(fresh)):
                 fresh += 1
             s.relocate(fresh, str(sweep_dir / str(fresh)))
             fresh += 1
@@ -127,9 +124,8 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
         folder, differ, old, new = conflicts[0]
         shown = ", ".join(f"{k}={_get(old, k)!r} there, {_get(new.to_dict(), k)!r} here" for k in differ[:3])
         more = f" (and {len(conflicts) - 1} more folder(s))" if len(conflicts) > 1 else ""
-        raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: {folder} holds a run of another config "
-                          f"({shown}){more}; add hydra.launcher.overwrite=true to train over it, or choose another "
-                          f"hydra.sweep.dir")
+        raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"{folder} holds a run of another config ({shown}){more}; "
+                          f"add hydra.launcher.overwrite=true to train over it, or choose another hydra.sweep.dir")
     for i, s in enumerate(specs):
         summary = done_summary(s.cfg, Path(s.output_dir), found.get(Path(s.output_dir)))
         if summary is not None:
@@ -143,15 +139,15 @@ def writable(sweep_dir: Path) -> bool:
     sweep_dir = Path(sweep_dir)
     if os.path.lexists(sweep_dir):
         if not sweep_dir.is_dir():
-            raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: exists and is not a folder")
+            raise FolderTaken("hydra.sweep.dir", str(sweep_dir), "exists and is not a folder")
         return os.access(sweep_dir, os.W_OK | os.X_OK)
     parent = sweep_dir.parent
     while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: cannot be created, {parent} is not a folder")
+        raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"cannot be created: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise FolderTaken(f"invalid config: hydra.sweep.dir={sweep_dir}: cannot be created, {parent} is not writable")
+        raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"cannot be created: {parent} is not writable")
     return True
 
 

@@ -70,7 +70,9 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 
 
 def append_text(path: Path, text: str) -> None:
-    """Append to a log file, never through a link planted at its name."""
+    """Append to a log file, never through a link planted at its name or its folder's."""
+    if Path(path).parent.is_symlink():
+        raise PlantedLink(f"{Path(path).parent} is a symbolic link; refusing to write through it")
     fd = os.open(path, _APPEND, 0o666)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(text)

@@ -325,8 +325,13 @@ class RwLauncher(Launcher):
         if p["dry_run"]:
             self._dry_run(specs, done, jobs)
             return None
-        if todo:  # a sweep whose every run is done writes nothing (it may be read-only)
-            self._lock()
+        if not todo:  # every run is done: their Hydra jobs, and nothing written (the folder may be read-only)
+            returns = dict(zip([s.num for s in done], Chunk(done, twin, self.hydra_context, self.task_function,
+                                                            planner if self.hydra_context.callbacks.callbacks else None,
+                                                            finished=True)()))
+            log.info(f"{p['backend']} launcher: {len(specs)} runs, all already done; sweep folder {self.sweep_dir}")
+            return [returns[s.num] for s in specs]
+        self._lock()
         rec = self._record(specs, done, todo)
         log.info(f"{p['backend']} launcher: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
                  f"{' (packed)' if p['pack'] else ''}; sweep folder {self.sweep_dir}")

@@ -103,8 +103,8 @@ class RwSweeper(BasicSweeper):
                 self.launcher._lock()
             done = self.launcher.place(specs, planner)
             if not can_write and len(done) < len(specs):
-                print(f"error: invalid config: hydra.sweep.dir={sweep_dir}: not writable, and {len(specs) - len(done)} "
-                      f"of its {len(specs)} runs are not done", file=sys.stderr, flush=True)
+                print(f"error: invalid config: hydra.sweep.dir={str(sweep_dir)!r}: not writable, and "
+                      f"{len(specs) - len(done)} of its {len(specs)} runs are not done", file=sys.stderr, flush=True)
                 sys.exit(2)
             dry_run = dry_run or not can_write
         if not dry_run:

@@ -1,0 +1,323 @@
+"""Trust: no wrong number marked done, no finished run overwritten, no planted file obeyed.
+
+Each test plays a hostile but fair user of a shared sweep folder (or an unlucky one: a kill at the wrong
+step, a grid that grows, a disk that fills) and checks what they then find. Real processes wherever a
+process boundary matters; `S` is a small sweep.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rw_sweeps import lock, results, run
+from rw_sweeps.config import DataConfig, ModelConfig, OptimConfig, RunConfig, validate
+
+from .conftest import launch, start_launch, wait_until
+
+S = ["data.n_train=64", "data.n_test=64", "model.M=200", "optim.steps=5", "wandb.mode=disabled"]
+
+
+def summaries(sweep: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(sweep).glob("*/summary.json"))}
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    return lines[0]
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under a folder, by relative path (what a user could compare)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------ resume at any step
+class Interrupted(BaseException):
+    """A kill right after a checkpoint (a BaseException: nothing in the run path may catch it)."""
+
+
+RESULT_FIELDS_THAT_VARY = ("wall_s",)
+
+
+def _resume_cfg(backend_opt: str) -> RunConfig:
+    optim = OptimConfig(name="adam", lr=0.01, steps=300) if backend_opt == "adam" else OptimConfig(lr=1.0, steps=300)
+    return validate(RunConfig(data=DataConfig(K=5, N=21, p=0.7, n_train=60, n_test=40), model=ModelConfig(M=64),
+                              optim=optim, eval_every=100, checkpoint_every=30, snapshot_steps=[0, 100, 200],
+                              seed=3, wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
+
+
+@pytest.mark.parametrize("path", ["fused", "torch", "adam"])
+@pytest.mark.parametrize("kill_after", [90, 150, 300])
+def test_a_run_resumed_from_a_checkpoint_off_the_evaluation_grid_equals_an_uninterrupted_one(
+        tmp_path, monkeypatch, path, kill_after):
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "torch" if path == "torch" else "auto")
+    cfg = _resume_cfg(path)
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run.execute([cfg], [whole], progress=False)
+    save = results.save_checkpoint
+
+    def save_then_die(run_dir, blob):
+        save(run_dir, blob)
+        if blob["state"]["step"] == kill_after:
+            raise Interrupted
+
+    monkeypatch.setattr(results, "save_checkpoint", save_then_die)
+    with pytest.raises(Interrupted):
+        run.execute([cfg], [resumed], progress=False)
+    monkeypatch.setattr(results, "save_checkpoint", save)
+    assert results.load_checkpoint(cfg.to_dict(), resumed)["state"]["step"] == kill_after
+    run.execute([cfg], [resumed], progress=False)
+    a, b = results.read_summary(whole), results.read_summary(resumed)
+    assert a["status"] == b["status"] == "done" and b["eval_step"] == 300 and b["parents_attention"] is not None
+    for k in set(a) - {"wall_s", "run_id"}:
+        assert a[k] == b[k], k
+    for name in ("history.jsonl", "snapshots.jsonl", "config.yaml"):
+        assert (whole / name).read_bytes() == (resumed / name).read_bytes(), name
+    assert [json.loads(r)["step"] for r in (resumed / "history.jsonl").read_text().splitlines()] == [0, 100, 200, 300]
+    assert not (resumed / results.CHECKPOINT).exists()
+
+
+# ------------------------------------------------------------------------------ a finished run is kept
+def test_a_grown_grid_keeps_every_finished_folder_and_trains_only_the_new_runs(tmp_path):
+    sweep = tmp_path / "S"
+    r = launch("-m", *S, "data.p=0,0.5", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    before = {n: (sweep / n / "summary.json").read_bytes() for n in "0123"}
+    r = launch("-m", *S, "data.p=0,0.1,0.5", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 6 runs: 2 done, 4 skipped, 0 failed, 0 diverged"
+    after = summaries(sweep)
+    assert {n: (sweep / n / "summary.json").read_bytes() for n in "0123"} == before  # not one byte changed
+    assert {(s["p"], s["seed"]) for s in after.values()} == {(p, s) for p in (0, 0.1, 0.5) for s in (0, 1)}
+    assert {(after[n]["p"], after[n]["seed"]) for n in ("4", "5")} == {(0.1, 0), (0.1, 1)}
+    for n in ("4", "5"):  # the new runs' Hydra files name their own folder and number
+        hydra = (sweep / n / ".hydra" / "hydra.yaml").read_text()
+        assert f"num: {n}\n" in hydra and f"output_dir: {sweep / n}\n" in hydra
+
+
+def test_a_changed_value_is_refused_in_one_line_naming_the_folder_and_key_unless_overwrite(tmp_path):
+    sweep = tmp_path / "S"
+    assert launch("-m", *S, "seed=0,1", f"hydra.sweep.dir={sweep}").returncode == 0
+    files = tree(sweep)
+    r = launch("-m", *S[:-2], "optim.steps=10", "wandb.mode=disabled", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2
+    line = one_error_line(r)
+    assert f"{sweep / '0'} holds a run of another config" in line and "optim.steps=5 there, 10 here" in line
+    assert "hydra.launcher.overwrite=true" in line
+    assert tree(sweep) == files  # nothing written, multirun.yaml included
+    r = launch("-m", *S[:-2], "optim.steps=10", "wandb.mode=disabled", "seed=0,1", f"hydra.sweep.dir={sweep}",
+               "hydra.launcher.overwrite=true")
+    assert r.returncode == 0, r.stderr
+    assert [s["steps"] for s in summaries(sweep).values()] == [10, 10]
+
+
+def test_keys_that_change_no_result_do_not_make_a_run_different(tmp_path):
+    sweep = tmp_path / "S"
+    assert launch("-m", *S, "seed=0,1", f"hydra.sweep.dir={sweep}").returncode == 0
+    files = {k: v for k, v in tree(sweep).items() if not k.endswith("multirun.yaml")}
+    r = launch("-m", *S, "seed=0,1", "checkpoint_every=3", "wandb.project=elsewhere", "objective=test_acc",
+               f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 2 runs: 0 done, 2 skipped, 0 failed, 0 diverged"
+    assert {k: v for k, v in tree(sweep).items() if not k.endswith("multirun.yaml")} == files
+
+
+def test_a_sweep_without_a_named_folder_records_its_resolved_folder_as_the_wandb_group(tmp_path):
+    r = launch("-m", *S, "seed=0,1", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (sweep,) = [p for p in (tmp_path / "multirun").glob("*/*") if p.is_dir()]
+    expected = f"{sweep.parent.name}/{sweep.name}"
+    for n in "01":
+        cfg = results.read_config(sweep / n)
+        assert cfg["wandb"]["group"] == expected and "${" not in json.dumps(cfg)
+
+
+# ------------------------------------------------------------------------------ nothing planted is obeyed
+class _Payload:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_checkpoint_that_would_run_code_is_ignored_and_the_run_trains_from_scratch(tmp_path):
+    sweep, marker = tmp_path / "S", tmp_path / "pwned"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / "checkpoint.pt").write_bytes(pickle.dumps({"config": _Payload(str(marker))}))
+    r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists()
+    assert summaries(sweep)["0"]["status"] == "done" and summaries(sweep)["0"]["steps"] == 5
+
+
+def test_links_planted_in_a_sweep_folder_are_never_followed(tmp_path):
+    sweep, outside = tmp_path / "S", tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    victim.write_text("precious\n")
+    for n in "0123":
+        (sweep / n).mkdir(parents=True)
+    (sweep / "0" / "summary.json").symlink_to(victim)       # a result file's name
+    (sweep / "1" / "launch.log").symlink_to(victim)         # the run's log
+    (sweep / "2" / ".hydra").symlink_to(outside)            # the run's Hydra folder
+    (sweep / "3").rmdir()
+    (sweep / "3").symlink_to(outside)                       # the run folder itself
+    r = launch("-m", *S, "seed=range(0,5)", f"hydra.sweep.dir={sweep}")
+    assert victim.read_text() == "precious\n" and sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    got = summaries(sweep)
+    assert {n: got[n]["status"] for n in ("0", "1", "4")} == {"0": "done", "1": "done", "4": "done"}
+    assert not (sweep / "0" / "summary.json").is_symlink()  # replaced, not written through
+    assert r.returncode == 1
+    failed = [ln for ln in r.stderr.splitlines() if ln.startswith("failed ")]
+    assert len(failed) == 2 and all("symbolic link" in ln for ln in failed), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------------------ the lock
+@pytest.mark.parametrize("content", ["", "garbage", '{"host": "h", "pid": 1, "since": 1e300, "arrays": []}'])
+def test_a_lock_that_cannot_be_read_is_reported_in_one_line_and_not_taken_over(tmp_path, content):
+    sweep = tmp_path / "S"
+    sweep.mkdir()
+    (sweep / lock.LOCK).write_text(content)
+    if content == "":  # an empty lock is being written by its holder right now: held while young
+        os.utime(sweep / lock.LOCK, (1, 1))
+    r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2
+    assert "cannot be read as a holder record" in one_error_line(r)
+    assert (sweep / lock.LOCK).read_text() == content and not (sweep / "0").exists()
+    assert not (sweep / "multirun.yaml").exists()
+
+
+def test_a_young_empty_lock_counts_as_held(tmp_path):
+    sweep = tmp_path / "S"
+    sweep.mkdir()
+    (sweep / lock.LOCK).write_text("")
+    r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2 and "being locked by another launch" in one_error_line(r)
+
+
+def test_a_refused_second_launch_writes_nothing_not_even_multirun_yaml(tmp_path):
+    sweep = tmp_path / "S"
+    sweep.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (sweep / lock.LOCK).write_text(json.dumps({"host": os.uname().nodename, "pid": holder.pid,
+                                                   "since": 1.7e9, "arrays": []}))
+        (sweep / "multirun.yaml").write_text("theirs\n")
+        r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={sweep}")
+        assert r.returncode == 2 and f"pid {holder.pid}" in one_error_line(r)
+        assert (sweep / "multirun.yaml").read_text() == "theirs\n" and not (sweep / "0").exists()
+    finally:
+        holder.kill()
+
+
+def test_the_lock_is_created_with_its_content_in_one_step(tmp_path):
+    me = lock.acquire(tmp_path)
+    try:
+        assert json.loads((tmp_path / lock.LOCK).read_text()) == me
+        lock.acquire(tmp_path)  # held by this process already: a no-op
+        assert json.loads((tmp_path / lock.LOCK).read_text()) == me
+        assert sorted(p.name for p in tmp_path.iterdir()) == [lock.LOCK]  # no temp file left behind
+    finally:
+        lock.release(tmp_path)
+    assert not (tmp_path / lock.LOCK).exists()
+
+
+# ------------------------------------------------------------------------------ unusable sweep folders
+def test_a_file_given_as_the_sweep_folder_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={tmp_path / 'f'}")
+    assert r.returncode == 2 and "exists and is not a folder" in one_error_line(r)
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """Make a folder read-only for this (possibly root) process: a read-only bind mount of it on itself."""
+    mounted = []
+
+    def make(folder: Path) -> None:
+        if os.geteuid() != 0:
+            os.chmod(folder, 0o555)
+            return
+        ok = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode == 0
+        ok = ok and subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode == 0
+        if not ok:
+            pytest.skip("cannot make a read-only folder here (no bind mounts)")
+        mounted.append(folder)
+
+    yield make
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_a_read_only_finished_sweep_reports_every_run_done_and_writes_nothing(tmp_path, read_only):
+    sweep = tmp_path / "S"
+    assert launch("-m", *S, "seed=0,1", f"hydra.sweep.dir={sweep}").returncode == 0
+    files = tree(sweep)
+    read_only(sweep)
+    r = launch("-m", *S, "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 2 runs: 0 done, 2 skipped, 0 failed, 0 diverged"
+    assert tree(sweep) == files and "Traceback" not in r.stderr
+    r = launch("-m", *S, "seed=0,1,2", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2 and "not writable, and 1 of its 3 runs are not done" in one_error_line(r)
+
+
+def test_a_sweep_folder_under_a_read_only_parent_is_one_line(tmp_path, read_only):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    read_only(parent)
+    r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={parent / 'S'}")
+    assert r.returncode == 2 and "cannot be created" in one_error_line(r)
+
+
+# ------------------------------------------------------------------------------ a full disk
+def test_a_nearly_full_disk_keeps_every_run_that_fit(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a small tmpfs needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        sweep = disk / "S"
+        r = launch("-m", *S, "seed=range(0,40)", f"hydra.sweep.dir={sweep}", "hydra.launcher.lean=true")
+        got = summaries(sweep) if sweep.exists() else {}
+        done = [n for n, s in got.items() if s["status"] == "done"]
+        assert 0 < len(done) < 40, r.stderr[-2000:]
+        for n in done:  # a done run is complete
+            assert run.done_summary(run_validated(sweep / n), sweep / n) is not None
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        assert "No space left on device" in r.stderr
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def run_validated(folder: Path) -> RunConfig:
+    from rw_sweeps.config import from_dict
+
+    return from_dict(results.read_config(folder), complete=True)
+
+
+# ------------------------------------------------------------------------------ interrupts at start-up
+def test_an_interrupt_during_start_up_leaves_a_sweep_the_next_launch_completes(tmp_path):
+    sweep = tmp_path / "S"
+    args = ["-m", *S, "seed=range(0,2000)", f"hydra.sweep.dir={sweep}"]
+    proc = start_launch(*args)
+    wait_until(lambda: (sweep / "multirun.yaml").exists() or proc.poll() is not None, 120, "the sweep to start")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    r = launch(*args)
+    assert r.returncode == 0, r.stderr
+    got = summaries(sweep)
+    assert len(got) == 2000 and all(s["status"] == "done" and s["steps"] == 5 for s in got.values())

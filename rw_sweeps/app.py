@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -47,11 +48,16 @@ def group_of(hydra: dict | DictConfig, multirun: bool) -> str:
 
 
 def _result(cfg, summary: dict) -> Any:
-    """What the task returns: the run's summary, or the value of its `objective` (NaN when undefined)."""
+    """What the task returns: the run's summary, or the value of its `objective`. The objective is undefined
+    (None) unless the run is done with a finite value: a diverged run's last finite evaluation is not its
+    result. None, not NaN: hydra-optuna-sweeper then records the trial as failed and the study goes on
+    (Optuna rejects a NaN value, and the sweeper's retry of `tell` for it raises)."""
     if cfg.objective is None:
         return summary
     value = summary.get(cfg.objective)
-    return float("nan") if value is None else float(value)
+    if summary.get("status") != "done" or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def _finish(cfg, summary: dict) -> tuple[Any, list[str]]:

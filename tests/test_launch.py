@@ -69,8 +69,11 @@ def test_rerunning_a_sweep_skips_finished_runs(tmp_path):
     r = launch(*args, cwd=tmp_path)
     assert r.returncode == 0 and "2 runs: 0 done, 2 skipped, 0 failed, 0 diverged" in r.stdout
     assert {k: v["wall_s"] for k, v in summaries(sweep).items()} == before  # untouched
-    # a changed config in the same folder is not "done": it is trained again
+    # a changed config whose folder holds a finished run is refused, unless the user asks to train over it
     r = launch("-m", "data.p=0.3,0.9", *SMALL, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 2 and "holds a run of another config (data.p=0.7 there, 0.9 here)" in r.stderr
+    r = launch("-m", "data.p=0.3,0.9", *SMALL, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}",
+               "hydra.launcher.overwrite=true", cwd=tmp_path)
     assert "2 runs: 1 done, 1 skipped" in r.stdout
     assert summaries(sweep)["1"]["p"] == 0.9
 

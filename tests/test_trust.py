@@ -321,3 +321,22 @@ def test_an_interrupt_during_start_up_leaves_a_sweep_the_next_launch_completes(t
     assert r.returncode == 0, r.stderr
     got = summaries(sweep)
     assert len(got) == 2000 and all(s["status"] == "done" and s["steps"] == 5 for s in got.values())
+
+
+# ------------------------------------------------------------------------------ failures stay local
+def test_an_optuna_study_where_half_the_trials_diverge_records_them_failed_and_goes_on(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    import yaml
+
+    sweep = tmp_path / "s"
+    r = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=8", "hydra.sweeper.n_jobs=4",
+               "hydra.sweeper.direction=maximize", "hydra.sweeper.sampler.seed=1",
+               "optim.lr=choice(0.5,1e300)", "data.p=interval(0.55,0.95)", "objective=test_acc",
+               *S, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    runs = summaries(sweep)
+    status = sorted(s["status"] for s in runs.values())
+    assert len(runs) == 8 and "diverged" in status and "done" in status, status
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert best["best_params"]["optim.lr"] == 0.5
+    assert best["best_value"] == max(s["test_acc"] for s in runs.values() if s["status"] == "done")

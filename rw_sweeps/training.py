@@ -56,18 +56,55 @@ class Record:
     trap: bool | None = None  # every training sequence has the same token histogram (`trap_flags`)
 
 
-def trap_flags(tokens: torch.Tensor, K: int) -> list[bool]:
-    """Per run (tokens (R, n, N−1)): is the histogram of x_1 … x_{N−1} the same for every training sequence?
-    Theorem 4.1's condition generalised: then x̄ = (1/(N−1))·Σ x_j carries nothing about y (random_walk with
-    p ∈ {0, 1} and K | N − 1; a deterministic permutation chain whose cycle lengths all divide N − 1). One
-    bincount per run over (sequence, token), compared with the first sequence's row; one sync at the end."""
+def trap_flags(tokens: torch.Tensor, K: int, classes: list | None = None) -> list[bool]:
+    """Per run (tokens (R, n, N−1)): is the training set's token histogram of x_1 … x_{N−1} a function of
+    the closed class of the chain that the walk stays in? Then zero-init GD never leaves Theorem 4.1's
+    symmetric point (the docs' "When zero init is trapped" derives it): p ∈ {0, 1} with K | N − 1 on the
+    circle (one class), and any deterministic permutation chain whose cycle lengths all divide N − 1, each
+    cycle a class of its own (`(0 1)(2 3)`, a 3-cycle plus a fixed point), where the histogram is the same
+    within each class but not across them. `classes[r]`: run r's class of each state (`closed_classes`),
+    None for runs with no single Π (the QA tasks, in-context and higher-order chains): there the histogram
+    must be the same for every sequence. A sequence belongs to the class of its last observed state (a
+    walk never leaves a closed class; one still in transient states is its own class, −1)."""
     R, n, L = tokens.shape
     off = (torch.arange(n, device=tokens.device) * K)[:, None]
     flags = [None] * R
     for r in range(R):
         h = torch.bincount((tokens[r].long() + off).view(-1), minlength=n * K).view(n, K)
-        flags[r] = (h == h[:1]).all()
+        if classes is None or classes[r] is None:
+            flags[r] = (h == h[:1]).all()
+            continue
+        cls = torch.as_tensor(classes[r], device=tokens.device)[tokens[r, :, -1].long()]
+        ok = torch.ones((), dtype=torch.bool, device=tokens.device)
+        for c in torch.unique(cls).tolist():
+            hc = h[cls == c]
+            ok = ok & (hc == hc[:1]).all()
+        flags[r] = ok
     return torch.stack(flags).tolist() if R else []
+
+
+def closed_classes(Pi) -> list[int] | None:
+    """Each state's closed communicating class of the chain Π (a numbered class), or −1 for a transient
+    state: the strongly connected components of Π's support that no transition leaves."""
+    if Pi is None:
+        return None
+    import numpy as np
+
+    A = np.asarray(Pi) > 0
+    K = len(A)
+    reach = A | np.eye(K, dtype=bool)
+    for k in range(K):  # transitive closure (Warshall): K ≤ a few hundred
+        reach |= reach[:, k:k + 1] & reach[k:k + 1, :]
+    out, seen = [-1] * K, 0
+    for i in range(K):
+        if out[i] != -1:
+            continue
+        comp = reach[i] & reach[:, i]
+        if not (reach[i] & ~comp).any():  # nothing outside the component is reachable: closed
+            for j in np.nonzero(comp)[0]:
+                out[int(j)] = seen
+            seen += 1
+    return out
 
 
 def device_of(cfg: RunConfig) -> torch.device:
@@ -142,7 +179,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         best = test_set.P_true.double().amax(-1).mean(-1).tolist()
         for rec, b in zip(recs, best):
             rec.opt_acc = b
-    for rec, t in zip(recs, trap_flags(train_set.tokens, c0.data.K)):
+    classes = [closed_classes(markov.first_order_pi(cfg.data, cfg.seed)) for cfg in cfgs]
+    for rec, t in zip(recs, trap_flags(train_set.tokens, c0.data.K, classes)):
         rec.trap = t
     if resumed:
         state = engine.stack_slices([b["state"] for b in resumed])

@@ -340,3 +340,38 @@ def test_an_optuna_study_where_half_the_trials_diverge_records_them_failed_and_g
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert best["best_params"]["optim.lr"] == 0.5
     assert best["best_value"] == max(s["test_acc"] for s in runs.values() if s["status"] == "done")
+
+
+# ------------------------------------------------------------------------------ claims that say what they show
+TWO_SWAPS = [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]]             # (0 1)(2 3)
+CYCLE_AND_FIXED = [[0, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]]       # (0 1 2)(3), N − 1 = 96
+TWO_BLOCKS = [[.5, .5, 0, 0], [.5, .5, 0, 0], [0, 0, .5, .5], [0, 0, .5, .5]]      # block diagonal, stochastic
+
+
+def _chain_run(tmp_path, Pi, name: str) -> dict:
+    cfg = validate(RunConfig(data=DataConfig(name="markov_matrix", K=4, N=97, Pi=Pi, n_train=200, n_test=200),
+                             model=ModelConfig(M=200), optim=OptimConfig(lr=1.0, steps=100), eval_every=10,
+                             wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
+    return run.execute([cfg], [tmp_path / name], progress=False)[0]
+
+
+@pytest.mark.parametrize("Pi", [TWO_SWAPS, CYCLE_AND_FIXED], ids=["two-swaps", "3-cycle+fixed-point"])
+def test_a_multi_cycle_permutation_is_flagged_a_trap_and_zero_init_stays_at_the_symmetric_point(tmp_path, Pi):
+    s = _chain_run(tmp_path, Pi, "run")
+    assert s["status"] == "done" and s["trap"] is True
+    assert s["symmetry_break_step"] is None and s["attention_spread"] == 0.0  # uniform attention, exactly
+    assert s["opt_acc"] == 1.0 and s["test_acc"] < 0.75  # deterministic chain, yet far from it
+
+
+def test_a_block_diagonal_chain_with_random_blocks_is_no_trap_and_reaches_its_optimum(tmp_path):
+    s = _chain_run(tmp_path, TWO_BLOCKS, "run")  # y is uniform within x's block: the block is all there is to learn
+    assert s["trap"] is False and s["symmetry_break_step"] is not None
+    assert s["opt_acc"] == 0.5 and s["test_acc"] >= s["opt_acc"] - 0.05
+
+
+def test_closed_classes_are_the_components_no_transition_leaves():
+    from rw_sweeps.training import closed_classes
+
+    assert closed_classes(TWO_SWAPS) == [0, 0, 1, 1]
+    assert closed_classes(CYCLE_AND_FIXED) == [0, 0, 0, 1]
+    assert closed_classes([[.5, .5, 0], [0, 1, 0], [0, .5, .5]]) == [-1, 0, -1]  # 0 and 2 drain into 1

@@ -187,12 +187,31 @@ def _read_cache(sweep: Path):
         meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
         if meta.get("version") != CACHE_VERSION or not set(_BOOK) <= set(table.column_names):
             return pd.DataFrame(), {}      # another format (or the CLI's output table): rebuild
+        if not _cache_types_ok(table):     # a column the contract makes numeric holds text: rebuild
+            return pd.DataFrame(), {}
         df = table.to_pandas()
         df.attrs = {}
         return df, meta
     except Exception as e:                 # a torn or foreign file is only a slower load
         warnings.warn(f"ignoring unreadable cache {f}: {e}")
         return pd.DataFrame(), {}
+
+
+def _cache_types_ok(table) -> bool:
+    """Every column the results contract types (config keys and summary fields) has an Arrow type that
+    agrees with it (a null column, written when every value was None, agrees with anything)."""
+    for key, kind in {**CONTRACT_TYPES, **SUMMARY_TYPES}.items():
+        if key not in table.column_names:
+            continue
+        t = table.schema.field(key).type
+        if pa.types.is_null(t):
+            continue
+        numeric = pa.types.is_integer(t) or pa.types.is_floating(t)
+        ok = {str: pa.types.is_string(t) or pa.types.is_large_string(t), bool: pa.types.is_boolean(t),
+              int: numeric}.get(kind, numeric)
+        if not ok:
+            return False
+    return True
 
 
 def _write_cache(sweep: Path, df: pd.DataFrame, config_keys):
@@ -231,6 +250,14 @@ CONTRACT_TYPES = {"seed": int, "data.K": int, "data.N": int, "data.n_train": int
                   "optim.adam_eps": _NUM}
 # Keys added after some run folders were written. An old folder trained what they now default to (plain GD,
 # the FFN after the attention), so it reads as such: a table mixing old and new runs shows no false axis.
+# summary.json's fields that the tables compute with, and their types (None is allowed for each: a metric
+# that is undefined); a run whose summary says otherwise is corrupt, and so is one of an unknown status.
+SUMMARY_TYPES = {**{k: _NUM for k in ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention",
+                                      "v_pi_cosine", "pred_dist", "attention_spread", "opt_acc", "wall_s",
+                                      "parents_attention")},
+                 **{k: int for k in ("eval_step", "symmetry_break_step", "locked_position", "steps")},
+                 "trap": bool, "error": str}
+STATUSES = ("done", "failed", "diverged")
 LEGACY_DEFAULTS = {"model.ffn": "after", "optim.name": "gd", "optim.beta1": 0.9, "optim.beta2": 0.999,
                    "optim.adam_eps": 1e-8}
 LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
@@ -247,6 +274,14 @@ def _read_run(path: Path):
         return None, None, _skip(path, "corrupt", f"summary.json: {_short(e)}")
     if not isinstance(summary, dict):
         return None, None, _skip(path, "corrupt", "summary.json is not a JSON object")
+    if summary.get("status") not in STATUSES:
+        return None, None, _skip(path, "corrupt", f"summary.json: status={summary.get('status')!r} is not one of "
+                                 f"{', '.join(STATUSES)}")
+    for key, kind in SUMMARY_TYPES.items():
+        v = summary.get(key)
+        if v is not None and not _is(v, kind):
+            what = "number" if kind is _NUM else kind.__name__
+            return None, None, _skip(path, "corrupt", f"summary.json: {key}={v!r} is not a {what}")
     try:
         with open(path / "config.yaml", encoding="utf-8") as f:
             config = load_yaml(f.read())
@@ -263,7 +298,7 @@ def _read_run(path: Path):
         row.setdefault(key, value)
     for key, kind in CONTRACT_TYPES.items():   # the results contract's types (README, "Results")
         v = row.get(key)
-        if v is not None and not (isinstance(v, kind) and not (kind is not bool and isinstance(v, bool))):
+        if v is not None and not _is(v, kind):
             what = "number" if kind is _NUM else kind.__name__
             return None, None, _skip(path, "corrupt", f"config.yaml: {key}={v!r} is not a {what}")
     if summary.get("status") == "done":
@@ -274,6 +309,11 @@ def _read_run(path: Path):
     for k, v in summary.items():           # the config wins where both say it (seed, init, ...)
         row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
     return row, cfg_keys, None
+
+
+def _is(v, kind) -> bool:
+    """isinstance, where a bool is no number (JSON's true is not 1)."""
+    return isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
 
 
 def flatten_config(config: dict, prefix: str = "") -> dict:

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .load import config_keys
-
-STATUSES = ("done", "failed", "diverged")
+from .load import STATUSES, config_keys
 
 CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;

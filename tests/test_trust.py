@@ -375,3 +375,33 @@ def test_closed_classes_are_the_components_no_transition_leaves():
     assert closed_classes(TWO_SWAPS) == [0, 0, 1, 1]
     assert closed_classes(CYCLE_AND_FIXED) == [0, 0, 0, 1]
     assert closed_classes([[.5, .5, 0], [0, 1, 0], [0, .5, .5]]) == [-1, 0, -1]  # 0 and 2 drain into 1
+
+
+# ------------------------------------------------------------------------------ analysis of a damaged folder
+def test_analysis_counts_ill_typed_and_unknown_status_summaries_as_corrupt_and_rebuilds_a_mistyped_cache(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from analysis import load_runs
+
+    sweep = tmp_path / "S"
+    assert launch("-m", *S, "seed=range(0,4)", f"hydra.sweep.dir={sweep}").returncode == 0
+    assert load_runs(sweep, progress=False)["test_acc"].dtype == float  # and the sweep's cache is written
+    cache = sweep / "runs.parquet"
+    table = pq.read_table(cache)
+    i = table.column_names.index("test_acc")
+    pq.write_table(table.set_column(i, "test_acc", table.column("test_acc").cast(pa.string())), cache)
+    runs = load_runs(sweep, progress=False)  # the same stamps, but a column of the wrong type: rebuilt
+    assert runs["test_acc"].dtype == float and len(runs) == 4
+    for n, change in (("1", {"test_acc": "high"}), ("2", {"status": "pending-review"})):
+        f = sweep / n / "summary.json"
+        f.write_text(json.dumps({**json.loads(f.read_text()), **change}))
+    r = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--out", str(tmp_path / "R")],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    runs = load_runs(sweep, progress=False)
+    assert sorted(runs["run"]) == ["0", "3"] and runs["test_acc"].dtype == float
+    reasons = sorted(s["reason"] for s in runs.attrs["skipped"])
+    assert [s["status"] for s in runs.attrs["skipped"]] == ["corrupt", "corrupt"]
+    assert "status='pending-review' is not one of done, failed, diverged" in reasons[0]
+    assert "test_acc='high' is not a number" in reasons[1]

@@ -405,3 +405,17 @@ def test_analysis_counts_ill_typed_and_unknown_status_summaries_as_corrupt_and_r
     assert [s["status"] for s in runs.attrs["skipped"]] == ["corrupt", "corrupt"]
     assert "status='pending-review' is not one of done, failed, diverged" in reasons[0]
     assert "test_acc='high' is not a number" in reasons[1]
+
+
+def test_the_escape_theory_is_judged_on_late_breaking_trap_runs_apart_from_the_rest():
+    import pandas as pd
+
+    from analysis import escape
+
+    runs = pd.DataFrame({"status": ["done"] * 5, "trap": [True, True, True, False, False],
+                         "symmetry_break_step": [400, 800, 2, 3, 5],
+                         escape.PREDICTED: [440, 720, 2, 3, 5]})
+    parts = {label: escape.ratio_stats(runs[mask]) for label, mask in escape.regimes(runs).items()}
+    late = parts[f"trap runs breaking after step {escape.LATE}"]
+    assert late["n"] == 2 and late["median"] == pytest.approx((1.1 + 0.9) / 2)
+    assert parts["the rest"]["n"] == 3 and parts["the rest"]["median"] == 1.0  # easy, and exact

@@ -212,9 +212,14 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
             if mode == RunMode.RUN:
                 from .resources import check
 
+                from .placement import check_run_folder
+
                 HydraConfig.instance().set_config(cfg)
                 task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-                check(from_dict(OmegaConf.to_container(task, resolve=True), complete=True))
+                rc = from_dict(OmegaConf.to_container(task, resolve=True), complete=True)
+                check(rc)
+                check_run_folder(Path(str(cfg.hydra.run.dir)).absolute(), rc.to_dict(),
+                                 bool(OmegaConf.select(cfg, "hydra.launcher.overwrite", default=False)))
     finally:
         GlobalHydra.instance().clear()
 

@@ -133,6 +133,17 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
     return out
 
 
+def check_run_folder(run_dir: Path, cfg: dict, overwrite: bool = False) -> None:
+    """A single run (`hydra.run.dir`): refuse, in one line, a folder that holds a run of another config."""
+    found = _run_config(Path(run_dir))
+    if found is None or overwrite or _key(found) == _key(cfg):
+        return
+    differ = results.differing_keys(found, cfg)
+    shown = ", ".join(f"{k}={_get(found, k)!r} there, {_get(cfg, k)!r} here" for k in differ[:3])
+    raise FolderTaken("hydra.run.dir", str(run_dir), f"holds a run of another config ({shown}); add "
+                      f"hydra.launcher.overwrite=true to train over it, or choose another hydra.run.dir")
+
+
 def writable(sweep_dir: Path) -> bool:
     """Can this launch write into its sweep folder? False for an existing folder that is read-only (a finished
     sweep may be: its re-run writes nothing); FolderTaken (one line) when it cannot be one at all."""

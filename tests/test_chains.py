@@ -285,11 +285,12 @@ CYCLE_5 = [[0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1], [1, 0, 0, 0, 0], [
     (dict(name="markov_matrix", K=5, N=6, Pi=CYCLE_5), True),
     (dict(name="markov_matrix", K=5, N=9, Pi=CYCLE_5), False),  # 5 ∤ 8
     # two cycles whose lengths 3 and 2 both divide N − 1 = 6: each sequence's histogram is uniform on its own
-    # cycle, so it differs between the cycles and x̄ tells which cycle y is in: not a trap
-    (dict(name="markov_matrix", K=5, N=7, Pi=PERM_5), False),
-    (dict(name="markov_matrix", K=5, N=10, Pi=PERM_5), False),
+    # cycle, a function of the cycle the walk is in: zero init stays at the symmetric point, a trap
+    (dict(name="markov_matrix", K=5, N=7, Pi=PERM_5), True),
+    (dict(name="markov_matrix", K=5, N=10, Pi=PERM_5), False),  # 3 ∤ 9
     (dict(name="jump_walk", K=5, N=11, jumps=[0.0, 0.0, 1.0, 0.0]), True),  # +2 mod 5: one 5-cycle
-    (dict(name="jump_walk", K=4, N=9, jumps=[0.0, 0.0, 1.0, 0.0]), False),  # +2 mod 4: (0 2)(1 3)
+    (dict(name="jump_walk", K=4, N=9, jumps=[0.0, 0.0, 1.0, 0.0]), True),  # +2 mod 4: (0 2)(1 3), 2 | 8
+    (dict(name="jump_walk", K=4, N=10, jumps=[0.0, 0.0, 1.0, 0.0]), False),  # 2 ∤ 9
     (dict(name="graph_walk", graph="path", K=2, N=9), True),  # the walk on one edge: 0 1 0 1 …
     (dict(name="graph_walk", graph="cycle", K=4, N=9), False),
 ])
@@ -297,9 +298,11 @@ def test_trap_flag(data, trap, tmp_path):
     c = cfg(data=DataConfig(n_train=50, n_test=10, **data), model=ModelConfig(M=data["N"] + 1), optim=OptimConfig(steps=1))
     s = _summary(c, tmp_path)
     assert s["trap"] is trap
-    train, _ = data_mod.make(c.data, c.seed)  # directly: every sequence's histogram against the first's
+    train, _ = data_mod.make(c.data, c.seed)  # directly: within each cycle, every histogram against the first
     h = torch.stack([torch.bincount(t, minlength=c.data.K) for t in train.tokens])
-    assert bool((h == h[0]).all()) is trap
+    cycle = [frozenset(t.tolist()) for t in train.tokens]  # a permutation's walk visits its whole cycle
+    assert all(bool((h[[i for i, c in enumerate(cycle) if c == one]] == h[cycle.index(one)]).all())
+               for one in set(cycle)) is trap
 
 
 def test_trap_flags_per_run_and_the_phase_outline():

@@ -419,3 +419,15 @@ def test_the_escape_theory_is_judged_on_late_breaking_trap_runs_apart_from_the_r
     late = parts[f"trap runs breaking after step {escape.LATE}"]
     assert late["n"] == 2 and late["median"] == pytest.approx((1.1 + 0.9) / 2)
     assert parts["the rest"]["n"] == 3 and parts["the rest"]["median"] == 1.0  # easy, and exact
+
+
+def test_a_single_run_into_a_folder_of_another_config_is_refused_unless_overwrite(tmp_path):
+    folder = tmp_path / "run"
+    assert launch(*S, f"hydra.run.dir={folder}").returncode == 0
+    before = tree(folder)
+    assert launch(*S, f"hydra.run.dir={folder}").returncode == 0  # the same run: found done
+    r = launch(*S, "data.p=0.9", f"hydra.run.dir={folder}")
+    assert r.returncode == 2 and "holds a run of another config (data.p=0.5 there, 0.9 here)" in one_error_line(r)
+    assert all((folder / n).read_bytes() == before[n] for n in ("config.yaml", "summary.json", "history.jsonl"))
+    r = launch(*S, "data.p=0.9", f"hydra.run.dir={folder}", "hydra.launcher.overwrite=true")
+    assert r.returncode == 0 and results.read_summary(folder)["p"] == 0.9

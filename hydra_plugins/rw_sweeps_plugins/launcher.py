@@ -325,7 +325,8 @@ class RwLauncher(Launcher):
         if p["dry_run"]:
             self._dry_run(specs, done, jobs)
             return None
-        if not todo:  # every run is done: their Hydra jobs, and nothing written (the folder may be read-only)
+        if not todo and not os.access(self.sweep_dir, os.W_OK | os.X_OK):
+            # a read-only sweep whose runs are all done: their Hydra jobs, and nothing written
             returns = dict(zip([s.num for s in done], Chunk(done, twin, self.hydra_context, self.task_function,
                                                             planner if self.hydra_context.callbacks.callbacks else None,
                                                             finished=True)()))

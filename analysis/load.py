@@ -255,7 +255,8 @@ CONTRACT_TYPES = {"seed": int, "data.K": int, "data.N": int, "data.n_train": int
 SUMMARY_TYPES = {**{k: _NUM for k in ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention",
                                       "v_pi_cosine", "pred_dist", "attention_spread", "opt_acc", "wall_s",
                                       "parents_attention")},
-                 **{k: int for k in ("eval_step", "symmetry_break_step", "locked_position", "steps")},
+                 **{k: int for k in ("eval_step", "symmetry_break_step", "prediction_break_step", "locked_position",
+                                      "steps")},
                  "trap": bool, "error": str}
 STATUSES = ("done", "failed", "diverged")
 LEGACY_DEFAULTS = {"model.ffn": "after", "optim.name": "gd", "optim.beta1": 0.9, "optim.beta2": 0.999,

@@ -207,6 +207,55 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
                  v_pi_cosine(state.params["V"], PiT))
 
 
+def symmetric_h(data: Batch, K: int, dtype) -> torch.Tensor:
+    """X·S at Theorem 4.1's symmetric point: uniform attention over x_1 … x_{N−1}, i.e. each test sequence's
+    token histogram / (N − 1) (R, n, K). Whatever weight the query holds there only scales X·S (its token
+    part is 0), which changes no prediction: f is positively homogeneous in X·S for every model option."""
+    R, n, L = data.tokens.shape
+    rows = torch.arange(R * n, device=data.tokens.device)[:, None] * K  # one bincount for the whole batch
+    counts = torch.bincount((data.tokens.reshape(R * n, L).long() + rows).reshape(-1), minlength=R * n * K)
+    return counts.reshape(R, n, K).to(dtype) / L
+
+
+def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torch.Tensor) -> torch.Tensor:
+    """(R,) bool: does any test prediction (argmax f, ties → smallest label) differ from the prediction the
+    same parameters make at the symmetric point (`symmetric_h`)? The attention's departure from uniform has
+    then changed what the model predicts, however small its spread.
+
+    Most calls are settled without the attention pass. With w_j = S_j / Σ_{i<N} S_i the attention over the
+    real tokens, every w_j lies within a factor ρ = exp(spread of the token logits + spread of the
+    positional logits) of 1/(N − 1), so ‖X·w − h_sym‖₁ ≤ ρ − 1 =: δ, and f moves by at most Lip·δ in every
+    coordinate (Lip = max|V| for eq. 2.1, max|A·ReLU(V)| with the FFN before, max row-sum|A|·max|V| after;
+    f is positively homogeneous in X·S, so w may stand for S). A run whose every test sequence has a
+    symmetric-point margin (top f − second f) above 2·Lip·δ, with room for rounding, cannot have changed a
+    prediction; only the others get the exact forward pass."""
+    params = state.params
+    f_sym, _ = model.output(params, h_sym, geo.ffn)
+    L = tokens.shape[2]
+    za, zc = state.a / geo.nu_tok, state.c[:, :L] / geo.nu_pos
+    delta = torch.expm1((za.amax(1) - za.amin(1)) + (zc.amax(1) - zc.amin(1)))
+    V = params["V"]
+    if "A" not in params:
+        lip = V.abs().flatten(1).amax(1)
+    elif geo.ffn == "before":
+        lip = model.value_before(params).abs().flatten(1).amax(1)
+    else:
+        lip = params["A"].abs().sum(2).amax(1) * V.abs().flatten(1).amax(1)
+    top2 = f_sym.topk(2, dim=2).values if f_sym.shape[2] > 1 else torch.cat([f_sym, f_sym - float("inf")], 2)
+    margin = (top2[..., 0] - top2[..., 1]).amin(1)
+    rounding = 64 * torch.finfo(f_sym.dtype).eps * f_sym.abs().flatten(1).amax(1).clamp_min(1e-300)
+    unsure = ~(margin > 2 * lip * delta * (1 + 1e-6) + rounding)
+    out = torch.zeros(V.shape[0], dtype=torch.bool, device=V.device)
+    if not bool(unsure.any()):
+        return out
+    idx = unsure.nonzero()[:, 0]
+    sub = {k: v[idx] for k, v in params.items()}
+    at = model.attend(state.a[idx], state.c[idx], _index(tokens[idx]), geo)
+    f, _ = model.output(sub, at.h, geo.ffn)
+    out[idx] = (f.argmax(2) != f_sym[idx].argmax(2)).any(1)
+    return out
+
+
 def init_state(params: list[dict], ac: list[tuple[torch.Tensor, torch.Tensor]]) -> State:
     """Stack per-run initial parameters and compact attention states into one batched State."""
     stacked = {k: torch.stack([p[k] for p in params]) for k in params[0]}

@@ -51,6 +51,7 @@ class Record:
     status: str = "done"
     error: str | None = None
     break_step: int | None = None
+    prediction_break_step: int | None = None  # first evaluated step whose predictions left the symmetric point's
     steps: int = 0
     opt_acc: float | None = None  # the Bayes-optimal test accuracy where it has no closed form (cfg.opt_acc)
     trap: bool | None = None  # every training sequence has the same token histogram (`trap_flags`)
@@ -187,6 +188,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         for rec, b in zip(recs, resumed):
             rec.history, rec.snapshots, rec.status, rec.error = b["history"], b["snapshots"], b["status"], b["error"]
             rec.break_step, rec.steps = b["break_step"], b["steps"]
+            rec.prediction_break_step = b.get("prediction_break_step")
     else:
         state = initial_state(cfgs, geo, dtype)
     state = engine.to(state, dev)
@@ -244,6 +246,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             snapshot = t in snap_steps  # only a snapshot needs the attention at every position
             probe = fused.evaluate(state, test_set, eps, geo, PiT, full=snapshot)
             log.evaluation(t, probe, state if snapshot else None)
+            log.predictions(t, state, test_set, geo, probe.spread)
             evaluated = t
             if t == T:
                 loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
@@ -291,6 +294,10 @@ class _Log:
         self.cos = True
         # runs that ended before this session (a resumed diverged run) record nothing more: step −1
         self.dead = torch.tensor([T + 1 if r.status == "done" else -1 for r in recs], device=dev)
+        # the first evaluated step whose predictions left the symmetric point's (T + 1: not yet)
+        self.h_sym = None  # the symmetric point's X·S of every test sequence, built on first need
+        self.off = torch.tensor([T + 1 if r.prediction_break_step is None else r.prediction_break_step for r in recs],
+                                device=dev)
         self.steps_, self.rows, self.losses, self.snaps = [], [], [], []  # device, since the last flush
         self.h_steps, self.h_rows, self.h_losses, self.h_snaps = [], [], [], []  # host
         self.bytes = 0
@@ -313,6 +320,37 @@ class _Log:
             self.bytes += flat.numel() * flat.element_size()
         if self.bytes > self.FLUSH_BYTES:
             self._copy()
+
+    def predictions(self, t: int, state: engine.State, test: engine.Batch, geo, spread: torch.Tensor) -> None:
+        """Have the predictions of the runs still at the symmetric point's left it at step t? Only runs whose
+        attention is not exactly uniform can have (spread 0: X·S is the histogram's, so is every prediction),
+        so a trap run costs nothing and a run costs one extra forward pass per evaluation only until its
+        predictions have moved (`engine.off_symmetric`)."""
+        need = (self.off > self.T) & (self.dead > self.T) & (spread > 0)
+        if not bool(need.any()):
+            return
+        if state.a.device.type != "cpu":
+            return self._predictions(t, state, test, geo, need)
+        # one thread on a CPU: PyTorch's idle pool threads spin after a parallel op and slow the compiled
+        # kernel's own threads in the next step (measured: 2.0× → 1.3× on the worst case, bench_trust.py)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            self._predictions(t, state, test, geo, need)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _predictions(self, t: int, state: engine.State, test: engine.Batch, geo, need: torch.Tensor) -> None:
+        if self.h_sym is None:  # the test histograms, once per batch (R·n·K values: ~1 % of its data)
+            self.h_sym = engine.symmetric_h(test, state.a.shape[1], state.a.dtype)
+        if bool(need.all()):  # the whole batch: no copies
+            off = engine.off_symmetric(state, test.tokens, geo, self.h_sym)
+            self.off = torch.where(off, torch.full_like(self.off, t), self.off)
+            return
+        idx = need.nonzero()[:, 0]
+        sub = engine.State({k: v[idx] for k, v in state.params.items()}, state.a[idx], state.c[idx], state.step)
+        off = engine.off_symmetric(sub, test.tokens[idx], geo, self.h_sym[idx])
+        self.off[idx] = torch.where(off, torch.full_like(idx, t), self.off[idx])
 
     def train_loss(self, loss: torch.Tensor, finite: torch.Tensor | None = None) -> None:
         """The training loss before the last evaluated step; with `finite` (the final step, where no step
@@ -348,7 +386,7 @@ class _Log:
         self._copy()
         import numpy as np
 
-        dead = self.dead.cpu().numpy()
+        dead, off = self.dead.cpu().numpy(), self.off.cpu().numpy()
         rows = np.concatenate(self.h_rows) if self.h_rows else np.zeros((0, len(self.COLS), len(self.recs)))
         losses = np.concatenate(self.h_losses) if self.h_losses else np.zeros((0, len(self.recs)))
         n = min(len(rows), len(losses))  # evaluations whose training loss is known (the last may not be yet)
@@ -379,6 +417,8 @@ class _Log:
             if rec.break_step is None:
                 hit = np.nonzero(spread[:keep, r] > BREAK_SPREAD)[0]
                 rec.break_step = steps[int(hit[0])] if len(hit) else None
+            o = int(off[r])
+            rec.prediction_break_step = o if o <= min(d, self.T, step) else None
 
 
 PROGRESS_S = float(os.environ.get("RW_SWEEPS_PROGRESS_S", 30))  # seconds between progress lines in logs
@@ -443,7 +483,7 @@ def checkpoint(rec: Record, state: engine.State, r: int) -> dict:
     """Everything needed to continue run r exactly: its state after `state.step` steps and its records."""
     return {"config": rec.cfg.to_dict(), "state": engine.run_slice(state, r), "history": rec.history,
             "snapshots": rec.snapshots, "status": rec.status, "error": rec.error, "break_step": rec.break_step,
-            "steps": rec.steps}
+            "prediction_break_step": rec.prediction_break_step, "steps": rec.steps}
 
 
 METRICS = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
@@ -513,7 +553,8 @@ def summary(rec: Record, wall: float) -> dict:
         "status": rec.status, "error": rec.error,
         **{k: last.get(k) for k in METRICS}, "eval_step": last.get("step"),
         "opt_acc": cfg.opt_acc if rec.opt_acc is None else rec.opt_acc, "trap": rec.trap,
-        "symmetry_break_step": rec.break_step, "locked_position": _final_lock(rec),
+        "symmetry_break_step": rec.break_step, "prediction_break_step": rec.prediction_break_step,
+        "locked_position": _final_lock(rec),
         "parent_positions": parents, "parents_attention": _parents_attention(rec, parents),
         "steps": rec.steps,
         "wall_s": round(wall, 6),

@@ -432,3 +432,22 @@ def test_a_single_run_into_a_folder_of_another_config_is_refused_unless_overwrit
     assert all((folder / n).read_bytes() == before[n] for n in ("config.yaml", "summary.json", "history.jsonl"))
     r = launch(*S, "data.p=0.9", f"hydra.run.dir={folder}", "hydra.launcher.overwrite=true")
     assert r.returncode == 0 and results.read_summary(folder)["p"] == 0.9
+
+
+def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the_spread_threshold(tmp_path):
+    base = dict(data=DataConfig(p=1.0), model=ModelConfig(normalize="whole"), eval_every=10, seed=103,
+                wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
+    from rw_sweeps.config import InitConfig
+
+    below = validate(RunConfig(**base, init=InitConfig("gaussian", 1e-3), optim=OptimConfig(lr=1.0, steps=1000)))
+    trapped = validate(RunConfig(**{**base, "model": ModelConfig()}, optim=OptimConfig(lr=1.0, steps=200)))
+    s, z = run.execute([below, trapped], [tmp_path / "below", tmp_path / "zero"], progress=False)
+    # the spread never crossed 1e-3, yet the predictions changed: accuracy doubled from the trap's 1/6
+    assert s["symmetry_break_step"] is None and s["attention_spread"] < 1e-3
+    assert s["prediction_break_step"] is not None and s["test_acc"] > 0.3
+    history = [json.loads(r) for r in (tmp_path / "below" / "history.jsonl").read_text().splitlines()]
+    # before, every test sequence got the symmetric point's one prediction (the histogram is the same for all):
+    # the share of its label, about 1/K
+    assert max(r["test_acc"] for r in history if r["step"] < s["prediction_break_step"]) < 0.25
+    # zero init on the trap: exactly uniform attention, the symmetric point's predictions throughout
+    assert z["trap"] is True and z["attention_spread"] == 0 and z["prediction_break_step"] is None

@@ -451,3 +451,34 @@ def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the
     assert max(r["test_acc"] for r in history if r["step"] < s["prediction_break_step"]) < 0.25
     # zero init on the trap: exactly uniform attention, the symmetric point's predictions throughout
     assert z["trap"] is True and z["attention_spread"] == 0 and z["prediction_break_step"] is None
+
+
+@pytest.mark.parametrize("model_keys", [dict(normalize="whole"), dict(normalize="none"), dict(normalize="positional"),
+                                        dict(name="transformer_ffn", m=7, normalize="whole"),
+                                        dict(name="transformer_ffn", m=7, normalize="whole", ffn="before")],
+                         ids=["eq2.1-whole", "eq2.1-none", "eq2.1-positional", "ffn-after", "ffn-before"])
+def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forward_pass(model_keys):
+    import torch
+
+    from rw_sweeps import data as data_mod, engine, model
+
+    K, N, R = 4, 17, 24
+    cfg = validate(RunConfig(data=DataConfig(K=K, N=N, p=0.7, n_train=8, n_test=50), model=ModelConfig(M=32, **model_keys)))
+    geo = model.geometry(cfg.model, N)
+    _, test = data_mod.make(cfg.data, 0)
+    g = torch.Generator().manual_seed(0)
+    scale = torch.logspace(-12, 0, R, dtype=torch.float64)[:, None]  # attention logits from nearly flat to not
+    m = cfg.model.m if cfg.model.is_ffn else K
+    params = {"V": torch.randn(R, m, K, generator=g, dtype=torch.float64)}
+    if cfg.model.is_ffn:
+        params["A"] = torch.randn(R, K, m, generator=g, dtype=torch.float64)
+    state = engine.State(params, scale * torch.randn(R, K, generator=g, dtype=torch.float64),
+                         scale * torch.randn(R, N, generator=g, dtype=torch.float64))
+    tokens = test.tokens[None].expand(R, *test.tokens.shape)
+    batch = engine.Batch(tokens, test.y[None].expand(R, -1), test.P_true[None].expand(R, -1, -1))
+    h_sym = engine.symmetric_h(batch, K, torch.float64)
+    at = model.attend(state.a, state.c, tokens, geo)
+    exact = (model.output(params, at.h, geo.ffn)[0].argmax(2) != model.output(params, h_sym, geo.ffn)[0].argmax(2)).any(1)
+    got = engine.off_symmetric(state, tokens, geo, h_sym)
+    assert got.tolist() == exact.tolist()
+    assert not exact[0] and exact[-1]  # both outcomes occur

@@ -40,6 +40,20 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
+def refuse_links(run_dir: Path, hydra_subdir: str | None = ".hydra") -> None:
+    """Raise PlantedLink if a run folder, its Hydra folder or a file in either is a symbolic link: for code
+    that writes there with plain `open` (Hydra's own `run_job`), which would follow it."""
+    run_dir = Path(run_dir)
+    folders = [run_dir] + ([run_dir / hydra_subdir] if hydra_subdir else [])
+    for folder in folders:
+        if folder.is_symlink():
+            raise PlantedLink(f"{folder} is a symbolic link; refusing to write through it")
+        if folder.is_dir():
+            for entry in os.scandir(folder):
+                if entry.is_symlink():
+                    raise PlantedLink(f"{entry.path} is a symbolic link; refusing to write through it")
+
+
 def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
     """`write(fh)` into a fresh temp file beside `path`, then rename it into place (the one writer)."""
     path = Path(path)

@@ -482,3 +482,16 @@ def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forwa
     got = engine.off_symmetric(state, tokens, geo, h_sym)
     assert got.tolist() == exact.tolist()
     assert not exact[0] and exact[-1]  # both outcomes occur
+
+
+def test_unpacked_jobs_refuse_a_planted_link_before_hydra_writes_through_it(tmp_path):
+    sweep, outside = tmp_path / "S", tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.yaml"
+    victim.write_text("precious\n")
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    (sweep / "1" / ".hydra" / "config.yaml").symlink_to(victim)  # Hydra's run_job opens this with open()
+    r = launch("-m", *S, "seed=0,1", "hydra.launcher.pack=false", f"hydra.sweep.dir={sweep}")
+    assert victim.read_text() == "precious\n"
+    assert r.returncode == 1 and summaries(sweep)["0"]["status"] == "done"
+    assert "symbolic link" in r.stderr and "Traceback" not in r.stderr

@@ -120,9 +120,11 @@ def _bad(key: str, value: Any, allowed: str) -> None:
 class HydraJob:
     """One job through Hydra's `run_job`, wherever it runs (what hydra-submitit-launcher's `__call__` does)."""
 
-    def __init__(self, launcher: "RwLauncher", overrides: List[str], num: int, project: bool):
+    def __init__(self, launcher: "RwLauncher", overrides: List[str], num: int, project: bool,
+                 output_dir: Optional[str] = None):
         self.hydra_context, self.task_function = launcher.hydra_context, launcher.task_function
         self.config, self.overrides, self.num, self.project = launcher.config, list(overrides), num, project
+        self.output_dir = output_dir  # the project's runs: checked for planted links before run_job writes
         self.singleton_state = Singleton.get_state()
 
     def __call__(self) -> JobReturn:
@@ -134,6 +136,10 @@ class HydraJob:
         if remote:
             Singleton.set_state(self.singleton_state)
             setup_globals()
+        if self.output_dir is not None:  # Hydra's run_job writes `.hydra/` and the log with plain open()
+            from rw_sweeps.safefs import refuse_links
+
+            refuse_links(Path(self.output_dir), self.config.hydra.output_subdir)
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
         with open_dict(cfg.hydra.job):
             cfg.hydra.job.id = _job_id() or str(self.num)  # as Hydra's basic launcher, or submitit's job id
@@ -346,8 +352,8 @@ class RwLauncher(Launcher):
         returns: Dict[int, JobReturn] = {}
         if done:  # finished runs still go through their Hydra job (callbacks, JobReturn), without training
             returns.update({r_num: r for r_num, r in zip([s.num for s in done], chunk(done, finished=True)())})
-        payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True)
-                    for job in jobs]
+        payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"]
+                    else HydraJob(self, job[0].overrides, job[0].num, True, job[0].output_dir) for job in jobs]
         if per_device is not None:  # one GpuJob per device, its chunks in turn; a result per chunk again
             starts = [sum(len(d) for d in per_device[:g]) for g in range(len(per_device))]
             gpu_jobs = [GpuJob(payloads[a:a + len(d)]) if d else None for a, d in zip(starts, per_device)]

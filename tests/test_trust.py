@@ -13,6 +13,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,8 @@ def test_a_young_empty_lock_counts_as_held(tmp_path):
     sweep = tmp_path / "S"
     sweep.mkdir()
     (sweep / lock.LOCK).write_text("")
+    later = time.time() + 3600  # young whatever the machine's load: written "now" as the launch sees it
+    os.utime(sweep / lock.LOCK, (later, later))
     r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={sweep}")
     assert r.returncode == 2 and "being locked by another launch" in one_error_line(r)
 

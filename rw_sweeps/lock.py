@@ -51,7 +51,7 @@ def _read(path: Path) -> tuple[str, dict | None, int | None]:
     except OSError:
         return "bad", None, None
     if not raw.strip():
-        return ("young" if time.time() - st.st_mtime < YOUNG_S else "bad"), None, st.st_ino
+        return ("young" if abs(time.time() - st.st_mtime) < YOUNG_S else "bad"), None, st.st_ino
     try:
         holder = json.loads(raw)
     except ValueError:

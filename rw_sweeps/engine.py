@@ -217,7 +217,8 @@ def symmetric_h(data: Batch, K: int, dtype) -> torch.Tensor:
     return counts.reshape(R, n, K).to(dtype) / L
 
 
-def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torch.Tensor) -> torch.Tensor:
+def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torch.Tensor,
+                  settle: bool = True) -> torch.Tensor:
     """(R,) bool: does any test prediction (argmax f, ties → smallest label) differ from the prediction the
     same parameters make at the symmetric point (`symmetric_h`)? The attention's departure from uniform has
     then changed what the model predicts, however small its spread.
@@ -228,9 +229,13 @@ def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torc
     coordinate (Lip = max|V| for eq. 2.1, max|A·ReLU(V)| with the FFN before, max row-sum|A|·max|V| after;
     f is positively homogeneous in X·S, so w may stand for S). A run whose every test sequence has a
     symmetric-point margin (top f − second f) above 2·Lip·δ, with room for rounding, cannot have changed a
-    prediction; only the others get the exact forward pass."""
+    prediction; only the others get the exact forward pass. `settle=False`: the exact pass for every run,
+    reading nothing back (on a device, where a read waits for it)."""
     params = state.params
     f_sym, _ = model.output(params, h_sym, geo.ffn)
+    if not settle:
+        at = model.attend(state.a, state.c, _index(tokens), geo)
+        return (model.output(params, at.h, geo.ffn)[0].argmax(2) != f_sym.argmax(2)).any(1)
     L = tokens.shape[2]
     za, zc = state.a / geo.nu_tok, state.c[:, :L] / geo.nu_pos
     delta = torch.expm1((za.amax(1) - za.amin(1)) + (zc.amax(1) - zc.amin(1)))

@@ -46,6 +46,8 @@ def reads_during_training(monkeypatch, steps: int) -> Counter:
         return original_getitem(self, idx)
 
     monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
+    # the discipline of a device, where a read waits for it (on a CPU the prediction check may read its flags)
+    monkeypatch.setattr(training._Log, "HOST_READS", False)
     training.train(runs, [None] * len(runs), progress=False)
     monkeypatch.undo()
     return counts
@@ -56,7 +58,7 @@ def test_the_step_loop_never_reads_a_tensor_back(monkeypatch):
     per buffer per chunk), none per step or per evaluation."""
     few, many = reads_during_training(monkeypatch, 5), reads_during_training(monkeypatch, 40)
     assert few == many, (few, many)
-    assert sum(many.values()) <= 2 * (3 + 2), many  # history rows, losses, divergence steps, 2 snapshots
+    assert sum(many.values()) <= 2 * (4 + 2), many  # history rows, losses, divergence and prediction-break steps, 2 snapshots
 
 
 def test_multi_step_calls_between_evaluations_change_nothing():

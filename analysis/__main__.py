@@ -2,7 +2,7 @@
 [--metric success] [--tol 0.02] [--paper] [--wandb]
 
 Writes OUT_DIR/runs.parquet (one row per run), the phase diagrams (and with --paper the
-paper's figures, and issue 11's: the reading table OUT_DIR/readings.csv and .md, the escape map
+paper's figures, and the random-init studies': the reading table OUT_DIR/readings.csv and .md, the escape map
 with its theory overlay, the locking diagram) as PNG, and OUT_DIR/index.html.
 """
 from __future__ import annotations
@@ -163,7 +163,7 @@ def _reading_table(runs, out) -> list[dict]:
                "can say), best first by the mean over the claims with data. The claims: "
                f"{claims.legend()}.")
     (out / "readings.md").write_text(caption + "\n\n" + claims.to_markdown(shown))
-    return [{"df": shown, "caption": caption, "section": "Reading search (issue 11)"}]
+    return [{"df": shown, "caption": caption, "section": "Reading search"}]
 
 
 def _axes(ap, args, runs, notes, family=None):

@@ -1,5 +1,5 @@
-"""The reading search of issue 11: each run of `experiment=fig6_readings` / `fig10_readings` scored
-against the paper's claims about its random-init experiments (spec §7), and one table row per reading.
+"""The reading search: each run of `experiment=fig6_readings` / `fig10_readings` scored
+against the paper's claims about its random-init experiments (§5b, §6, App. F), and one table row per reading.
 
 A reading is one setting of the keys the paper leaves open (model.normalize, model.ffn,
 optim.reduction, optim.name, optim.lr, model.pos_scale, init.sigma, and any other key its sweep varies
@@ -45,7 +45,7 @@ from .load import config_keys, load_history, load_snapshots
 from .phase import _fmt
 
 READING_EXPERIMENTS = ("fig6_readings", "fig10_readings")
-# the open keys named in issue 11, in this order; any other key a reading sweep varies follows
+# the keys the paper leaves open, in this order; any other key a reading sweep varies follows
 READING_KEYS = ["model.normalize", "model.ffn", "optim.reduction", "optim.name", "optim.lr",
                 "model.pos_scale", "init.sigma"]
 # what a claim is about rather than how it is read: never a reading key

@@ -1,4 +1,4 @@
-"""The escape map of issue 11 (beyond the paper): where a small Gaussian init escapes Theorem 4.1's
+"""The escape map (beyond the paper): where a small Gaussian init escapes Theorem 4.1's
 symmetric trap, and how well the linearised theory (`rw_sweeps.theory`) predicts when.
 
 Runs of `experiment=escape`, drawn as phase diagrams over σ × η (both log-spaced), one row of panels

@@ -28,7 +28,7 @@ from .phase import _fmt, drawless, swept_keys             # noqa: E402
 
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")
-# issue 11's presets: drawn by claims.py (the reading table), escape.py and locking.py
+# the reading-search, escape and locking presets: drawn by claims.py (the reading table), escape.py and locking.py
 ISSUE11 = ("fig6_readings", "fig10_readings", "escape", "locking")
 PAPER_STEPS = (100, 400, 700, 1000)   # the snapshot steps of Figs. 12-13
 ZOOM = 10                             # last positions shown in the attention zoom, Fig. 4(d)

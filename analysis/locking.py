@@ -1,4 +1,4 @@
-"""Wrong-position locking (issue 11, beyond the paper): from zero init at §5 a few seeds lock the
+"""Wrong-position locking (beyond the paper): from zero init at §5 a few seeds lock the
 attention onto a position other than the parent x_{N−1}.
 
 A run is locked when summary.json's `locked_position` is not null: its final mean attention puts

@@ -1,6 +1,6 @@
 """Phase diagrams: where training succeeds, over any two swept keys, faceted by two more.
 
-Success (issue 3): status "done" and test accuracy within `tol` of OPT = max(p, 1-p), paper §5.
+Success: status "done" and test accuracy within `tol` of OPT = max(p, 1-p), paper §5.
 It is `acc >= OPT - tol`, not |acc - OPT| <= tol: a finite test set can score above OPT.
 The theory drawn on the diagrams: OPT along the p axis, and an outline on the cells where
 Theorem 4.1 predicts failure (zero init, p in {0, 1}, N = rK + 1: accuracy 1/K).
@@ -67,7 +67,7 @@ def add_success_step(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
 
 def theory_fails(df: pd.DataFrame) -> pd.Series:
     """Theorem 4.1: zero init on a deterministic walk (p in {0,1}) with N = rK + 1 stays at the
-    symmetric point, accuracy 1/K, for any loss, lr and number of steps. Generalised (issue 12): zero
+    symmetric point, accuracy 1/K, for any loss, lr and number of steps. Generalised: zero
     init on a training set whose token histogram is the same for every sequence, the summary's `trap`
     flag; runs without one (folders from before the flag) fall back to the circle's formula."""
     p = pd.to_numeric(_col(df, "data.p", "p"), errors="coerce")

@@ -1,5 +1,5 @@
 """Training throughput of the engine: the PyTorch path (engine.train_step / evaluate) against the fused C
-kernel (rw_sweeps.fused), measured in one invocation, §5 shape (issue 5, performance-notes §3–4).
+kernel (rw_sweeps.fused), measured in one invocation, §5 shape.
 
     python benchmarks/bench_engine.py                      # R = 1, 16, 128, 1024; float64 and float32
     python benchmarks/bench_engine.py --R 1 16 128 --torch-max-R 128 --reps 5
@@ -11,9 +11,9 @@ p = 0.5, every run its own seed), then one test-set evaluation: runs/s = R / sec
 compiled, first calls made), data generation not timed. Both paths take the same engine.Batch (int64
 tokens); the fused time includes turning them into bytes and masks, its caches are cleared before each
 repetition. Repetitions of the two paths are interleaved and the median is kept, because this VM's speed
-drifts by ~2× over minutes (performance-notes: compare within one invocation, never across).
+drifts by ~2× over minutes (so compare within one invocation, never across).
 
-The bound (performance-notes §4), per run and GD step, n(N−1) = 96 000 token positions are read twice
+The bound, per run and GD step, n(N−1) = 96 000 token positions are read twice
 (histogram H_bk = Σ_{j: s_bj = k} β_j, gather-sum E_j = Σ_b Ψ_{b, s_bj}), plus O(nK) work:
 - bytes: 96 KB of uint8 tokens + 72 KB of histogram masks + 1 KB labels/parameters. Run-major order
   (run → step → sample) keeps them in the 2 MB L2 for all 50 steps, so DRAM sees each run's data once:

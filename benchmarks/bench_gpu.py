@@ -1,6 +1,6 @@
 """The GPU path at scale: runs/s, end-to-end time and peak device memory for R = 1,000 / 10,000 / 100,000
 runs of the §5 shape (RunConfig's defaults: K=6, N=97, M=1000, n_train = n_test = 1000, T=50, evaluation
-every step, zero init), float64 and float32, measured in one invocation (issue 10). Under 5 minutes on one
+every step, zero init), float64 and float32, measured in one invocation. Under 5 minutes on one
 H200 (a time budget skips, and says so, what would not fit).
 
     python benchmarks/bench_gpu.py            # R = 1,000 / 10,000 / 100,000

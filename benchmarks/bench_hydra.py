@@ -1,6 +1,6 @@
 """The cost of being a Hydra citizen: this tree against a reference commit, side by side in one run.
 
-    python benchmarks/bench_hydra.py                  # against 86a8227 (main before issue 8), 3 rounds
+    python benchmarks/bench_hydra.py                  # against 86a8227 (main before the packed launcher), 3 rounds
     python benchmarks/bench_hydra.py --ref HEAD~3 --rounds 5
 
 Each round runs the 1,000-run §5 grid through the default launcher, `python launch.py -m
@@ -75,7 +75,7 @@ def bookkeeping(n: int = 1000) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ref", default="86a8227", help="the reference commit (default: main before issue 8)")
+    ap.add_argument("--ref", default="86a8227", help="the reference commit (default: main before the packed launcher)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--extra", nargs="*", default=[], help="more overrides for both, e.g. wandb.mode=disabled")
     args = ap.parse_args()

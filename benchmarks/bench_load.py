@@ -1,5 +1,5 @@
 """Time `analysis.load_runs` on a synthetic 10,000-run sweep: cold (no cache), warm (cache
-fresh), and after 100 runs were added. Target (issue 3): under 10 s on the 2-core dev machine.
+fresh), and after 100 runs were added. Target: under 10 s on the 2-core dev machine.
 
     python benchmarks/bench_load.py [--runs 10000] [--dir /tmp/bench-sweep]
 """

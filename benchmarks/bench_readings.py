@@ -1,4 +1,4 @@
-"""What each reading of issue 11 costs per run and step, against the default (eq. 2.1, GD, the fused kernel)
+"""What each reading the paper leaves open costs per run and step, against the default (eq. 2.1, GD, the fused kernel)
 measured in the same invocation:
 
     python benchmarks/bench_readings.py            # R = 8 runs of the §5 shape, 20 steps, median of 3
@@ -8,7 +8,7 @@ measured in the same invocation:
 m = 19 (the FFN runs on the PyTorch path, so its baseline is GD on that path too: `torch` column). Adam
 runs on the PyTorch path (rw_sweeps/adam.py). Data generation and the initial state are not timed; the
 readings are interleaved repetition by repetition and the median kept, because this VM's speed drifts
-(performance-notes: compare within one invocation). Times are process CPU seconds (both cores count).
+(so compare within one invocation). Times are process CPU seconds (both cores count).
 """
 from __future__ import annotations
 

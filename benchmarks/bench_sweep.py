@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 GRID = "data.p=0.05,0.15,0.25,0.35,0.45,0.55,0.65,0.75,0.85,0.95"
-GOALS = {"planning": 100, "data": 500, "writing": 500}  # µs per run (per split for data): issue 10
+GOALS = {"planning": 100, "data": 500, "writing": 500}  # µs per run (per split for data)
 
 
 def baseline(n_runs: int) -> dict:

@@ -189,7 +189,7 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     R, n, L = data.tokens.shape
     loss = -torch.log(F + eps[:, None]).mean(1)
     acc = (f.argmax(2) == data.y).to(f.dtype).mean(1)
-    # KL(true ‖ q), q = f / Σ f clipped to a tiny positive value (spec §5 [G]); finite since terms with
+    # KL(true ‖ q), q = f / Σ f clipped to a tiny positive value (the paper's §5 KL, as it reads); finite since terms with
     # P_true = 0 drop out.
     tiny = torch.finfo(f.dtype).tiny
     q = f.clamp_min(tiny)

@@ -3,8 +3,7 @@
 Same math, same State / Batch / Probe objects, same results (float64: ~1e-15 of each quantity's scale;
 Thm 4.1's symmetric point stays exact, bit for bit, in both precisions), one to two orders of magnitude
 faster (benchmarks/bench_engine.py): `fused.c` keeps a run's uint8 tokens in L2 across its steps and does
-the two O(n·N) passes of the factorised softmax (token histogram, gather-sum) in AVX-512
-(performance-notes §1, §4).
+the two O(n·N) passes of the factorised softmax (token histogram, gather-sum) in AVX-512.
 
 Compiled by gcc on first use and cached in ~/.cache/rw_sweeps (or $RW_SWEEPS_CACHE), one shared object per
 (source, flags, compiler, CPU), written to a temp name and renamed so concurrent jobs never load half a

@@ -1,4 +1,4 @@
-"""What Hydra's `run_job` does for one job, for many jobs trained together (docs: shared/hydra-jobs.md).
+"""What Hydra's `run_job` does for one job, for many jobs trained together.
 
 Packing replaces only the *call* of the task function. Around it every run keeps its Hydra job:
 its folder; `.hydra/config.yaml`, `hydra.yaml` and `overrides.yaml` as Hydra writes them; its

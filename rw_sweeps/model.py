@@ -4,7 +4,7 @@ f(X) = Σ_i S_i·A·ReLU(V x_i) = A·ReLU(V)·X·S (`model.ffn=before`: one-hot 
 x_N's token part is 0), in the compact form the engine trains.
 
 Why compact: x̃_N = [0_K; p_N] is the same for every sequence, so the W-gradient is rank one, (·)·x̃_Nᵀ
-(spec §2), and the attention only ever sees u = W x̃_N ∈ R^{K+M}. With one-hot tokens a logit splits into
+(paper §2), and the attention only ever sees u = W x̃_N ∈ R^{K+M}. With one-hot tokens a logit splits into
 a token part and a positional part:
 
     z_bj = a[s_bj] / ν_tok + c_j / ν_pos   (j < N),      z_bN = c_N / ν_q,
@@ -13,7 +13,7 @@ with a = u[:K] and c_j = p_jᵀ u[K:]. The ν are what `model.normalize` divides
 unit-length x̂ inside the softmax (§4; `Geometry`): ν_tok = ν_pos = ‖x̃_j‖ for whole, ν_pos = ‖p‖ alone for
 positional, 1 for none (and token, the identity on one-hot x_j). Because p_iᵀp_j = ‖p‖²·1[i=j] exactly for the sine embedding (Lemma E.5), c moves
 by ‖p‖² times its own gradient, and nothing of size M is touched after the initial state. Using the exact
-Gram identity also keeps Theorem 4.1's symmetric point exact in floating point (performance-notes §6-7).
+Gram identity also keeps Theorem 4.1's symmetric point exact in floating point.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The theory drawn over issue 11's escape map: the symmetry-break step of a small Gaussian init, predicted
+"""The theory drawn over the escape map: the symmetry-break step of a small Gaussian init, predicted
 by linearising gradient descent along the zero-init trajectory.
 
 Theorem 4.1: from zero init on a deterministic walk (p ∈ {0, 1}) with K | N − 1, every sequence has the same

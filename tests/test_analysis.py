@@ -1,4 +1,4 @@
-"""analysis end to end, on real small sweeps made by launch.py (issue 3's tests).
+"""analysis end to end, on real small sweeps made by launch.py.
 
 Each sweep is made once per session. Expected values are computed here straight from the run
 files (config.yaml, summary.json, history.jsonl, snapshots.jsonl), not through `analysis`.
@@ -104,8 +104,8 @@ def experiments(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def issue11(tmp_path_factory):
-    """Issue 11's presets, shrunk: fig10_readings keeps its 100 steps (Fig. 10's claims are about them),
+def random_init_sweeps(tmp_path_factory):
+    """The random-init presets, shrunk: fig10_readings keeps its 100 steps (Fig. 10's claims are about them),
     the others run a few dozen steps."""
     small = ["data.n_train=200", "data.n_test=200", "model.M=200", "wandb.mode=disabled"]
     return [sweep(tmp_path_factory, "fig6_readings", "experiment=fig6_readings", "seed=0",
@@ -119,16 +119,16 @@ def issue11(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def issue11_report(issue11, tmp_path_factory):
-    out = tmp_path_factory.mktemp("reports") / "issue11"
-    r = analyse(*issue11, "--out", out, "--paper")
+def random_init_report(random_init_sweeps, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports") / "random_init"
+    r = analyse(*random_init_sweeps, "--out", out, "--paper")
     assert r.returncode == 0, r.stderr
     return out
 
 
 @pytest.fixture(scope="session")
-def issue12_report(tmp_path_factory):
-    """Issue 12's presets, shrunk, in one report: the binary chain's p × q grid, the lazy walk, the graphs,
+def chains_report(tmp_path_factory):
+    """The chain families' presets, shrunk, in one report: the binary chain's p × q grid, the lazy walk, the graphs,
     order-k and in-context chains."""
     small = ["data.n_train=100", "data.n_test=100", "model.M=200", "optim.steps=5", "seed=0", "wandb.mode=disabled"]
     sweeps = [sweep(tmp_path_factory, "makkuva_pq", "experiment=makkuva_pq", "data.p=0.2,0.8", "data.q=0.2,0.8",
@@ -137,7 +137,7 @@ def issue12_report(tmp_path_factory):
               sweep(tmp_path_factory, "graphs", "experiment=graphs", *small),
               sweep(tmp_path_factory, "kth_order", "experiment=kth_order", "data.N=17", *small),
               sweep(tmp_path_factory, "icl", "experiment=icl", "data.N=9,17", "init=zero", *small)]
-    out = tmp_path_factory.mktemp("reports") / "issue12"
+    out = tmp_path_factory.mktemp("reports") / "chains"
     r = analyse(*sweeps, "--out", out)
     assert r.returncode == 0, r.stderr
     return out
@@ -321,26 +321,26 @@ window.addEventListener('load', () => {
     return r.stdout
 
 
-@pytest.mark.parametrize("report", ["done_when_report", "paper_report", "issue11_report", "issue12_report"])
+@pytest.mark.parametrize("report", ["done_when_report", "paper_report", "random_init_report", "chains_report"])
 def test_the_report_opens_in_headless_chromium_and_every_image_loads(report, request, tmp_path):
     out = request.getfixturevalue(report)
     m = re.search(r"IMAGES (\d+)/(\d+)", chromium_dom(out, tmp_path))
     assert int(m.group(1)) == int(m.group(2)) == len(list(out.glob("*.png"))) > 0
 
 
-def test_the_browser_shows_a_phase_diagram_per_data_family(issue12_report, tmp_path):
-    dom = chromium_dom(issue12_report, tmp_path)
+def test_the_browser_shows_a_phase_diagram_per_data_family(chains_report, tmp_path):
+    dom = chromium_dom(chains_report, tmp_path)
     for family in ("binary_chain", "lazy_walk", "graph_walk", "kth_order", "icl_markov"):
         assert f'src="phase_success_{family}.png"' in dom, family
     assert "success over data.p × data.q (binary_chain)" in dom and "data.graph" in dom
     m = re.search(r"IMAGES (\d+)/(\d+)", dom)
-    assert int(m.group(1)) == int(m.group(2)) == len(list(issue12_report.glob("*.png")))
+    assert int(m.group(1)) == int(m.group(2)) == len(list(chains_report.glob("*.png")))
 
 
-def test_the_browser_shows_the_reading_table_escape_map_and_locking_diagram(issue11, issue11_report,
+def test_the_browser_shows_the_reading_table_escape_map_and_locking_diagram(random_init_sweeps, random_init_report,
                                                                              tmp_path):
-    dom = chromium_dom(issue11_report, tmp_path)
-    for section in ("Reading search (issue 11)", "Escape map (beyond the paper)",
+    dom = chromium_dom(random_init_report, tmp_path)
+    for section in ("Reading search", "Escape map (beyond the paper)",
                     "Wrong-position locking (beyond the paper)"):
         assert f"<h2>{section}</h2>" in dom
     for name in ("escape_success", "escape_break", "escape_success_step", "escape_theory", "locking_rate"):
@@ -350,7 +350,7 @@ def test_the_browser_shows_the_reading_table_escape_map_and_locking_diagram(issu
     keys = ["model.normalize", "model.ffn", "optim.reduction", "optim.name"]
     assert head[:4] == keys
     readings = {}
-    for d, (cfg, s) in {**run_files(issue11[0]), **run_files(issue11[1])}.items():
+    for d, (cfg, s) in {**run_files(random_init_sweeps[0]), **run_files(random_init_sweeps[1])}.items():
         m, o = cfg["model"], cfg["optim"]
         key = (m["normalize"], m["ffn"] if m["name"] == "transformer_ffn" else "–", o["reduction"], o["name"])
         hist = [json.loads(line) for line in open(d / "history.jsonl")]

@@ -1,4 +1,4 @@
-"""First-order Markov chains beyond the circle (issue 12): lazy_walk, binary_chain, markov_matrix.
+"""First-order Markov chains beyond the circle: lazy_walk, binary_chain, markov_matrix.
 
 Each family's Π (rw_sweeps.markov.transition) is the law its sampler draws, its P_true is Π's row of the
 last observed state, its opt_acc is the test set's Bayes-optimal accuracy, and the engine trains it as the
@@ -170,7 +170,7 @@ def test_markov_matrix_from_the_command_line(tmp_path):
     assert s["status"] == "done" and 0.8 <= s["opt_acc"] <= 0.9
 
 
-# ------------------------------------------------------------------ jump_walk and graph_walk (issue 12)
+# ------------------------------------------------------------------ jump_walk and graph_walk
 NEW_FAMILIES = {
     "jump_walk": dict(name="jump_walk", K=7, jumps=[0.3, 0.2, 0.25, 0.15, 0.0, 0.1]),
     "graph_walk_grid": dict(name="graph_walk", graph="grid", side=3, K=9),
@@ -318,7 +318,7 @@ def test_trap_flags_per_run_and_the_phase_outline():
     assert theory_fails(old).tolist() == [True, False]
 
 
-# ---------------------------------------------------------------- chains that are not first order (issue 12)
+# ---------------------------------------------------------------- chains that are not first order
 KTH = dict(name="kth_order", K=3, order=2, alpha=1.0)
 ICL = dict(name="icl_markov", K=3, alpha=1.0)
 

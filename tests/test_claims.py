@@ -1,4 +1,4 @@
-"""Issue 11's analysis on synthetic run folders with known histories (tests/_fake_runs.py): the reading
+"""The random-init studies' analysis on synthetic run folders with known histories (tests/_fake_runs.py): the reading
 table's fractions, its order, locked_position on a constructed record, the locking rate and the escape
 map's theory overlay (with a stub in place of rw_sweeps.theory.predict)."""
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_the_cli_writes_the_reading_table_as_csv_markdown_and_a_report_section(r
     md = (out / "readings.md").read_text().splitlines()
     assert "| whole | before | 4 | – | – | – | – | – | 0.75 | 0.75 | 0.75 |" in md
     page = (out / "index.html").read_text()
-    assert "<h2>Reading search (issue 11)</h2>" in page and "Fig. 10(a)" in page
+    assert "<h2>Reading search</h2>" in page and "Fig. 10(a)" in page
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def test_defaults_are_the_paper_section_5():
     assert composed("model=transformer_ffn").model.m == 19
 
 
-EXPECTED = {  # spec §7: the settings each preset must produce (single values; sweeps checked below)
+EXPECTED = {  # the paper's settings each preset must produce (single values; sweeps checked below)
     "fig4": dict(p=0.5, K=6, N=97, init="zero", lr=1.0, steps=50, normalize="none"),
     "fig5": dict(p=1.0, K=6, N=97, init="zero", lr=1.0, steps=50, normalize="none"),
     "fig6": dict(K=6, N=97, init="gaussian", sigma=0.01, lr=0.01, steps=1000, normalize="whole"),
@@ -56,7 +56,7 @@ EXPECTED = {  # spec §7: the settings each preset must produce (single values; 
     "fig8": dict(p=0.5, K=20, N=101, init="zero", lr=1.0, steps=50),
     "fig9": dict(p=1.0, K=20, N=101, init="zero", lr=1.0, steps=50),
     "fig10": dict(K=19, model="transformer_ffn", m=19, init="gaussian", sigma=0.01, lr=0.1, n_train=1024, n_test=1024),
-    # issue 11: the reading searches keep the paper's stated settings; normalize=auto is the paper's protocol
+    # the reading searches keep the paper's stated settings; normalize=auto is the paper's protocol
     "fig6_readings": dict(K=6, N=97, init="gaussian", sigma=0.01, lr=0.01, steps=1000, normalize="whole"),
     "fig10_readings": dict(K=19, model="transformer_ffn", m=19, init="gaussian", sigma=0.01, lr=0.1, steps=100,
                            n_train=1024, n_test=1024, normalize="whole"),
@@ -116,7 +116,7 @@ BAD = [
     ("model.ffn=before", "model.ffn", "transformer_ffn"), ("model=transformer_ffn model.ffn=inside", "model.ffn", "after, before"),
     ("optim.name=sgd", "optim.name", "gd, adam"), ("optim.beta1=1", "optim.beta1", "[0, 1)"),
     ("optim.beta2=-0.1", "optim.beta2", "[0, 1)"), ("optim.adam_eps=0", "optim.adam_eps", "> 0"),
-    # the first-order chains beyond the circle (issue 12): K per family, probabilities, Π's shape and rows
+    # the first-order chains beyond the circle: K per family, probabilities, Π's shape and rows
     ("data=binary_chain data.K=3", "data.K", "must be 2"), ("data=binary_chain data.q=1.5", "data.q", "[0, 1]"),
     ("data=binary_chain data.q=abc", "data.q", "number"), ("data=lazy_walk data.stay=-0.1", "data.stay", "[0, 1]"),
     ("data=lazy_walk data.K=2", "data.K", ">= 3"),
@@ -127,7 +127,7 @@ BAD = [
     ("data=markov_matrix data.Pi=null", "data.Pi", "row-stochastic"),
     ("data=markov_matrix data.Pi=abc", "data.Pi", "list of rows"),
     ("data.Pi=[[1.0]]", "data.Pi", "null unless data=markov_matrix"),
-    # jump_walk's probabilities and graph_walk's graphs (issue 12)
+    # jump_walk's probabilities and graph_walk's graphs
     ("data=jump_walk data.jumps=[0.5,0.6]", "data.jumps", "sums to 1.1"),
     ("data=jump_walk data.jumps=[1.2,-0.2]", "data.jumps", "entry 1 (P(-1)) is -0.2"),
     ("data=jump_walk data.jumps=[0.5,0.25,0.25]", "data.jumps", "even-length"),
@@ -143,7 +143,7 @@ BAD = [
     ("data=graph_walk data.graph=random_regular data.K=4 data.degree=1", "data.degree", "not connected"),
     ("data=graph_walk data.graph=random_regular data.K=7 data.degree=3", "data.degree", "K·degree even"),
     ("data=graph_walk data.graph=random_regular data.degree=6", "data.degree", "[1, K−1]"),
-    # the chains that are not first order (issue 12): order, alpha, K, T's size
+    # the chains that are not first order: order, alpha, K, T's size
     ("data=kth_order data.order=0", "data.order", "[1, data.N − 1]"),
     ("data=kth_order data.N=3 data.order=3 model.M=10", "data.order", "[1, 2]"),
     ("data=kth_order data.K=10 data.order=7", "data.order", "too large"),

@@ -77,7 +77,7 @@ def test_the_ffn_from_zero_init_is_a_fixed_point(tmp_path):
 
 def test_engine_matches_the_oracle_on_the_symmetric_point_until_the_oracle_breaks():
     # p = 1 from zero init: the dense oracle's rounding breaks Thm 4.1's fixed point around step 12 in
-    # float64 (performance-notes §6); up to step 8 both sit on it.
+    # float64; up to step 8 both sit on it.
     c = cfg(data=DataConfig(K=5, N=21, p=1.0, n_train=100, n_test=50), optim=OptimConfig(lr=1.0, steps=8))
     ref = oracle.train(c, 8)
     ours, _ = trajectory(c, 8)

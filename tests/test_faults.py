@@ -1,4 +1,4 @@
-"""Nothing a user types, a disk holds or a cluster does loses a result or runs a stranger's code (issue 9).
+"""Nothing a user types, a disk holds or a cluster does loses a result or runs a stranger's code.
 
 Each test reproduces one fault the way it happens (real processes for kills, Ctrl-C, two launches, SLURM's
 USR2) and checks what a user now sees. `L` below is the issue's small sweep.
@@ -43,7 +43,7 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
 
 # ------------------------------------------------------------------------------------- isolation, resume
 @pytest.mark.parametrize("culprit", ["2/summary.json", "3/history.jsonl"])
-def test_1_an_unwritable_run_folder_fails_only_its_own_run(tmp_path, culprit):
+def test_an_unwritable_run_folder_fails_only_its_own_run(tmp_path, culprit):
     sweep = tmp_path / "S"
     (sweep / culprit).mkdir(parents=True)  # a directory where a result file must go
     for _ in range(2):  # and again: the others stay done, the culprit fails again with its own message
@@ -56,7 +56,7 @@ def test_1_an_unwritable_run_folder_fails_only_its_own_run(tmp_path, culprit):
         assert r.stderr.count("failed /") == 1
 
 
-def test_2_a_file_where_a_run_folder_must_go_fails_only_that_run(tmp_path):
+def test_a_file_where_a_run_folder_must_go_fails_only_that_run(tmp_path):
     sweep = tmp_path / "S"
     sweep.mkdir()
     (sweep / "2").write_text("x")
@@ -66,7 +66,7 @@ def test_2_a_file_where_a_run_folder_must_go_fails_only_that_run(tmp_path):
     assert f"failed {sweep / '2'}: " in r.stderr and "Not a directory" in r.stderr
 
 
-def test_3_4_damaged_or_incomplete_folders_are_retrained_and_counted_corrupt(tmp_path):
+def test_damaged_or_incomplete_folders_are_retrained_and_counted_corrupt(tmp_path):
     sweep = tmp_path / "S"
     r = launch("-m", *L, "seed=range(0,9)", f"hydra.sweep.dir={sweep}")
     assert r.returncode == 0, r.stderr
@@ -94,7 +94,7 @@ def test_3_4_damaged_or_incomplete_folders_are_retrained_and_counted_corrupt(tmp
     assert len(load_runs([sweep], cache=False)) == 9
 
 
-def test_5_a_second_launch_into_a_busy_sweep_folder_refuses_in_one_line_or_waits(tmp_path):
+def test_a_second_launch_into_a_busy_sweep_folder_refuses_in_one_line_or_waits(tmp_path):
     sweep = tmp_path / "S"
     first = start_launch("-m", "data.n_test=100", "optim.steps=200000", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
     try:
@@ -118,7 +118,7 @@ def test_5_a_second_launch_into_a_busy_sweep_folder_refuses_in_one_line_or_waits
     assert not (sweep / lock.LOCK).exists()  # released at exit
 
 
-def test_5_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
     sweep = tmp_path / "S"
     sweep.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -144,7 +144,7 @@ def _interrupt(tmp_path: Path, sig: int, extra: list[str]) -> tuple[Path, subpro
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_6_8_an_interrupted_sweep_checkpoints_every_run_and_resumes_from_there(tmp_path, sig):
+def test_an_interrupted_sweep_checkpoints_every_run_and_resumes_from_there(tmp_path, sig):
     sweep, p, args = _interrupt(tmp_path, sig, ["seed=0,1"])  # checkpoint_every=0, the default
     out, err = p.communicate(timeout=120)
     if sig == signal.SIGINT:  # one line, exit 130
@@ -159,7 +159,7 @@ def test_6_8_an_interrupted_sweep_checkpoints_every_run_and_resumes_from_there(t
     assert not list(sweep.glob("*/summary.json"))  # and nothing is falsely finished
 
 
-def test_6_resumed_runs_continue_from_the_signal_checkpoint_bit_for_bit(tmp_path):
+def test_resumed_runs_continue_from_the_signal_checkpoint_bit_for_bit(tmp_path):
     sweep, p, args = _interrupt(tmp_path, signal.SIGINT, ["optim.steps=100000"])
     p.communicate(timeout=120)
     import torch
@@ -180,7 +180,7 @@ def test_6_resumed_runs_continue_from_the_signal_checkpoint_bit_for_bit(tmp_path
     assert torch.load(sweep / "0" / "checkpoint.pt", weights_only=False)["state"]["step"] >= step
 
 
-def test_7_a_resumed_run_keeps_one_offline_wandb_run(tmp_path):
+def test_a_resumed_run_keeps_one_offline_wandb_run(tmp_path):
     sweep = tmp_path / "S"
     args = ["-m", *L[:-1], "wandb.mode=offline", "seed=0", f"hydra.sweep.dir={sweep}"]
     assert launch(*args).returncode == 0
@@ -194,7 +194,7 @@ def test_7_a_resumed_run_keeps_one_offline_wandb_run(tmp_path):
     assert len(runs) == 1 and runs[0].name.endswith(summaries(sweep)["0"]["run_id"])
 
 
-def test_7_packed_wandb_jobs_keep_their_artifacts_inside_the_sweep_folder(tmp_path):
+def test_packed_wandb_jobs_keep_their_artifacts_inside_the_sweep_folder(tmp_path):
     sweep = tmp_path / "S"
     home = tmp_path / "home"
     r = launch("-m", *L[:-1], "wandb.mode=offline", "wandb.granularity=job", "seed=0,1", f"hydra.sweep.dir={sweep}",
@@ -204,7 +204,7 @@ def test_7_packed_wandb_jobs_keep_their_artifacts_inside_the_sweep_folder(tmp_pa
     assert not list(home.rglob("staging/*"))  # nothing staged outside the sweep folder
 
 
-def test_9_a_diverged_run_reports_its_last_finite_evaluation(tmp_path):
+def test_a_diverged_run_reports_its_last_finite_evaluation(tmp_path):
     r = launch("init=gaussian", "init.sigma=0.01", "optim.lr=1e200", "data.n_test=100", "optim.steps=5",
                "wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'r'}")
     assert r.returncode == 0, r.stderr
@@ -223,7 +223,7 @@ def test_9_a_diverged_run_reports_its_last_finite_evaluation(tmp_path):
     ("seed=100000000000000000000", "seed", "[0, 4294967295]"), ("seed=18446744073709551616", "seed", "[0, "),
     ("~data", "data", "required config group"), ("~seed", "seed", "cannot be removed"), ("+foo=1", "foo", "unknown key"),
 ])
-def test_10_12_bad_values_are_one_line(override, key, rule):
+def test_bad_values_are_one_line(override, key, rule):
     from rw_sweeps.config import ConfigError
 
     for args in (override.split(), ["-m", "seed=0,1", *override.split()]):
@@ -234,7 +234,7 @@ def test_10_12_bad_values_are_one_line(override, key, rule):
 
 @pytest.mark.parametrize("override,key", [("device=cuda:9", "device"), ("data.K=100000", "data.K"),
                                           ("data.n_train=1000000000", "data.n_train")])
-def test_11_runs_that_cannot_work_here_are_one_line_before_anything_is_written(tmp_path, override, key):
+def test_runs_that_cannot_work_here_are_one_line_before_anything_is_written(tmp_path, override, key):
     import torch
 
     if override.startswith("device") and torch.cuda.device_count() > 9:
@@ -247,12 +247,12 @@ def test_11_runs_that_cannot_work_here_are_one_line_before_anything_is_written(t
         assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()
 
 
-def test_12_plus_key_in_a_single_run_writes_nothing(tmp_path):
+def test_plus_key_in_a_single_run_writes_nothing(tmp_path):
     r = launch("+foo=1", cwd=tmp_path)
     assert r.returncode == 2 and "foo" in one_error_line(r) and not (tmp_path / "outputs").exists()
 
 
-def test_13_long_runs_print_progress_lines_without_a_terminal(tmp_path):
+def test_long_runs_print_progress_lines_without_a_terminal(tmp_path):
     r = launch("data.n_test=100", "optim.steps=3000", "wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'r'}",
                env={"RW_SWEEPS_PROGRESS_S": "0.05"})
     assert r.returncode == 0, r.stderr
@@ -266,7 +266,7 @@ def test_13_long_runs_print_progress_lines_without_a_terminal(tmp_path):
     "+hydra.launcher.additional_parameters.comment='x\ntouch {pwned}'", "hydra.job.name='job\ntouch {pwned}'",
     "hydra.sweep.dir='{tmp}/s\ntouch {pwned}'", "hydra.launcher.partition='gpu;touch {pwned}'",
 ])
-def test_14_no_value_smuggles_a_command_into_an_sbatch_script(tmp_path, override):
+def test_no_value_smuggles_a_command_into_an_sbatch_script(tmp_path, override):
     pwned = tmp_path / "pwned"
     r = launch("-m", "hydra/launcher=packed_slurm", "hydra.launcher.dry_run=true",
                override.format(pwned=pwned, tmp=tmp_path), *L, f"hydra.sweep.dir={tmp_path / 's'}"
@@ -276,7 +276,7 @@ def test_14_no_value_smuggles_a_command_into_an_sbatch_script(tmp_path, override
     assert not pwned.exists()
 
 
-def test_15_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, monkeypatch):
+def test_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, monkeypatch):
     if not fused.available():
         pytest.skip(f"no compiled kernel here: {fused.last_error()}")
     cc = shutil.which(fused.CC)
@@ -310,7 +310,7 @@ def test_15_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, 
 # ------------------------------------------------------------------------------------- SLURM
 @pytest.mark.slurm
 @pytest.mark.usefixtures("cluster")
-def test_6_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path):
+def test_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path):
     sweep = tmp_path / "S"
     args = ["-m", "hydra/launcher=packed_slurm", "hydra.launcher.detach=true", "data.n_test=100",
             "optim.steps=60000", "eval_every=1000", "seed=0,1", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]

@@ -1,4 +1,4 @@
-"""The readings of issue 11 as an executable spec: what the paper leaves open is a config key, and every
+"""The readings the paper leaves open, as an executable spec: what the paper leaves open is a config key, and every
 value of each key is the literal model.
 
 - model.normalize (§4, §8.5): none | whole (x̃_j / ‖x̃_j‖) | positional ([x_j; p_j / ‖p_j‖]) | token (x_j /

@@ -1,4 +1,4 @@
-"""Issue 10's contracts for scale: the step loop never waits on the device, multi-step kernel calls
+"""The contracts for scale: the step loop never waits on the device, multi-step kernel calls
 between evaluations change nothing, and a run's results do not depend on the chunk it trains in."""
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from .phase import _fmt, drawless, swept_keys             # noqa: E402
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")
 # the reading-search, escape and locking presets: drawn by claims.py (the reading table), escape.py and locking.py
-ISSUE11 = ("fig6_readings", "fig10_readings", "escape", "locking")
+RANDOM_INIT = ("fig6_readings", "fig10_readings", "escape", "locking")
 PAPER_STEPS = (100, 400, 700, 1000)   # the snapshot steps of Figs. 12-13
 ZOOM = 10                             # last positions shown in the attention zoom, Fig. 4(d)
 
@@ -178,7 +178,7 @@ def paper_figures(runs: pd.DataFrame, notes: list[str] | None = None, max_runs: 
                    partial(fig_curves, sub, by, f"{n}: {len(sub)} runs"))
             if exp == "fig6":
                 yield from _figs_11_to_13(sub)
-        elif exp not in ISSUE11:
+        elif exp not in RANDOM_INIT:
             notes.append(f"experiment {exp!r} has no paper figure here")
 
 

@@ -117,9 +117,14 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
     valid = []
     for i, s in enumerate(specs):
         try:
-            valid.append((i, s.cfg if s.cfg is not None else from_dict(s.resolved, complete=True)))
+            rc = s.cfg if s.cfg is not None else from_dict(s.resolved, complete=True)
         except ConfigError as exc:
             out[i] = (exc, [f"error: {exc}"])
+            continue
+        if isinstance(getattr(s, "placed", None), dict):  # found done when its folder was placed: not read again
+            out[i] = _finish(rc, {**s.placed, "skipped": True})
+            continue
+        valid.append((i, rc))
     todo = []
     # its device is visible here and a run fits in memory; if not, the folder says why, as for any run
     # that failed where it ran

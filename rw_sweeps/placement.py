@@ -34,10 +34,8 @@ class FolderTaken(ConfigError):
 
 @dataclass
 class Placement:
-    """What `place` found: the summaries of the runs already done (by the spec's index) and the folders that
-    were given to runs other than their job number's."""
+    """What `place` found: the summaries of the runs already done, by the spec's index."""
     done: dict = field(default_factory=dict)
-    moved: int = 0
 
 
 def _key(cfg: dict) -> str:
@@ -109,7 +107,6 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
             if matched[i] != own[i]:
                 num = int(matched[i].name) if default_subdir and matched[i].name.isdigit() else s.num
                 s.relocate(num, str(matched[i]))
-                out.moved += 1
         elif own[i] in claimed:  # its number's folder holds another run of this launch: the next free number
             if not default_subdir:
                 raise FolderTaken("hydra.sweep.subdir", own[i].name, f"two runs of this launch share {own[i]}")
@@ -117,15 +114,14 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                 fresh += 1
             s.relocate(fresh, str(sweep_dir / str(fresh)))
             fresh += 1
-            out.moved += 1
         elif own[i] in found and not overwrite:
-            conflicts.append((own[i], results.differing_keys(found[own[i]], s.cfg.to_dict()), found[own[i]], s.cfg))
+            conflicts.append((own[i], found[own[i]], s.cfg.to_dict()))
     if conflicts:
-        folder, differ, old, new = conflicts[0]
-        shown = ", ".join(f"{k}={_get(old, k)!r} there, {_get(new.to_dict(), k)!r} here" for k in differ[:3])
+        folder, old, new = conflicts[0]
         more = f" (and {len(conflicts) - 1} more folder(s))" if len(conflicts) > 1 else ""
-        raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"{folder} holds a run of another config ({shown}){more}; "
-                          f"add hydra.launcher.overwrite=true to train over it, or choose another hydra.sweep.dir")
+        raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"{folder} holds a run of another config "
+                          f"({_difference(old, new)}){more}; add hydra.launcher.overwrite=true to train over it, "
+                          f"or choose another hydra.sweep.dir")
     for i, s in enumerate(specs):
         summary = done_summary(s.cfg, Path(s.output_dir), found.get(Path(s.output_dir)))
         if summary is not None:
@@ -138,10 +134,8 @@ def check_run_folder(run_dir: Path, cfg: dict, overwrite: bool = False) -> None:
     found = _run_config(Path(run_dir))
     if found is None or overwrite or _key(found) == _key(cfg):
         return
-    differ = results.differing_keys(found, cfg)
-    shown = ", ".join(f"{k}={_get(found, k)!r} there, {_get(cfg, k)!r} here" for k in differ[:3])
-    raise FolderTaken("hydra.run.dir", str(run_dir), f"holds a run of another config ({shown}); add "
-                      f"hydra.launcher.overwrite=true to train over it, or choose another hydra.run.dir")
+    raise FolderTaken("hydra.run.dir", str(run_dir), f"holds a run of another config ({_difference(found, cfg)}); "
+                      f"add hydra.launcher.overwrite=true to train over it, or choose another hydra.run.dir")
 
 
 def writable(sweep_dir: Path) -> bool:
@@ -160,6 +154,12 @@ def writable(sweep_dir: Path) -> bool:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"cannot be created: {parent} is not writable")
     return True
+
+
+def _difference(there: dict, here: dict) -> str:
+    """The first three keys that differ, with both values: `optim.steps=5 there, 10 here`."""
+    return ", ".join(f"{k}={_get(there, k)!r} there, {_get(here, k)!r} here"
+                     for k in results.differing_keys(there, here)[:3])
 
 
 def _get(cfg: dict, dotted: str):

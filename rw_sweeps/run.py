@@ -94,10 +94,6 @@ def done_summary(c: RunConfig, run_dir: Path, config: dict | None = None) -> dic
     return s if results.same_run(config, c.to_dict()) and results.complete(run_dir) else None
 
 
-def is_done(c: RunConfig, run_dir: Path) -> bool:
-    return done_summary(c, run_dir) is not None
-
-
 def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
     """run_batch for the runs not already done: a re-run sweep skips every run whose folder holds a
     `done` summary for the same config, and trains the rest (resume after a crash or a kill)."""

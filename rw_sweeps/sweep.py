@@ -47,7 +47,8 @@ class Spec:
     sweep_dir: str = ""  # absolute, resolved (`${now:…}` and all): the sweep's folder, its wandb group
     cfg: RunConfig | None = None  # validated, for the project's own task
     template: Any = field(default=None, repr=False)  # key of the composed DictConfig it came from
-    placed: bool | None = None  # set by `rw_sweeps.placement` (via the launcher): None not yet, True done
+    placed: dict | bool | None = None  # by the launcher (`rw_sweeps.placement`): None not yet, False to train,
+    # or the summary of the finished run its folder holds (read once per launch, passed on)
 
     @cached_property
     def hydra(self) -> dict:

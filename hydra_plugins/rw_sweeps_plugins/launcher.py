@@ -331,27 +331,25 @@ class RwLauncher(Launcher):
         if p["dry_run"]:
             self._dry_run(specs, done, jobs)
             return None
-        if not todo and not os.access(self.sweep_dir, os.W_OK | os.X_OK):
-            # a read-only sweep whose runs are all done: their Hydra jobs, and nothing written
-            returns = dict(zip([s.num for s in done], Chunk(done, twin, self.hydra_context, self.task_function,
-                                                            planner if self.hydra_context.callbacks.callbacks else None,
-                                                            finished=True)()))
-            log.info(f"{p['backend']} launcher: {len(specs)} runs, all already done; sweep folder {self.sweep_dir}")
-            return [returns[s.num] for s in specs]
-        self._lock()
-        rec = self._record(specs, done, todo)
-        log.info(f"{p['backend']} launcher: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
-                 f"{' (packed)' if p['pack'] else ''}; sweep folder {self.sweep_dir}")
-
         observed = bool(self.hydra_context.callbacks.callbacks)  # only then are per-run DictConfigs built
 
         def chunk(group: list, finished: bool = False) -> Chunk:
             return Chunk(group, twin, self.hydra_context, self.task_function,
                          planner if observed else None, lean=p["lean"], finished=finished)
 
-        returns: Dict[int, JobReturn] = {}
-        if done:  # finished runs still go through their Hydra job (callbacks, JobReturn), without training
-            returns.update({r_num: r for r_num, r in zip([s.num for s in done], chunk(done, finished=True)())})
+        def done_jobs() -> Dict[int, JobReturn]:  # done runs still go through their Hydra job, without training
+            return dict(zip([s.num for s in done], chunk(done, finished=True)())) if done else {}
+
+        if not todo and not os.access(self.sweep_dir, os.W_OK | os.X_OK):
+            # a read-only sweep whose runs are all done: their Hydra jobs, and nothing written
+            returns = done_jobs()
+            log.info(f"{p['backend']} launcher: {len(specs)} runs, all already done; sweep folder {self.sweep_dir}")
+            return [returns[s.num] for s in specs]
+        self._lock()
+        rec = self._record(specs, done, todo)
+        log.info(f"{p['backend']} launcher: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
+                 f"{' (packed)' if p['pack'] else ''}; sweep folder {self.sweep_dir}")
+        returns: Dict[int, JobReturn] = done_jobs()
         payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"]
                     else HydraJob(self, job[0].overrides, job[0].num, True, job[0].output_dir) for job in jobs]
         if per_device is not None:  # one GpuJob per device, its chunks in turn; a result per chunk again
@@ -379,7 +377,7 @@ class RwLauncher(Launcher):
         from rw_sweeps import placement
 
         if all(getattr(s, "placed", None) is not None for s in specs):
-            return {i for i, s in enumerate(specs) if s.placed}
+            return {i for i, s in enumerate(specs) if isinstance(s.placed, dict)}
         default_subdir = planner.subdir == "${hydra.job.num}"
         try:
             found = placement.place(specs, self.sweep_dir, default_subdir, self.params.get("overwrite", False))
@@ -387,7 +385,7 @@ class RwLauncher(Launcher):
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
         for i, s in enumerate(specs):
-            s.placed = i in found.done
+            s.placed = found.done.get(i, False)
         return set(found.done)
 
     def _launch_jobs(self, job_overrides, initial_job_idx) -> Optional[Sequence[JobReturn]]:

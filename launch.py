@@ -1,8 +1,9 @@
 """The front door: `python launch.py [-m] key=value ...` (Hydra). See README.md.
 
-`main` is an ordinary Hydra task. `@batched(train_batch)` lets the rw launchers train many jobs of one
-shape at once through its twin; they do so only while `main` is exactly `return train(cfg)`: edit or wrap
-it and every job runs through Hydra's own `run_job`, one at a time, with your edit.
+`main` is an ordinary Hydra task. `@batched(train_batch)` declares that it is `train(cfg)`, so that the rw
+launchers train many jobs of one shape at once through its batched twin (the launcher's first line says
+`packed: …`). If you make `main` do more, remove the declaration: every job then runs through Hydra's own
+`run_job`, one at a time, with your edit (`not packed: …`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from rw_sweeps.app import batched, run_front_door, train, train_batch
+from rw_sweeps.sweeps.app import batched, run_front_door, train, train_batch
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

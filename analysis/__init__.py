@@ -6,7 +6,7 @@ Reads only the files of the results contract (README, "Results"); never imports 
     phase.py    success, normalised accuracy, phase-diagram heatmaps with the theory drawn on
     figures.py  Figs. 2, 4-13 of Shi & Cao (2025)
     claims.py   the reading search: each reading scored against the paper's random-init claims
-    escape.py   the escape map, with rw_sweeps.theory's predicted break step drawn on
+    escape.py   the escape map, with rw_sweeps.core.theory's predicted break step drawn on
     locking.py  the wrong-position locking rate
     report.py   index.html (and optionally a wandb run of job_type "analysis")
     __main__.py python -m analysis SWEEP_DIR... --out OUT_DIR

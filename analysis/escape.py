@@ -1,11 +1,11 @@
 """The escape map (beyond the paper): where a small Gaussian init escapes Theorem 4.1's
-symmetric trap, and how well the linearised theory (`rw_sweeps.theory`) predicts when.
+symmetric trap, and how well the linearised theory (`rw_sweeps.core.theory`) predicts when.
 
 Runs of `experiment=escape`, drawn as phase diagrams over σ × η (both log-spaced), one row of panels
 per p and one column per model.normalize, one figure per precision:
   - the success rate (acc ≥ OPT − tol, over seeds);
   - the median symmetry-break step (over the runs that broke; k/n says how many did), each cell
-    "measured / predicted", the prediction being `rw_sweeps.theory.predict`'s median over the
+    "measured / predicted", the prediction being `rw_sweeps.core.theory.predict`'s median over the
     cell's runs, and cells whose runs are all predicted never to break outlined;
   - the median step at which success is reached.
 And predicted vs measured break step per run, log-log, with the median ratio and its quartiles.
@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt   # noqa: E402
 import numpy as np                # noqa: E402
 import pandas as pd               # noqa: E402
 
-from rw_sweeps.safefs import atomic_write  # noqa: E402
+from rw_sweeps.core.safefs import atomic_write  # noqa: E402
 
 from .fastyaml import load_yaml   # noqa: E402
 from .phase import _fmt, phase_diagram   # noqa: E402
@@ -58,9 +58,9 @@ def escape_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def add_predictions(runs: pd.DataFrame, predict=None, progress=None) -> pd.DataFrame:
     """`runs` with `predicted_break_step`: the step theory predicts, inf for "never within the
     run's steps", NaN where it makes no prediction (its `theory_reason` says why). `predict`
-    defaults to rw_sweeps.theory.predict (list[RunConfig] -> list[dict])."""
+    defaults to rw_sweeps.core.theory.predict (list[RunConfig] -> list[dict])."""
     if predict is None:
-        from rw_sweeps.theory import predict
+        from rw_sweeps.core.theory import predict
     out = runs.copy()
     got = {}
     for sweep, sub in out.groupby("sweep", sort=False):
@@ -92,7 +92,7 @@ def _sweep_predictions(sweep: Path, runs: pd.DataFrame, predict, progress) -> di
         if not (hit and hit.get("config_sha1") == sha):
             todo.append((path, rid, sha, text))
     if todo:
-        from rw_sweeps.config import from_dict   # the analysis reads files; only the theory needs it
+        from rw_sweeps.core.config import from_dict   # the analysis reads files; only the theory needs it
         todo.sort(key=lambda item: _trajectory_order(item[3]))
         for i in range(0, len(todo), CHUNK):
             part = todo[i:i + CHUNK]
@@ -199,7 +199,7 @@ def fig_predicted_vs_measured(runs: pd.DataFrame):
         ax.text(0.5, 0.5, "no run with both a measured and a predicted break step",
                 ha="center", va="center", transform=ax.transAxes, color="0.4")
     ax.set_xlabel("measured symmetry-break step (summary.json)")
-    ax.set_ylabel("predicted (rw_sweeps.theory)")
+    ax.set_ylabel("predicted (rw_sweeps.core.theory)")
     ax.set_title("escape: predicted vs measured break step, one point per run", fontsize=10)
     fig.tight_layout()
     return fig
@@ -214,7 +214,7 @@ def _style(run) -> str:
 
 def escape_figures(runs: pd.DataFrame, notes: list[str], predict=None):
     """Yield (name, caption, draw) for the escape map of the escape runs in `runs` (with
-    `success` and `success_step` added), theory drawn on where rw_sweeps.theory is there."""
+    `success` and `success_step` added), theory drawn on where rw_sweeps.core.theory is there."""
     runs = escape_runs(runs)
     if not len(runs):
         return
@@ -241,7 +241,7 @@ def escape_figures(runs: pd.DataFrame, notes: list[str], predict=None):
         cap = (f"Escape map: median symmetry-break step (first evaluated step with attention "
                f"spread > 1e-3), {on}")
         if theory:
-            cap += ("; each cell measured / predicted (rw_sweeps.theory, median over the cell's "
+            cap += ("; each cell measured / predicted (rw_sweeps.core.theory, median over the cell's "
                     "runs predicted to break), blue dotted: theory predicts no break")
         yield (f"escape_break{tag}", cap + ".",
                partial(_diagram, sub, x, y, "symmetry_break_step", row, col, "median", theory))

@@ -22,7 +22,7 @@ import pandas as pd               # noqa: E402
 import seaborn as sns             # noqa: E402
 
 from .load import load_history, load_snapshots   # noqa: E402
-from rw_sweeps.markov import Pi                           # noqa: E402  (plain numpy: the one Π)
+from rw_sweeps.core.markov import Pi                           # noqa: E402  (plain numpy: the one Π)
 
 from .phase import _fmt, drawless, swept_keys             # noqa: E402
 

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import yaml
 from tqdm import tqdm
 
-from rw_sweeps.safefs import write_with
+from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.safefs import write_with
 
 from .fastyaml import load_yaml
 
@@ -378,7 +379,7 @@ def _skip(path, status, reason):
 
 
 def _short(e: Exception) -> str:
-    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    return one_line(e)[:200]
 
 
 def _quiet(progress, n) -> bool:

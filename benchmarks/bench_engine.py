@@ -1,5 +1,5 @@
 """Training throughput of the engine: the PyTorch path (engine.train_step / evaluate) against the fused C
-kernel (rw_sweeps.fused), measured in one invocation, §5 shape.
+kernel (rw_sweeps.core.fused), measured in one invocation, §5 shape.
 
     python benchmarks/bench_engine.py                      # R = 1, 16, 128, 1024; float64 and float32
     python benchmarks/bench_engine.py --R 1 16 128 --torch-max-R 128 --reps 5
@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from rw_sweeps import data as data_mod  # noqa: E402
-from rw_sweeps import engine, fused, model  # noqa: E402
-from rw_sweeps.config import RunConfig  # noqa: E402
+from rw_sweeps.core import data as data_mod  # noqa: E402
+from rw_sweeps.core import engine, fused, model  # noqa: E402
+from rw_sweeps.core.config import RunConfig  # noqa: E402
 
 K, N, N_TRAIN, N_TEST, T, LR, EPS, P = 6, 97, 1000, 1000, 50, 1.0, 0.1, 0.5
 BOUND_NS = {"float64": 55.0, "float32": 28.0}  # the kernel's instruction-mix bound per sample-step (docstring)

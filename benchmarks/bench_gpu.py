@@ -7,12 +7,12 @@ H200 (a time budget skips, and says so, what would not fit).
     python benchmarks/bench_gpu.py --quick    # R = 1,000 / 10,000 (CPU: R = 16)
 
 Two measurements per (R, precision):
-- train: `rw_sweeps.training.train` on the R runs (data made on the host and copied, every step and every
+- train: `rw_sweeps.core.training.train` on the R runs (data made on the host and copied, every step and every
   evaluation on the GPU; the records are dropped, nothing is written);
-- end to end: `rw_sweeps.run.run_batch` into a temporary folder (the same, plus every result file written;
+- end to end: `rw_sweeps.sweeps.run.run_batch` into a temporary folder (the same, plus every result file written;
   wandb disabled).
 R is cut into chunks by the GPU's free memory with the launcher's own sizing (`gpu_budget_gb`: 80 % of the
-free memory; `resources.chunk_sizes` with `packing.bytes_per_run`), as `packed_gpus` cuts a grid for a GPU.
+free memory; `packing.chunk_sizes` with `resources.bytes_per_run`), as `packed_gpus` cuts a grid for a GPU.
 
 Without a GPU it says so in one line, measures the per-run cost at a small R on this CPU with
 RW_SWEEPS_BACKEND=torch (the PyTorch path, the one GPUs run), and prints the *expected* H200 figures from a
@@ -44,15 +44,16 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from rw_sweeps import data as data_mod  # noqa: E402
-from rw_sweeps import run, training  # noqa: E402
-from rw_sweeps.config import RunConfig, validate  # noqa: E402
-from rw_sweeps.packing import bytes_per_run  # noqa: E402
-from rw_sweeps.resources import chunk_sizes  # noqa: E402
+from rw_sweeps.core import data as data_mod  # noqa: E402
+from rw_sweeps.core import training  # noqa: E402
+from rw_sweeps.sweeps import run  # noqa: E402
+from rw_sweeps.core.config import RunConfig, validate  # noqa: E402
+from rw_sweeps.core.resources import bytes_per_run  # noqa: E402
+from rw_sweeps.sweeps.packing import chunk_sizes  # noqa: E402
 
 H200 = {"hbm_Bps": 4.8e12, "bw_eff": 0.7, "flops": {"float64": 34e12, "float32": 67e12}, "free_GiB": 139.0,
         "issue_s": 5e-6, "h2d_Bps": 25e9}
-FREE_SHARE = 0.8  # hydra_plugins/rw_sweeps_plugins/launcher.py: GPU_FREE_SHARE
+FREE_SHARE = 0.8  # rw_sweeps/sweeps/packing.py: GPU_FREE_SHARE
 PRECISIONS = ("float64", "float32")
 
 
@@ -66,7 +67,7 @@ def configs(R: int, precision: str, device: str) -> list[RunConfig]:
 
 def sizes_for_gpu(cfgs: list[RunConfig]) -> list[int]:
     """The chunks `packed_gpus` would cut these runs into on this GPU (its free memory now)."""
-    from hydra_plugins.rw_sweeps_plugins.launcher import gpu_budget_gb
+    from rw_sweeps.sweeps.packing import gpu_budget_gb
 
     budget = gpu_budget_gb(None)
     return chunk_sizes(len(cfgs), bytes_per_run(cfgs[0]), budget * 2**30)

@@ -47,8 +47,8 @@ def bookkeeping(n: int = 1000) -> tuple[float, float]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
-    from rw_sweeps.hydra_job import Chunk
-    from rw_sweeps.sweep import Planner
+    from rw_sweeps.sweeps.hydra_job import Chunk
+    from rw_sweeps.sweeps.planner import Planner
 
     with tempfile.TemporaryDirectory() as d, initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         overrides = [GRID[0], f"seed=range(0,{n // 10})", f"hydra.sweep.dir={d}"]

@@ -6,7 +6,7 @@ measured in the same invocation:
 
 §5 shape: K = 6, N = 97, M = 1000, n = 1000, Gaussian init σ = 0.01. The FFN rows use the same shape with
 m = 19 (the FFN runs on the PyTorch path, so its baseline is GD on that path too: `torch` column). Adam
-runs on the PyTorch path (rw_sweeps/adam.py). Data generation and the initial state are not timed; the
+runs on the PyTorch path (rw_sweeps/core/adam.py). Data generation and the initial state are not timed; the
 readings are interleaved repetition by repetition and the median kept, because this VM's speed drifts
 (so compare within one invocation). Times are process CPU seconds (both cores count).
 """
@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from rw_sweeps import adam, data as data_mod, engine, fused, model, training
-from rw_sweeps.config import InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.core import adam, data as data_mod, engine, fused, model, training
+from rw_sweeps.core.config import InitConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 READINGS = [  # name, model keys, optim name
     ("default: normalize=none, GD (kernel)", dict(normalize="none"), "gd"),

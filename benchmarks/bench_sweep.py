@@ -3,7 +3,7 @@
     python benchmarks/bench_sweep.py            # everything (~5–8 min on a 2-core laptop)
     python benchmarks/bench_sweep.py --quick    # one baseline run, no 10,000-run grid
 
-Baseline: `python -m rw_sweeps.oracle` in a fresh process per run: the literal dense eq. 2.1 with autograd
+Baseline: `python -m rw_sweeps.core.oracle` in a fresh process per run: the literal dense eq. 2.1 with autograd
 (X̃ ∈ R^{n×(K+M)×N}, W ∈ R^{(K+M)²}), as a straightforward implementation would run a sweep.
 
 End to end: `python launch.py -m data.p=0.05,…,0.95 'seed=range(0,S)'` (the §5 grid, 10 values of p), from
@@ -45,7 +45,7 @@ def baseline(n_runs: int) -> dict:
     walls, peaks = [], []
     for seed in range(n_runs):
         t = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "rw_sweeps.oracle", "precision=float64", f"seed={seed}"],
+        out = subprocess.run([sys.executable, "-m", "rw_sweeps.core.oracle", "precision=float64", f"seed={seed}"],
                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
         walls.append(time.perf_counter() - t)
         peaks.append(int(out.split("PEAK")[-1]))
@@ -69,7 +69,7 @@ def front_door(tmp: Path, seeds: int, *extra: str) -> float:
 
 
 def imports_s(rounds: int = 3) -> float:
-    code = "import torch, hydra, omegaconf, rw_sweeps.app, hydra_plugins.rw_sweeps_plugins.launcher"
+    code = "import torch, hydra, omegaconf, rw_sweeps.sweeps.app, hydra_plugins.rw_sweeps_plugins.launcher"
     walls = []
     for _ in range(rounds):
         t = time.perf_counter()
@@ -114,10 +114,11 @@ def breakdown(tmp: Path) -> dict:
     import torch
 
     import bench_hydra
-    from rw_sweeps import data, engine, fused, model, results, run, tracking, training
-    from rw_sweeps.config import RunConfig, validate
-    from rw_sweeps.packing import bytes_per_run
-    from rw_sweeps.resources import chunk_sizes
+    from rw_sweeps.core import data, engine, fused, model, results, training
+    from rw_sweeps.sweeps import run, tracking
+    from rw_sweeps.core.config import RunConfig, validate
+    from rw_sweeps.core.resources import bytes_per_run
+    from rw_sweeps.sweeps.packing import chunk_sizes
 
     out = {"imports_s": imports_s()}
     base = validate(RunConfig())

@@ -8,7 +8,7 @@
    preset's trapped cells). Timed as `training.train` with and without the check (the check replaced by a
    no-op), at eval_every = 10 (the escape preset) and 1 (the default), and on a typical batch (§5 zero init,
    p = 0.5). §5 shape, R = 8 runs, 200 steps.
-2. Placement (`rw_sweeps.placement.place`): finding every run's folder by its config before a launch.
+2. Placement (`rw_sweeps.sweeps.placement.place`): finding every run's folder by its config before a launch.
    Timed on a finished sweep of n runs against `run.done_summary` per run (what a re-run paid before:
    the done check alone), both reading the same folders.
 
@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rw_sweeps import placement, run, training
-from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.sweeps import placement, run
+from rw_sweeps.core import training
+from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 W = dataclasses.replace(RunConfig().wandb, mode="disabled")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from rw_sweeps.markov import Pi
+from rw_sweeps.core.markov import Pi
 
 # grid keys (Hydra dotted names) -> write_run keyword
 KEYS = {"data.p": "p", "data.K": "K", "data.N": "N", "model.M": "M", "init": "init",

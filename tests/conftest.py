@@ -37,8 +37,8 @@ def start_launch(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subpr
 
 
 def status_cmd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m rw_sweeps.status ...` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "rw_sweeps.status", *args], cwd=ROOT, text=True,
+    """`python -m rw_sweeps.sweeps.status ...` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.status", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=timeout)
 
 

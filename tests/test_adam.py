@@ -1,4 +1,4 @@
-"""optim=adam: the compact Adam of `rw_sweeps.adam`, through the training loop, against torch.optim.Adam on
+"""optim=adam: the compact Adam of `rw_sweeps.core.adam`, through the training loop, against torch.optim.Adam on
 the literal dense θ (`oracle.train`); a batch against its runs alone; checkpoints that carry the moments."""
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import math
 import pytest
 import torch
 
-from rw_sweeps import adam, model, oracle, results, run, training
-from rw_sweeps import data as data_mod
-from rw_sweeps.config import (ConfigError, DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, from_dict,
+from rw_sweeps.core import adam, model, oracle, results, training
+from rw_sweeps.sweeps import run
+from rw_sweeps.core import data as data_mod
+from rw_sweeps.core.config import (ConfigError, DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, from_dict,
                               validate)
 
 from .test_config import checked

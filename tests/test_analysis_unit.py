@@ -14,7 +14,7 @@ import yaml
 
 from analysis import load as load_mod
 from analysis.__main__ import main
-from rw_sweeps.markov import Pi
+from rw_sweeps.core.markov import Pi
 from analysis.load import CACHE_NAME, load_history, load_runs, load_snapshots
 from analysis.phase import (add_success, add_success_step, phase_table, swept_keys,
                             theory_fails)

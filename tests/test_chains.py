@@ -1,6 +1,6 @@
 """First-order Markov chains beyond the circle: lazy_walk, binary_chain, markov_matrix.
 
-Each family's Π (rw_sweeps.markov.transition) is the law its sampler draws, its P_true is Π's row of the
+Each family's Π (rw_sweeps.core.markov.transition) is the law its sampler draws, its P_true is Π's row of the
 last observed state, its opt_acc is the test set's Bayes-optimal accuracy, and the engine trains it as the
 literal oracle does (binary_chain is K = 2, which the fused kernel must run too).
 The last section: kth_order (an order-k chain, T per seed) and icl_markov (a chain per sequence), whose
@@ -16,9 +16,10 @@ import pytest
 import torch
 import yaml
 
-from rw_sweeps import data as data_mod
-from rw_sweeps import fused, markov, model, oracle, run, training
-from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig
+from rw_sweeps.core import data as data_mod
+from rw_sweeps.core import fused, markov, model, oracle, training
+from rw_sweeps.sweeps import run
+from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig
 
 from .conftest import launch, summaries
 from .test_engine import cfg
@@ -98,7 +99,7 @@ def test_binary_chain_opt_acc_is_the_stationary_value(tmp_path):
 
 
 def _engine_equals_oracle(data: dict, tmp_path, T: int = 20):
-    """Train one run of `data` through training.train and literally (rw_sweeps.oracle), from the same dense
+    """Train one run of `data` through training.train and literally (rw_sweeps.core.oracle), from the same dense
     Gaussian W: V, a, c and the test attention to 1e-8 after T steps, the accuracy exactly, and V moved.
     Returns the run's config, record and final V."""
     c = cfg(data=DataConfig(N=13, n_train=64, n_test=64, **data), model=ModelConfig(M=40),
@@ -484,7 +485,7 @@ def test_make_batches_and_prefetch_equal_make_beyond_first_order():
 def test_parent_positions_are_the_last_k_for_an_order_k_chain(tmp_path):
     # "parent" is position N−1 in every first-order family; an order-k chain reads N−k … N−1, and
     # parents_attention is the final mean attention on them (from the last snapshot, taken at the last step)
-    from rw_sweeps.training import parent_positions
+    from rw_sweeps.core.training import parent_positions
 
     kth = cfg(data=DataConfig(name="kth_order", K=3, N=13, order=3, n_train=64, n_test=64), optim=OptimConfig(steps=3))
     walk = cfg(data=DataConfig(K=4, N=13, n_train=64, n_test=64), optim=OptimConfig(steps=3))
@@ -518,7 +519,7 @@ def test_markov_matrix_reads_its_pi_from_a_file_and_records_it(tmp_path):
 def test_a_runs_line_names_the_family_where_p_means_nothing():
     base = {"status": "done", "K": 6, "N": 97, "init": "zero", "seed": 0, "steps": 2, "test_acc": 0.5, "opt_acc": 0.5,
             "parent_attention": 1.0, "v_pi_cosine": 0.9, "test_kl": 0.1, "symmetry_break_step": 2, "p": 0.5}
-    assert run.one_line({**base, "data": "random_walk"}).startswith("done: p=0.5 K=6")
-    assert run.one_line({**base, "data": "graph_walk"}).startswith("done: data=graph_walk K=6")
-    assert run.one_line({**base, "data": "icl_markov", "status": "diverged", "error": "x"}) == \
+    assert run.run_line({**base, "data": "random_walk"}).startswith("done: p=0.5 K=6")
+    assert run.run_line({**base, "data": "graph_walk"}).startswith("done: data=graph_walk K=6")
+    assert run.run_line({**base, "data": "icl_markov", "status": "diverged", "error": "x"}) == \
         "diverged: data=icl_markov init=zero seed=0: x"

@@ -1,6 +1,6 @@
 """The random-init studies' analysis on synthetic run folders with known histories (tests/_fake_runs.py): the reading
 table's fractions, its order, locked_position on a constructed record, the locking rate and the escape
-map's theory overlay (with a stub in place of rw_sweeps.theory.predict)."""
+map's theory overlay (with a stub in place of rw_sweeps.core.theory.predict)."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,9 @@ from analysis import claims, escape, locking
 from analysis.__main__ import main
 from analysis.load import load_runs
 from analysis.phase import add_success, add_success_step, phase_diagram, phase_table
-from rw_sweeps.config import RunConfig
-from rw_sweeps.markov import Pi
-from rw_sweeps.training import Record, locked_position, summary
+from rw_sweeps.core.config import RunConfig
+from rw_sweeps.core.markov import Pi
+from rw_sweeps.core.training import Record, locked_position, summary
 
 from ._fake_runs import write_run
 
@@ -274,10 +274,10 @@ def test_the_escape_figures_and_the_ratio_of_predicted_to_measured(escape_sweep)
     for _, _, draw in figs:
         assert draw().axes
     def broken(cfgs):
-        raise ImportError("no rw_sweeps.theory")
+        raise ImportError("no rw_sweeps.core.theory")
 
     (escape_sweep / escape.CACHE).unlink()   # else the cached predictions are drawn
     notes = []
     figs = list(escape.escape_figures(runs, notes, predict=broken))
     assert [n for n, _, _ in figs] == ["escape_success", "escape_break", "escape_success_step"]
-    assert "no theory overlay (ImportError: no rw_sweeps.theory)" in notes[0]
+    assert "no theory overlay (ImportError: no rw_sweeps.core.theory)" in notes[0]

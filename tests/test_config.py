@@ -6,8 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rw_sweeps import config
-from rw_sweeps.config import ConfigError, RunConfig, from_dict
+from rw_sweeps.core import config
+from rw_sweeps.core.config import ConfigError, RunConfig, from_dict
 
 from .conftest import ROOT, launch
 
@@ -162,8 +162,8 @@ def checked(*args: str) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
-    from rw_sweeps.app import preflight
-    from rw_sweeps.sweep import Planner
+    from rw_sweeps.sweeps.app import preflight
+    from rw_sweeps.sweeps.planner import Planner
 
     preflight(list(args), str(ROOT / "launch.py"), "conf")
     if args and args[0] == "-m":

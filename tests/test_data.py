@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from rw_sweeps import data
-from rw_sweeps.config import DataConfig
+from rw_sweeps.core import data
+from rw_sweeps.core.config import DataConfig
 
 
 def test_Pi_is_the_circle_transition_matrix():
@@ -136,7 +136,7 @@ def test_fast_walks_equal_the_reference_on_odd_shapes():
 
 
 def _runs(specs):
-    from rw_sweeps.config import RunConfig
+    from rw_sweeps.core.config import RunConfig
 
     return [RunConfig(seed=seed, data=DataConfig(**kw)) for seed, kw in specs]
 

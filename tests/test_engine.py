@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from rw_sweeps import data as data_mod
-from rw_sweeps import engine, model, oracle, run, training
-from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.core import data as data_mod
+from rw_sweeps.core import engine, model, oracle, training
+from rw_sweeps.sweeps import run
+from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 
 def cfg(**kw) -> RunConfig:

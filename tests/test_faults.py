@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rw_sweeps import fused, lock
-
+from rw_sweeps.core import fused
+from rw_sweeps.sweeps import lock
 from .conftest import launch, start_launch, wait_until
 from .test_config import checked
 from .test_slurm import cluster, record, sacct  # noqa: F401 - cluster: the SLURM fixture
@@ -224,7 +224,7 @@ def test_a_diverged_run_reports_its_last_finite_evaluation(tmp_path):
     ("~data", "data", "required config group"), ("~seed", "seed", "cannot be removed"), ("+foo=1", "foo", "unknown key"),
 ])
 def test_bad_values_are_one_line(override, key, rule):
-    from rw_sweeps.config import ConfigError
+    from rw_sweeps.core.config import ConfigError
 
     for args in (override.split(), ["-m", "seed=0,1", *override.split()]):
         with pytest.raises(ConfigError) as err:

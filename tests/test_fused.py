@@ -1,4 +1,4 @@
-"""The fused C kernel (rw_sweeps/fused.py) against the PyTorch engine it replaces, and its fallback.
+"""The fused C kernel (rw_sweeps/core/fused.py) against the PyTorch engine it replaces, and its fallback.
 
 Tolerances: float64 to 1e-12 of each tensor's scale (max |x|, at least 1): without unit-normalisation
 c_j moves by lr·κ·‖p‖² = 2.5e5 times its gradient and reaches |c| ~ 1e3, where one rounding of D_j is
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rw_sweeps import data as data_mod
-from rw_sweeps import engine, fused, model
-from rw_sweeps.config import RunConfig
+from rw_sweeps.core import data as data_mod
+from rw_sweeps.core import engine, fused, model
+from rw_sweeps.core.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 50
@@ -300,7 +300,7 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
 def test_concurrent_first_use(kernel, tmp_path):
     """Processes compiling at once into one empty cache (SLURM array jobs) all load a complete library,
     and leave one file behind."""
-    code = ("import sys; from rw_sweeps import fused; i = fused.info(); "
+    code = ("import sys; from rw_sweeps.core import fused; i = fused.info(); "
             "sys.exit(0 if i['available'] else 1)")
     env = {**os.environ, "RW_SWEEPS_CACHE": str(tmp_path), "RW_SWEEPS_FUSED_ISA": "generic",
            "PYTHONPATH": str(ROOT)}

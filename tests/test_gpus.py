@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from hydra_plugins.rw_sweeps_plugins import launcher as L
-from rw_sweeps.config import RunConfig
-from rw_sweeps.packing import bytes_per_run
-from rw_sweeps.resources import chunk_sizes
+from rw_sweeps.sweeps import packing
+from rw_sweeps.core.config import RunConfig
+from rw_sweeps.core.resources import bytes_per_run
+from rw_sweeps.sweeps.packing import chunk_sizes
 
 from .conftest import SMALL, launch, summaries
 
@@ -44,12 +45,12 @@ def fake_gpus(monkeypatch):
 def test_each_gpu_gets_chunks_sized_to_its_own_free_memory_and_memory_gb(fake_gpus):
     fake_gpus[:] = [int(0.5 * GB), int(0.125 * GB), int(0.05 * GB), int(0.005 * GB)]  # the last: < one run
     per = bytes_per_run(_specs(1)[0].cfg)  # ~7.5 MB at the §5 shape
-    assert L.gpu_budgets_gb(None) == pytest.approx([0.8 * f / GB for f in fake_gpus])
-    budgets = L.gpu_budgets_gb(0.08)  # memory_gb caps the two large GPUs only
+    assert packing.gpu_budgets_gb(None) == pytest.approx([0.8 * f / GB for f in fake_gpus])
+    budgets = packing.gpu_budgets_gb(0.08)  # memory_gb caps the two large GPUs only
     assert budgets == pytest.approx([0.08, 0.08, 0.04, 0.004])
 
     specs = _specs(300) + _specs(50, n_train=200)  # two shapes: two groups, each spread over the GPUs
-    plan = L.plan_devices(specs, budgets)
+    plan = packing.plan_devices(specs, budgets)
     assert len(plan) == 4
     for g, chunks in enumerate(plan):
         for chunk in chunks:
@@ -62,22 +63,22 @@ def test_each_gpu_gets_chunks_sized_to_its_own_free_memory_and_memory_gb(fake_gp
     big = [sum(len(c) for c in plan[g] if c[0].cfg.data.n_train == 1000) for g in range(3)]
     assert max(big) - min(big) <= 1  # a group's runs are balanced over the GPUs, whatever their memory
     assert max(len(c) for c in plan[2] if c[0].cfg.data.n_train == 1000) == int(0.04 * GB // per)  # more, smaller
-    assert L.plan_devices(specs, budgets, max_runs=3) and all(
-        len(c) <= 3 for chunks in L.plan_devices(specs, budgets, max_runs=3) for c in chunks)
+    assert packing.plan_devices(specs, budgets, max_runs=3) and all(
+        len(c) <= 3 for chunks in packing.plan_devices(specs, budgets, max_runs=3) for c in chunks)
 
 
 def test_equal_gpus_share_a_grid_evenly_and_a_tiny_grid_leaves_gpus_idle(fake_gpus):
     fake_gpus[:] = [int(100 * GB)] * 8
-    plan = L.plan_devices(_specs(1000), L.gpu_budgets_gb(None))
+    plan = packing.plan_devices(_specs(1000), packing.gpu_budgets_gb(None))
     assert [sum(map(len, chunks)) for chunks in plan] == [125] * 8 and all(len(chunks) == 1 for chunks in plan)
-    plan = L.plan_devices(_specs(3) + _specs(3, n_test=200), L.gpu_budgets_gb(None))
+    plan = packing.plan_devices(_specs(3) + _specs(3, n_test=200), packing.gpu_budgets_gb(None))
     assert sorted(sum(map(len, chunks)) for chunks in plan) == [0, 0, 1, 1, 1, 1, 1, 1]  # 2 groups of 3: 6 GPUs
     assert chunk_sizes(10, 4, 16) == [4, 3, 3] and chunk_sizes(5, 10, 1) == [1] * 5  # at least one run a chunk
 
 
 def test_a_gpu_worker_keeps_its_cached_memory_as_free(fake_gpus, monkeypatch):
     """Chunk after chunk in one process: what the caching allocator holds but does not use counts as free."""
-    from rw_sweeps.resources import gpu_free_bytes
+    from rw_sweeps.core.resources import gpu_free_bytes
 
     fake_gpus[:] = [int(10 * GB)]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -116,7 +117,7 @@ def test_packed_gpus_starts_one_process_per_gpu(monkeypatch):
 
     monkeypatch.setattr(submitit, "LocalExecutor", _Executor)
     _Executor.made = []
-    monkeypatch.setattr(L, "visible_gpus", lambda: ["0", "1", "GPU-ab12"])
+    monkeypatch.setattr(packing, "visible_gpus", lambda: ["0", "1", "GPU-ab12"])
     launcher = L.RwLauncher(**{f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
                                for f in dataclasses.fields(L.RwLauncherConf)})
     jobs = [lambda g=g: [f"chunk {g}.0", f"chunk {g}.1"] for g in ("0", "GPU-ab12")]
@@ -142,7 +143,7 @@ def test_a_chunk_that_raises_fails_its_runs_only_and_the_gpu_s_next_chunks_run(c
     out = L.GpuJob([_FakeChunkJob(2), _FakeChunkJob(3, fail=True), _FakeChunkJob(1)])()
     assert out[0] == ["return 0", "return 1"] and out[2] == ["return 0"]
     assert isinstance(out[1], RuntimeError)  # the launcher reads that chunk's runs from their folders
-    assert "a chunk of 3 run(s) failed: RuntimeError: (the chunk's own)" in capsys.readouterr().err
+    assert "a chunk of 3 run(s) failed: RuntimeError: CUDA error: out of memory\n" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the CPU fallback is not exercised")
@@ -151,7 +152,7 @@ def test_packed_gpus_without_a_gpu_trains_every_chunk_in_one_process(tmp_path):
     r = launch("-m", "hydra/launcher=packed_gpus", "hydra.launcher.max_runs_per_job=1", "data.p=0.3,0.5,0.7",
                *SMALL, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
     assert r.returncode == 0, r.stderr
-    assert "3 runs (0 already done) in 3 job(s) (packed)" in r.stdout + r.stderr
+    assert "packed: 3 runs in 3 job(s) on cpu;" in r.stdout + r.stderr
     assert r.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 3 runs: 3 done, 0 skipped, 0 failed, 0 diverged"
     logs = sorted((sweep / ".submitit").glob("*/*_log.out"))
     assert len(logs) == 1 and logs[0].read_text().count("done: p=") == 3  # one process, its three chunks

@@ -87,11 +87,13 @@ def test_callbacks_and_env_set_see_every_packed_run_as_its_own_job(preset, tmp_p
     assert [runs[str(i)]["status"] for i in range(4)] == ["done", "failed", "done", "failed"]
 
 
-def test_an_edited_or_wrapped_task_is_not_packed(tmp_path):
-    """Packing applies only to the declared, unedited task: an edit takes effect under the default launcher."""
+def test_packing_follows_the_declaration_and_the_launcher_says_how_the_sweep_runs(tmp_path):
+    """A task that drops `@batched(train_batch)` runs job by job through run_job, with its edit, and the
+    launcher says `not packed` and why; the declared task is packed, and the line says so."""
     src = (ROOT / "launch.py").read_text()
     edited = src.replace("    return train(cfg)", "    print('edited task ran', flush=True)\n    return train(cfg)")
-    assert edited != src
+    edited = edited.replace("@batched(train_batch)\n", "")
+    assert edited.count("edited task ran") == 1 and "@batched" not in edited
     script = tmp_path / "launch_edited.py"
     script.write_text(edited.replace('config_path="conf"', f'config_path="{ROOT / "conf"}"')
                       .replace('__file__, "conf")', f'__file__, "{ROOT / "conf"}")'))
@@ -102,9 +104,15 @@ def test_an_edited_or_wrapped_task_is_not_packed(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("edited task ran") == 2  # once per job, through run_job
+    assert "not packed: 2 runs as 2 job(s) on cpu: the task declares no batched twin" in r.stdout + r.stderr
     assert [s["status"] for s in summaries(tmp_path / "s").values()] == ["done", "done"]
 
-    from rw_sweeps.app import batch_function
+    r = launch("-m", "data.p=0.3,0.5", *QUIET, f"hydra.sweep.dir={tmp_path / 'p'}")
+    assert r.returncode == 0 and "packed: 2 runs in 1 job(s) on cpu" in r.stdout + r.stderr
+    r = launch("-m", "data.p=0.3,0.5", *QUIET, "hydra.launcher.pack=false", f"hydra.sweep.dir={tmp_path / 'u'}")
+    assert r.returncode == 0 and "not packed: 2 runs as 2 job(s) on cpu: hydra.launcher.pack=false" in r.stdout + r.stderr
+
+    from rw_sweeps.sweeps.app import batch_function
     import functools
     import importlib.util
 
@@ -186,7 +194,7 @@ def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
                "data.p=interval(0.55,0.95)", "optim.lr=choice(0.5,1.0)", "objective=test_acc", *QUIET,
                f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "local launcher: 3 runs" in r.stdout + r.stderr  # each batch of parallel trials is one packed job
+    assert "packed: 3 runs in 1 job(s) on cpu" in r.stdout + r.stderr  # each batch of parallel trials is one packed job
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     runs = summaries(sweep)
     assert len(runs) == 6 and all(s["status"] == "done" for s in runs.values())
@@ -233,7 +241,7 @@ def test_the_wheel_carries_the_configs(tmp_path):
     names = zipfile.ZipFile(next(tmp_path.glob("rw_sweeps-*.whl"))).namelist()
     conf = sorted(str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml"))
     assert sorted(n[len("rw_sweeps_conf/"):] for n in names if n.startswith("rw_sweeps_conf/") and n.endswith(".yaml")) == conf
-    assert "hydra_plugins/rw_sweeps_plugins/launcher.py" in names and "rw_sweeps/fused.c" in names
+    assert "hydra_plugins/rw_sweeps_plugins/launcher.py" in names and "rw_sweeps/core/fused.c" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(next(tmp_path.glob("rw_sweeps-*.whl"))).read(entry).decode()
-    assert "rw-launch = rw_sweeps.app:cli" in text
+    assert "rw-launch = rw_sweeps.sweeps.app:cli" in text

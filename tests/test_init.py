@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from rw_sweeps import model, oracle, training
-from rw_sweeps.config import ConfigError, DataConfig, InitConfig, ModelConfig, validate
+from rw_sweeps.core import model, oracle, training
+from rw_sweeps.core.config import ConfigError, DataConfig, InitConfig, ModelConfig, validate
 
 from .test_engine import cfg, trajectory
 
@@ -113,8 +113,7 @@ def test_the_init_stream_is_not_the_data_stream():
     """torch seeds MT19937 from 32 bits: seed + 2³² would replay the data's draws as the initial weights."""
     import torch
 
-    from rw_sweeps import model
-
+    from rw_sweeps.core import model
     for seed in (0, 1, 7, 2**31, 2**32 - 1):
         assert model.init_seed(seed) != seed and 0 <= model.init_seed(seed) < 2**32
         data = torch.rand(8, generator=torch.Generator().manual_seed(seed))
@@ -127,8 +126,8 @@ def test_only_the_dense_draw_is_charged_for_the_dense_W():
     """The memory check before a run starts counts the (K+M)² W only where it is drawn (init.draw=dense)."""
     import dataclasses
 
-    from rw_sweeps.config import RunConfig
-    from rw_sweeps.resources import run_bytes
+    from rw_sweeps.core.config import RunConfig
+    from rw_sweeps.core.resources import run_bytes
 
     base = RunConfig()
     big = dataclasses.replace(base, model=dataclasses.replace(base.model, M=30000))

@@ -8,9 +8,10 @@ import sys
 
 import yaml
 
-from rw_sweeps import packing, run
-from rw_sweeps.sweep import Spec
-from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.core import resources
+from rw_sweeps.sweeps import packing, run
+from rw_sweeps.sweeps.planner import Spec
+from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 from .conftest import ROOT, SMALL, launch, summaries
 
@@ -33,7 +34,7 @@ def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
     assert sorted(sorted(r.num for r in g) for g in groups) == [[0, 2, 3, 4, 5, 10], [1], [6], [7], [8], [9]]
     # memory caps a chunk; chunks of a group are balanced
     runs[1].base_hydra["job"]["env_set"] = {}
-    small = packing.chunks(runs[:6], memory_gb=3 * packing.bytes_per_run(cfgs[0]) / 2**30)
+    small = packing.chunks(runs[:6], memory_gb=3 * resources.bytes_per_run(cfgs[0]) / 2**30)
     assert [len(g) for g in small] == [3, 3]
     assert [len(g) for g in packing.chunks(runs[:6], memory_gb=100, max_runs=4)] == [3, 3]
 
@@ -86,14 +87,14 @@ def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
         assert ha_ == hb_
         for d in (packed, local):
             log = (d / "launch.log").read_text()
-            assert log.count("done: p=") == 1 and "[rw_sweeps.app][INFO]" in log
+            assert log.count("done: p=") == 1 and "[rw_sweeps.sweeps.app][INFO]" in log
 
 
 MEASURE = """
 import dataclasses, resource, sys, tempfile
-from rw_sweeps import run
-from rw_sweeps.sweep import Spec
-from rw_sweeps.config import RunConfig, validate
+from rw_sweeps.sweeps import run
+from rw_sweeps.sweeps.planner import Spec
+from rw_sweeps.core.config import RunConfig, validate
 R = int(sys.argv[1])
 base = validate(RunConfig(wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"), eval_every=10))
 d = tempfile.mkdtemp()
@@ -110,7 +111,7 @@ def test_memory_per_run_is_bounded():
                                    check=True).stdout.strip().splitlines()[-1])
     c = RunConfig()
     dense = c.data.n_train * (c.data.K + c.model.M) * c.data.N * 8
-    assert per_run <= packing.bytes_per_run(c), (per_run, packing.bytes_per_run(c))
+    assert per_run <= resources.bytes_per_run(c), (per_run, resources.bytes_per_run(c))
     assert per_run < dense / 100
 
 

@@ -9,7 +9,7 @@ value of each key is the literal model.
 
 Each reading, from both Gaussian draws (init.draw=dense: the oracle starts from the same literal W;
 compact: the default, lifted to a dense W with the same (a, c)), trained by the real loop (training.train:
-the fused kernel for eq. 2.1 where it is built, the PyTorch engine for F.1) equals rw_sweeps.oracle, autograd
+the fused kernel for eq. 2.1 where it is built, the PyTorch engine for F.1) equals rw_sweeps.core.oracle, autograd
 on the dense X̃ and W, to 1e-8 in float64: V, A, the compact (a, c) of W, the test-set attention and the
 test accuracy after T steps. A small shape (K=5, N=13, M=40, n=64) keeps the file at a few seconds.
 
@@ -25,9 +25,9 @@ import itertools
 import pytest
 import torch
 
-from rw_sweeps import data as data_mod
-from rw_sweeps import fused, model, oracle, training
-from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, from_dict
+from rw_sweeps.core import data as data_mod
+from rw_sweeps.core import fused, model, oracle, training
+from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig, from_dict
 
 from .test_engine import cfg
 

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from rw_sweeps import training
-from rw_sweeps.config import RunConfig, validate
+from rw_sweeps.core import training
+from rw_sweeps.core.config import RunConfig, validate
 
 
 def cfgs(n: int = 3, **top) -> list[RunConfig]:
@@ -103,7 +103,7 @@ def test_yaml_templates_write_what_yaml_writes():
 
     import yaml
 
-    from rw_sweeps.yamltext import Templates
+    from rw_sweeps.core.yamltext import Templates
 
     dump = lambda d: yaml.dump(d, Dumper=yaml.CSafeDumper, sort_keys=False)  # noqa: E731
     base = {"seed": 0, "data": {"p": 0.5, "name": "random_walk", "tags": ["a", "b"]}, "x": None, "flag": True,

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rw_sweeps import status
-
+from rw_sweeps.sweeps import status
 from .conftest import SMALL, launch, start_launch, status_cmd, steps_lasting, summaries, wait_until
 from .wandb_files import read_run
 
@@ -251,7 +250,7 @@ def test_d_a_detached_sweep_returns_at_once_and_status_follows_it_to_the_end(swe
     rec = record(sweep_dir)
     assert len(rec["jobs"]) == 3 and rec["detached"]
     assert f"sweep folder: {sweep_dir}" in r.stdout and f"{rec['arrays'][0]}_[0-2]" in r.stdout
-    assert f"python -m rw_sweeps.status {sweep_dir} --wait" in r.stdout
+    assert f"python -m rw_sweeps.sweeps.status {sweep_dir} --wait" in r.stdout
     assert not re.search(r"^sweep .*: \d+ runs: ", r.stdout, re.M)  # no summary line: nothing has ended
     assert len(summaries(sweep_dir)) < 3
 

@@ -1,4 +1,4 @@
-"""The escape map's theory overlay (rw_sweeps.theory): GD linearised along Theorem 4.1's symmetric
+"""The escape map's theory overlay (rw_sweeps.core.theory): GD linearised along Theorem 4.1's symmetric
 trajectory predicts the symmetry-break step of a small Gaussian init.
 
 Shape: K = 4, N = 13 (N − 1 = 3K: the trap), M = 40, 64 sequences, p = 1, lr = 1, the paper's protocol for
@@ -16,8 +16,9 @@ import pytest
 import torch
 from torch.func import jvp
 
-from rw_sweeps import engine, model, run, theory, training
-from rw_sweeps.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.core import engine, model, theory, training
+from rw_sweeps.sweeps import run
+from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 from .conftest import ROOT
 
@@ -204,7 +205,7 @@ SMALL = ["data.K=4", "data.N=13", "model.M=40", "data.n_train=64", "data.n_test=
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rw_sweeps.theory", "escape", *args], cwd=ROOT, text=True,
+    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.predict", "escape", *args], cwd=ROOT, text=True,
                           capture_output=True, timeout=300)
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rw_sweeps import lock, results, run
-from rw_sweeps.config import DataConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.sweeps import lock, run
+from rw_sweeps.core import results
+from rw_sweeps.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, validate
 
 from .conftest import launch, start_launch, wait_until
 
@@ -306,7 +307,7 @@ def test_a_nearly_full_disk_keeps_every_run_that_fit(tmp_path):
 
 
 def run_validated(folder: Path) -> RunConfig:
-    from rw_sweeps.config import from_dict
+    from rw_sweeps.core.config import from_dict
 
     return from_dict(results.read_config(folder), complete=True)
 
@@ -372,7 +373,7 @@ def test_a_block_diagonal_chain_with_random_blocks_is_no_trap_and_reaches_its_op
 
 
 def test_closed_classes_are_the_components_no_transition_leaves():
-    from rw_sweeps.training import closed_classes
+    from rw_sweeps.core.training import closed_classes
 
     assert closed_classes(TWO_SWAPS) == [0, 0, 1, 1]
     assert closed_classes(CYCLE_AND_FIXED) == [0, 0, 0, 1]
@@ -438,7 +439,7 @@ def test_a_single_run_into_a_folder_of_another_config_is_refused_unless_overwrit
 def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the_spread_threshold(tmp_path):
     base = dict(data=DataConfig(p=1.0), model=ModelConfig(normalize="whole"), eval_every=10, seed=103,
                 wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
-    from rw_sweeps.config import InitConfig
+    from rw_sweeps.core.config import InitConfig
 
     below = validate(RunConfig(**base, init=InitConfig("gaussian", 1e-3), optim=OptimConfig(lr=1.0, steps=1000)))
     trapped = validate(RunConfig(**{**base, "model": ModelConfig()}, optim=OptimConfig(lr=1.0, steps=200)))
@@ -461,8 +462,7 @@ def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the
 def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forward_pass(model_keys):
     import torch
 
-    from rw_sweeps import data as data_mod, engine, model
-
+    from rw_sweeps.core import data as data_mod, engine, model
     K, N, R = 4, 17, 24
     cfg = validate(RunConfig(data=DataConfig(K=K, N=N, p=0.7, n_train=8, n_test=50), model=ModelConfig(M=32, **model_keys)))
     geo = model.geometry(cfg.model, N)

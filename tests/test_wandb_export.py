@@ -1,4 +1,4 @@
-"""wandb off the critical path: the background logger, `python -m rw_sweeps.wandb_export`, the analysis run.
+"""wandb off the critical path: the background logger, `python -m rw_sweeps.sweeps.wandb_export`, the analysis run.
 
 Real offline wandb files throughout (read back with tests/wandb_files.py), no mocks of wandb.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from rw_sweeps import results, tracking
-
+from rw_sweeps.core import results
+from rw_sweeps.sweeps import tracking
 from .conftest import ROOT, launch, summaries
 from .wandb_files import read_run
 
@@ -21,7 +21,7 @@ TINY = ["optim.steps=2", "data.n_train=64", "data.n_test=64", "model.M=200"]
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rw_sweeps.wandb_export", *map(str, args)], cwd=ROOT, text=True,
+    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.wandb_export", *map(str, args)], cwd=ROOT, text=True,
                           capture_output=True, timeout=600, env={**__import__("os").environ, "WANDB_SILENT": "true"})
 
 

@@ -4,12 +4,12 @@ run (`backend`: this process, one process per visible GPU, SLURM job arrays) and
 Every job is a Hydra job. For any task, each job goes through Hydra's `run_job` (its folder, `.hydra/`
 files, log, `env_set`, callbacks), one at a time (`local`), one per GPU (`local_gpus`) or one SLURM array
 task each (`slurm`), as Hydra's basic launcher and hydra-submitit-launcher run it. With `pack: true` and the
-project's own task (one that declares its batched twin, `rw_sweeps.app.batched`), jobs of one shape are
-trained together instead: `rw_sweeps.hydra_job.Chunk` does for every run what `run_job` does, and replaces
+project's own task (one that declares its batched twin, `rw_sweeps.sweeps.app.batched`), jobs of one shape are
+trained together instead: `rw_sweeps.sweeps.hydra_job.Chunk` does for every run what `run_job` does, and replaces
 only the call of the task by one call of the twin for the whole chunk.
 
 launch = plan (a spec per job: config, folder; runs already done are not dispatched) → record (the sweep's
-`.rw_sweep.json`, read by `python -m rw_sweeps.status`) → dispatch (chunks or single jobs, by backend) →
+`.rw_sweep.json`, read by `python -m rw_sweeps.sweeps.status`) → dispatch (chunks or single jobs, by backend) →
 collect (a JobReturn per job, in job order, keyed by run name; a job that died is read from its folder).
 """
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
@@ -30,10 +30,11 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
+from rw_sweeps.core.errors import one_line
+from rw_sweeps.sweeps.hydra_adapter import SUBMITIT_ENTRY, job_value, observes_jobs, sbatch_script
+
 log = logging.getLogger(__name__)
 LOCAL_TIMEOUT_MIN = 60 * 24 * 365  # local jobs have no time limit (timeout_min is SLURM's)
-CPU_CHUNK_GB = 2.0  # a chunk's budget on a CPU when memory_gb is null
-SLURM_GPU_PLAN_GB = 16.0  # packed_slurm with GPUs, memory_gb null: chunks planned for a 16 GB share of a GPU
 
 
 @dataclass
@@ -137,7 +138,7 @@ class HydraJob:
             Singleton.set_state(self.singleton_state)
             setup_globals()
         if self.output_dir is not None:  # Hydra's run_job writes `.hydra/` and the log with plain open()
-            from rw_sweeps.safefs import refuse_links
+            from rw_sweeps.core.safefs import refuse_links
 
             refuse_links(Path(self.output_dir), self.config.hydra.output_subdir)
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
@@ -147,7 +148,7 @@ class HydraJob:
         ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
         if remote and self.project and ret.status == JobStatus.FAILED:
-            raise ret._return_value  # the scheduler records the job FAILED; its folder says why
+            raise job_value(ret)  # the scheduler records the job FAILED; its folder says why
         return ret
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
@@ -176,7 +177,7 @@ class ChunkJob:
             _wait_for_wandb()
         failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
         if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
-            from rw_sweeps.packing import RunsFailed
+            from rw_sweeps.sweeps.packing import RunsFailed
 
             raise RunsFailed(f"{len(failed)} run(s) failed: " + ", ".join(failed[:5]))
         return returns
@@ -185,7 +186,7 @@ class ChunkJob:
         """The chunk, in pieces that fit this process's GPU when it has one (a SLURM job's allocated GPU)."""
         from dataclasses import replace
 
-        from rw_sweeps.packing import chunks
+        from rw_sweeps.sweeps.packing import chunks, gpu_budget_gb
 
         budget = gpu_budget_gb(self.memory_gb) if self.chunk.specs and _job_id() is not None else None
         if budget is None:
@@ -216,8 +217,7 @@ class GpuJob:
         if job_id is not None:
             Singleton.set_state(self.singleton_state)
             setup_globals()
-        from rw_sweeps import training
-
+        from rw_sweeps.core import training
         out: List[Any] = []
         for i, job in enumerate(self.chunks):
             if job_id is not None:
@@ -230,7 +230,7 @@ class GpuJob:
             try:
                 out.append(job._train())
             except Exception as exc:  # noqa: BLE001 - one chunk's crash never takes its GPU's others down
-                print(f"rw_sweeps: a chunk of {len(job.chunk.specs)} run(s) failed: {_first_line(exc)}",
+                print(f"rw_sweeps: a chunk of {len(job.chunk.specs)} run(s) failed: {one_line(exc)}",
                       file=sys.stderr, flush=True)
                 out.append(exc)
         _wait_for_wandb()  # this process ends here: its wandb logging first
@@ -284,7 +284,7 @@ class RwLauncher(Launcher):
         return Path(self.sweep_label).absolute()
 
     def batch_function(self) -> Optional[Callable]:
-        from rw_sweeps.app import batch_function
+        from rw_sweeps.sweeps.app import batch_function
 
         return batch_function(self.task_function)
 
@@ -294,7 +294,7 @@ class RwLauncher(Launcher):
         twin = self.batch_function()
         if twin is None:  # any other task: Hydra's own semantics, job by job
             return self._launch_jobs(job_overrides, initial_job_idx)
-        from rw_sweeps.sweep import Planner
+        from rw_sweeps.sweeps.planner import Planner
 
         if self.planner is None:
             self.planner = Planner(self.hydra_context.config_loader, self.config)
@@ -309,8 +309,8 @@ class RwLauncher(Launcher):
 
     def launch_specs(self, specs: list, twin: Callable, planner) -> Optional[Sequence[JobReturn]]:
         """The project's jobs, already planned by `planner` (the rw sweeper passes its validated specs)."""
-        from rw_sweeps import packing, run, status
-        from rw_sweeps.hydra_job import Chunk
+        from rw_sweeps.sweeps import packing, run, status
+        from rw_sweeps.sweeps.hydra_job import Chunk
 
         self._reset_logging()
         p = self.params
@@ -318,20 +318,12 @@ class RwLauncher(Launcher):
         todo = [s for i, s in enumerate(specs) if i not in done_idx]
         done = [s for i, s in enumerate(specs) if i in done_idx]
         self.skipped |= {s.output_dir for s in done}
-        per_device = None  # packed on local GPUs: the chunks of each GPU (one process each)
-        if p["pack"] and p["backend"] == "local_gpus":
-            gpus = visible_gpus()  # without one: the CPU, one process (the 2 GB CPU budget unless memory_gb)
-            budgets = (gpu_budgets_gb(p["memory_gb"]) if gpus else None) or [p["memory_gb"] or CPU_CHUNK_GB] * max(1, len(gpus))
-            per_device = plan_devices(todo, budgets, p["max_runs_per_job"])
-            jobs = [job for device in per_device for job in device]
-        elif p["pack"]:
-            jobs = packing.chunks(todo, self._memory_gb(), p["max_runs_per_job"])
-        else:
-            jobs = [[s] for s in todo]
+        cut = packing.plan(todo, p, p["pack"])
+        jobs, per_device = cut.jobs, cut.per_device
         if p["dry_run"]:
             self._dry_run(specs, done, jobs)
             return None
-        observed = bool(self.hydra_context.callbacks.callbacks)  # only then are per-run DictConfigs built
+        observed = observes_jobs(self.hydra_context.callbacks)  # only then are per-run DictConfigs built
 
         def chunk(group: list, finished: bool = False) -> Chunk:
             return Chunk(group, twin, self.hydra_context, self.task_function,
@@ -347,8 +339,7 @@ class RwLauncher(Launcher):
             return [returns[s.num] for s in specs]
         self._lock()
         rec = self._record(specs, done, todo)
-        log.info(f"{p['backend']} launcher: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
-                 f"{' (packed)' if p['pack'] else ''}; sweep folder {self.sweep_dir}")
+        log.info(f"{cut.line(len(specs), len(done), 'hydra.launcher.pack=false')}; sweep folder {self.sweep_dir}")
         returns: Dict[int, JobReturn] = done_jobs()
         payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"]
                     else HydraJob(self, job[0].overrides, job[0].num, True, job[0].output_dir) for job in jobs]
@@ -372,10 +363,9 @@ class RwLauncher(Launcher):
         return [returns[s.num] for s in specs]
 
     def place(self, specs: list, planner) -> set:
-        """Every spec's folder (`rw_sweeps.placement`, once per spec: the rw sweeper places the whole grid
+        """Every spec's folder (`rw_sweeps.sweeps.placement`, once per spec: the rw sweeper places the whole grid
         before its first batch); the indices of the runs already done. A conflict is one line, exit 2."""
-        from rw_sweeps import placement
-
+        from rw_sweeps.sweeps import placement
         if all(getattr(s, "placed", None) is not None for s in specs):
             return {i for i, s in enumerate(specs) if isinstance(s.placed, dict)}
         default_subdir = planner.subdir == "${hydra.job.num}"
@@ -393,8 +383,12 @@ class RwLauncher(Launcher):
         from hydra.core.utils import filter_overrides
 
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        log.info(f"{self.params['backend']} launcher: launching {len(job_overrides)} job(s); "
-                 f"sweep folder {self.sweep_dir}")
+        from rw_sweeps.sweeps.app import NOT_DECLARED
+        from rw_sweeps.sweeps.packing import plan
+
+        cut = plan(list(job_overrides), self.params, pack=False)
+        why = NOT_DECLARED if self.params["pack"] else "hydra.launcher.pack=false"
+        log.info(f"{cut.line(len(job_overrides), 0, why)}; sweep folder {self.sweep_dir}")
         payloads, nums = [], []
         for i, ov in enumerate(job_overrides):
             num = initial_job_idx + i
@@ -415,11 +409,10 @@ class RwLauncher(Launcher):
         return out
 
     def _lock(self) -> None:
-        """One launch per sweep folder (`rw_sweeps.lock`), held until this process ends."""
+        """One launch per sweep folder (`rw_sweeps.sweeps.lock`), held until this process ends."""
         import atexit
 
-        from rw_sweeps import lock
-
+        from rw_sweeps.sweeps import lock
         if self.record is not None:
             return  # a later batch of this sweep: already held
         try:
@@ -431,8 +424,7 @@ class RwLauncher(Launcher):
 
     # ---------------------------------------------------------------------------------------- record
     def _record(self, specs, done, todo) -> dict:
-        from rw_sweeps import status
-
+        from rw_sweeps.sweeps import status
         if self.record is None:
             self.record = status.new_record(self.sweep_label, self.params["backend"], detached=self.params["detach"])
         rec = self.record
@@ -449,8 +441,7 @@ class RwLauncher(Launcher):
     def _dispatch(self, payloads: list, jobs: list, rec: Optional[dict], pinned: bool = False) -> Optional[list]:
         """Run every payload on the backend; a result per payload (its return value, or the exception that
         ended it), or None when detached. `pinned` (local_gpus): payload i is GPU i's, all started at once."""
-        from rw_sweeps import status
-
+        from rw_sweeps.sweeps import status
         backend = self.params["backend"]
         names = [[self._name(s) if rec is not None else str(s) for s in job] for job in jobs]
         if backend == "slurm":
@@ -468,25 +459,13 @@ class RwLauncher(Launcher):
             return out
         return self._local_gpus(payloads, pinned)
 
-    def _memory_gb(self) -> float:
-        """A chunk's budget when it is planned, but for packed local GPUs (`plan_devices`: each GPU its own):
-        memory_gb if set; else on local GPUs the smallest GPU's free memory, for SLURM jobs that ask for GPUs
-        a 16 GB share (each job then fits its chunk to its own GPU: `gpu_budget_gb`), and 2 GB on a CPU."""
-        p = self.params
-        if p["backend"] == "local_gpus" and visible_gpus():
-            free = gpu_budget_gb(p["memory_gb"], all_gpus=True)
-            return free if free is not None else p["memory_gb"] or CPU_CHUNK_GB
-        if p["memory_gb"] is not None:
-            return p["memory_gb"]
-        if p["backend"] == "slurm" and _asks_for_gpus(p):
-            return SLURM_GPU_PLAN_GB
-        return CPU_CHUNK_GB
-
     def _local_gpus(self, payloads: list, pinned: bool = False) -> list:
         """At most one job per GPU at a time, each pinned to its device through CUDA_VISIBLE_DEVICES; with
         `pinned`, payload i runs on GPU i (packed: one process per GPU trains all of that GPU's chunks; a
         None payload, a GPU with nothing to do, starts no process and returns [])."""
         import submitit
+
+        from rw_sweeps.sweeps.packing import visible_gpus
 
         gpus = visible_gpus()
         folder = self.params["submitit_folder"]
@@ -526,8 +505,7 @@ class RwLauncher(Launcher):
     def _slurm(self, payloads: list, names: list, rec: Optional[dict]) -> Optional[list]:
         import submitit
 
-        from rw_sweeps import status
-
+        from rw_sweeps.sweeps import status
         p = self.params
         ex = submitit.SlurmExecutor(folder=p["submitit_folder"], max_num_timeout=p["max_num_timeout"])
         ex.update_parameters(**slurm_parameters(p))
@@ -542,11 +520,10 @@ class RwLauncher(Launcher):
         rec["arrays"] += sorted({j.job_id.split("_")[0] for j in submitted}, key=int)
         status.write_record(self.sweep_dir, rec)
         ids = _compact_ids([j.job_id for j in submitted])
-        follow = f"python -m rw_sweeps.status {shlex.quote(str(self.sweep_dir))} --wait"
+        follow = f"python -m rw_sweeps.sweeps.status {shlex.quote(str(self.sweep_dir))} --wait"
         n = sum(len(job) for job in names)
         if p["detach"]:
-            from rw_sweeps import lock
-
+            from rw_sweeps.sweeps import lock
             lock.hand_to_jobs(self.sweep_dir, rec["arrays"])
             print(f"submitted {n} run(s) ({len(rec['skipped'])} already done) as {len(submitted)} SLURM "
                   f"job(s): {ids or 'none'}\nsweep folder: {self.sweep_dir}\nfollow with: {follow}", flush=True)
@@ -586,116 +563,26 @@ def _result_or_error(job, wait: bool = True) -> Any:
 
 def _from_folder(spec, error: Any, summary: Optional[dict]) -> JobReturn:
     """A run whose job died or failed: its JobReturn from its folder (the source of truth)."""
-    from rw_sweeps.app import RunFailed, _result
-    from rw_sweeps.hydra_job import LazyJobReturn
-    from rw_sweeps.run import one_line
+    from rw_sweeps.sweeps.app import RunFailed, _result
+    from rw_sweeps.sweeps.hydra_job import LazyJobReturn
+    from rw_sweeps.sweeps.run import run_line
 
     ret = LazyJobReturn(spec, overrides=list(spec.overrides), working_dir=spec.output_dir, task_name=spec.name)
     if summary is not None and summary.get("status") in ("done", "diverged"):
         ret.status, ret.return_value = JobStatus.COMPLETED, _result(spec.cfg, summary)
     else:
-        reason = summary.get("error") if summary else _first_line(error) if isinstance(error, BaseException) \
+        reason = summary.get("error") if summary else one_line(error) if isinstance(error, BaseException) \
             else "the job ended without writing a summary"
         ret.status = JobStatus.FAILED
-        ret.return_value = RunFailed(one_line(summary) if summary else f"failed: {reason}")
+        ret.return_value = RunFailed(run_line(summary) if summary else f"failed: {reason}")
     return ret
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def visible_gpus() -> List[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices, or UUIDs under MIG)."""
-    try:
-        import torch
-
-        n = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        return []
-    env = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return env[:n] if env else [str(i) for i in range(n)]
-
-
-GPU_FREE_SHARE = 0.8  # of a GPU's free memory, a chunk plans to use (the rest: CUDA, the allocator's slack)
-
-
-def gpu_budget_gb(memory_gb: Optional[float], all_gpus: bool = False) -> Optional[float]:
-    """80 % of this process's GPU's free memory (the smallest over the visible GPUs with `all_gpus`), at
-    most memory_gb when it is set; None without a GPU."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        budgets = gpu_budgets_gb(memory_gb) if all_gpus else _budgets(
-            _free_bytes([torch.cuda.current_device()]), memory_gb)
-    except Exception:  # noqa: BLE001
-        return None
-    return min(budgets) if budgets else None
-
-
-def gpu_budgets_gb(memory_gb: Optional[float]) -> Optional[List[float]]:
-    """Each visible GPU's own chunk budget, in device order (CUDA_VISIBLE_DEVICES'): 80 % of its free memory
-    (torch.cuda.mem_get_info(i)), at most memory_gb when it is set; None without a GPU."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available() or not torch.cuda.device_count():
-            return None
-        return _budgets(_free_bytes(), memory_gb)
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _free_bytes(devices: Optional[List[int]] = None) -> List[int]:
-    from rw_sweeps.resources import gpu_free_bytes  # lazily: the launcher's import stays torch-free
-
-    return gpu_free_bytes(devices)
-
-
 def _wait_for_wandb() -> None:
-    """This process's queued wandb logging (`rw_sweeps.tracking`), before its work counts as ended."""
-    from rw_sweeps import tracking
-
+    """This process's queued wandb logging (`rw_sweeps.sweeps.tracking`), before its work counts as ended."""
+    from rw_sweeps.sweeps import tracking
     tracking.wait()
-
-
-def _budgets(free: List[int], memory_gb: Optional[float]) -> List[float]:
-    return [min(GPU_FREE_SHARE * f / 2**30, memory_gb) if memory_gb is not None else GPU_FREE_SHARE * f / 2**30
-            for f in free]
-
-
-def plan_devices(specs: list, budgets_gb: List[float], max_runs: Optional[int] = None) -> List[List[list]]:
-    """The chunks of each device (GPU g's budget budgets_gb[g]): every group of runs that can share a chunk
-    (packing.chunks' groups: shape and env_set) is spread over the devices, its largest shares to the least
-    loaded (load: runs × bytes per run, summed over groups), and each device's share is cut into balanced
-    chunks that fit that device's own budget (and hold at most max_runs). A device too small for one run
-    of a group gets none of it, unless none is large enough (then the runs fail in one line where they
-    run). Every run is in exactly one chunk; a device gets no chunk only when there are fewer runs."""
-    from rw_sweeps.hydra_job import env_set_of
-    from rw_sweeps.packing import bytes_per_run
-    from rw_sweeps.resources import chunk_sizes
-    from rw_sweeps.training import group_by, shape_key
-
-    n_dev = len(budgets_gb)
-    out: List[List[list]] = [[] for _ in range(n_dev)]
-    load = [0.0] * n_dev
-    for idx in group_by(specs, lambda s: (shape_key(s.cfg), env_set_of(s))).values():
-        group = [specs[i] for i in idx]
-        per = bytes_per_run(group[0].cfg)
-        fits = [g for g in range(n_dev) if budgets_gb[g] * 2**30 >= per] or list(range(n_dev))
-        k = min(len(fits), len(group))
-        shares = [len(group) // k + (1 if i < len(group) % k else 0) for i in range(k)]  # largest first
-        devices = sorted(fits, key=lambda g: (load[g], g))[:k]  # the least loaded first
-        start = 0
-        for g, share in zip(devices, shares):
-            for size in chunk_sizes(share, per, budgets_gb[g] * 2**30, max_runs):
-                out[g].append(group[start:start + size])
-                start += size
-            load[g] += share * per
-    return out
-
-
-def _asks_for_gpus(p: Dict[str, Any]) -> bool:
-    return bool(p.get("gpus_per_node") or p.get("gpus_per_task") or "gpu" in str(p.get("gres") or ""))
 
 
 def slurm_max_array_size() -> int:
@@ -738,16 +625,14 @@ def slurm_parameters(p: Dict[str, Any]) -> Dict[str, Any]:
 
 def sbatch_scripts(p: Dict[str, Any], n_jobs: int) -> str:
     """The sbatch script(s) a sweep of n_jobs jobs submits (one per array), as submitit writes them."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
     params = slurm_parameters(p)
     limit = p.get("max_array_size") or slurm_max_array_size()
-    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit",
+    command = " ".join([shlex.quote(sys.executable), "-u -m", SUBMITIT_ENTRY,
                         shlex.quote(str(p["submitit_folder"]))])
     out = []
     for i, start in enumerate(range(0, n_jobs, limit)):
         n = min(limit, n_jobs - start)
-        text = _make_sbatch_string(command=command, folder=p["submitit_folder"], map_count=n if n > 1 else None,
+        text = sbatch_script(command=command, folder=p["submitit_folder"], map_count=n if n > 1 else None,
                                    **params)
         out.append(f"# ---- array {i}: {n} job(s)\n{text}")
     return "".join(out)
@@ -771,6 +656,4 @@ def _compact_ids(job_ids: List[str]) -> str:
     return ", ".join(parts)
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
+

@@ -1,15 +1,15 @@
 """`hydra/sweeper=rw` (the default): Hydra's basic grid sweeper, plus three things users need.
 
 1. For the project's own task, every run of the grid is validated before anything is created or launched
-   (`rw_sweeps.sweep.Planner`), so a bad value is one line and an untouched disk; validation costs one
+   (`rw_sweeps.sweeps.planner.Planner`), so a bad value is one line and an untouched disk; validation costs one
    composition per group choice rather than Hydra's one per job. The validated specs go to the rw
    launcher explicitly (`launch_specs`); any other launcher gets Hydra's `launch(overrides, idx)`.
 2. Failed runs never stop the sweep: every job runs, one line counts the done, skipped, failed and
    diverged runs, and the exit status is non-zero if any failed. The exit comes from the front door
    after Hydra is done, so `on_multirun_end` always fires first.
 3. The sweep's JobReturns are returned, batch by batch, as Hydra's sweepers return them.
-4. When the sweep ends, its phase diagrams and runs table go to one wandb run (`job_type=analysis`, a stable
-   id per sweep folder) in the sweep's group, in the background (`wandb.analysis=false` turns it off).
+The sweep's analysis run is not the sweeper's: `conf/config.yaml` attaches it as a Hydra callback
+(`analysis.callback.WandbAnalysis`, on `on_multirun_end`).
 """
 
 import logging
@@ -24,7 +24,9 @@ from omegaconf import OmegaConf
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+from rw_sweeps.core.errors import one_line
+from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_value
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +47,24 @@ def outcome(ret, skipped: bool = False) -> str:
         return "failed"
     if skipped:
         return "skipped"
-    value = ret._return_value
+    value = job_value(ret)
     if isinstance(value, dict) and "status" in value:
         return "skipped" if value.get("skipped") else str(value["status"])
-    from rw_sweeps import results
-
+    from rw_sweeps.core import results
     summary = results.read_summary(Path(ret.working_dir)) if ret.working_dir else None
     return str(summary.get("status", "done")) if isinstance(summary, dict) else "done"
 
 
-class RwSweeper(BasicSweeper):
+class RwSweeper(basic_sweeper()):
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.task_function = task_function
 
     def sweep(self, arguments: List[str]) -> Any:
-        from rw_sweeps.app import batch_function, note_failed
-        from rw_sweeps.config import ConfigError
-        from rw_sweeps.status import summary_line
-        from rw_sweeps.sweep import Planner
+        from rw_sweeps.sweeps.app import batch_function, note_failed
+        from rw_sweeps.core.config import ConfigError
+        from rw_sweeps.sweeps.status import summary_line
+        from rw_sweeps.sweeps.planner import Planner
 
         params_conf = self._parse_config() + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
@@ -76,15 +77,14 @@ class RwSweeper(BasicSweeper):
                 planner = Planner(self.hydra_context.config_loader, self.config)
                 specs = planner.plan(jobs)
                 if getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
-                    from rw_sweeps.resources import problems
+                    from rw_sweeps.core.resources import problems
 
                     # runs that cannot work here fail now, in one line, not after training (SLURM: in the job)
                     problem = next((p for p in problems([s.cfg for s in specs]) if p is not None), None)
                     if problem is not None:
                         raise problem
             except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
-                msg = [str(exc)] if isinstance(exc, ConfigError) else str(exc).strip().splitlines()
-                print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr, flush=True)
+                print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
                 sys.exit(2)  # before any job: nothing to report to on_multirun_end
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
@@ -92,8 +92,7 @@ class RwSweeper(BasicSweeper):
         if specs is not None and hasattr(self.launcher, "place"):
             # the folder is usable, the lock is taken, then every run of the grid finds its folder, before
             # anything else is written; a read-only sweep whose runs are all done is reported, untouched
-            from rw_sweeps import placement
-
+            from rw_sweeps.sweeps import placement
             try:
                 can_write = placement.writable(sweep_dir)
             except placement.FolderTaken as exc:
@@ -108,12 +107,10 @@ class RwSweeper(BasicSweeper):
                 sys.exit(2)
             dry_run = dry_run or not can_write
         if not dry_run:
-            from rw_sweeps.safefs import atomic_write, ensure_dir
+            from rw_sweeps.core.safefs import atomic_write, ensure_dir
 
             ensure_dir(sweep_dir)
             atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # what OmegaConf.save writes
-        if twin is not None and getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
-            self._log_analysis(None)  # its imports, on the logger thread while the jobs train
         counts: Counter = Counter()
         returns, idx, detached = [], 0, False
         by_specs = specs is not None and hasattr(self.launcher, "launch_specs")
@@ -132,8 +129,8 @@ class RwSweeper(BasicSweeper):
                 st = outcome(r, r.working_dir in skipped)
                 counts[st] += 1
                 if st == "failed":
-                    err = r._return_value
-                    print(f"failed {r.working_dir}: {str(err).strip().splitlines()[-1] if str(err).strip() else err!r}",
+                    err = job_value(r)
+                    print(f"failed {r.working_dir}: {one_line(err)}",
                           file=sys.stderr, flush=True)
             returns.append(results)
         if detached:
@@ -141,25 +138,4 @@ class RwSweeper(BasicSweeper):
         print(summary_line(str(sweep_dir), counts), flush=True)
         if counts["failed"]:
             note_failed()
-        if twin is not None:
-            self._log_analysis(sweep_dir)
         return returns
-
-    def _log_analysis(self, sweep_dir: Optional[Path]) -> None:
-        """The sweep's analysis run in its wandb group (`rw_sweeps.tracking.log_analysis`), queued on the
-        background logger: the process waits for it before it exits, after the sweep's summary line.
-        sweep_dir None: only warm its imports up (matplotlib, analysis, wandb) while the sweep runs."""
-        from rw_sweeps import tracking
-        from rw_sweeps.app import group_of
-
-        try:
-            w = OmegaConf.to_container(self.config.wandb, resolve=True)
-            if not isinstance(w, dict):
-                return
-            w["group"] = w.get("group") or group_of(self.config.hydra, True)
-            if sweep_dir is None:
-                tracking.warm_analysis(w)
-            else:
-                tracking.log_analysis(sweep_dir, w)
-        except Exception as exc:  # noqa: BLE001 - the run folders are the source of truth
-            print(f"warning: wandb analysis run not logged: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -10,7 +10,7 @@ intermediates. With g_b = w / (F_b + ε) (w = 1/n for the mean loss), F_b = [f(X
     ∂L/∂z_bj = −g_b S_bj (ω_b[s_bj] − ω_b·h_b)   (j < N),      ∂L/∂z_bN = g_b S_bN ω_b·h_b,
 
 and u = W x̂_N moves by −lr·κ·Σ_bj ∂L/∂z_bj x̂_bj (Lemma B.1: the W-gradient is (·)·x̂_Nᵀ).
-`rw_sweeps.oracle` is the literal dense autograd version that the tests hold this to.
+`rw_sweeps.core.oracle` is the literal dense autograd version that the tests hold this to.
 """
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import results
-from .config import ConfigError, from_dict
+from rw_sweeps.core import results
+from rw_sweeps.core.config import ConfigError, from_dict
 
 
 class FolderTaken(ConfigError):

@@ -1,8 +1,8 @@
 """The training loop, top to bottom: R runs of one shape from their configs to their records.
 
 data → initial state (or a checkpoint) → for t = 0 … T: evaluate (every `eval_every` steps), take a GD
-step (or an Adam step, `rw_sweeps.adam`), check finiteness → records (history rows, snapshots, status).
-Nothing here writes a result file but checkpoints: `rw_sweeps.run` turns the records into run folders.
+step (or an Adam step, `rw_sweeps.core.adam`), check finiteness → records (history rows, snapshots, status).
+Nothing here writes a result file but checkpoints: `rw_sweeps.sweeps.run` turns the records into run folders.
 Runs never disturb each other: a run whose loss or parameters stop being finite is `diverged` at that step
 while the others go on.
 """

@@ -1,9 +1,10 @@
 """The project's Hydra app: the single-run task (`train`), its batched twin (`train_batch`), the pre-check.
 
 Hydra's launchers call the task once per job through Hydra's `run_job`, as for any app. The rw launchers
-may instead train many same-shape jobs at once through the twin, but only for a task that declares it
-(`@batched(train_batch)`) *and* whose body is exactly `return train(cfg)`: a task that is wrapped or edited
-is not the project's own any more, and runs job by job through `run_job`, so the edit takes effect.
+instead train many same-shape jobs at once through the twin that the task declares (`@batched(train_batch)`
+under `@hydra.main`): the declaration says the task is `train(cfg)`, and the launcher trusts it. A task
+that does more than `train(cfg)` drops the declaration (or a launch sets `hydra.launcher.pack=false`), and
+its jobs run one by one through `run_job`, with the edit. The launcher's first line says which.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from typing import Any, Callable, Optional, Sequence
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, from_dict, one_line_errors
+from rw_sweeps.core.config import ConfigError, from_dict, one_line_errors, wandb_group
+from rw_sweeps.core.errors import one_line
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +43,6 @@ def note_failed() -> None:
     _Outcome.failed = True
 
 
-def group_of(hydra: dict | DictConfig, multirun: bool) -> str:
-    """wandb group = the sweep (or single run) folder, as the last two parts of its path."""
-    root = hydra["sweep"]["dir"] if multirun else hydra["run"]["dir"]
-    return "/".join(Path(str(root)).parts[-2:])
-
-
 def _result(cfg, summary: dict) -> Any:
     """What the task returns: the run's summary, or the value of its `objective`. The objective is undefined
     (None) unless the run is done with a finite value: a diverged run's last finite evaluation is not its
@@ -61,9 +57,9 @@ def _result(cfg, summary: dict) -> Any:
 
 
 def _finish(cfg, summary: dict) -> tuple[Any, list[str]]:
-    from .run import one_line
+    from .run import run_line
 
-    line = one_line(summary)
+    line = run_line(summary)
     if summary["status"] == "failed":
         return RunFailed(line), [line]
     return _result(cfg, summary), [line]
@@ -74,8 +70,7 @@ def train(cfg: DictConfig) -> Any:
     from hydra.core.hydra_config import HydraConfig
 
     from . import run
-
-    from .resources import check
+    from rw_sweeps.core.resources import check
 
     hc = HydraConfig.get()
     rc = from_dict(OmegaConf.to_container(cfg, resolve=True), complete=True)
@@ -91,12 +86,10 @@ def train(cfg: DictConfig) -> Any:
         note_failed()
         raise value
     if rc.wandb.group is None:
-        rc.wandb.group = group_of({"sweep": {"dir": hc.sweep.dir}, "run": {"dir": hc.run.dir}},
-                                  hc.mode.name == "MULTIRUN")
+        rc.wandb.group = wandb_group(hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir)
     summary = run.execute([rc], [Path(hc.runtime.output_dir)])[0]
     if hc.mode.name == "RUN":  # a single run ends here: its wandb run first (a multirun's launcher waits)
         from . import tracking
-
         tracking.wait()
     value, lines = _finish(rc, summary)
     for line in lines:
@@ -108,10 +101,10 @@ def train(cfg: DictConfig) -> Any:
 
 
 def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
-    """`train` for many jobs (`rw_sweeps.sweep.Spec`s) at once: per job, what `train` would have returned
+    """`train` for many jobs (`rw_sweeps.sweeps.planner.Spec`s) at once: per job, what `train` would have returned
     (or raised) and the lines it would have logged. Runs of one shape are one batched program."""
     from . import run
-    from .resources import problems
+    from rw_sweeps.core.resources import problems
 
     out: list = [None] * len(specs)
     valid = []
@@ -133,7 +126,7 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
             out[i] = _finish(rc, run.failed_summary(rc, Path(specs[i].output_dir), str(problem)))
             continue
         if rc.wandb.group is None:
-            group = group_of({"sweep": {"dir": specs[i].sweep_dir}}, True)  # resolved, `${now:…}` and all
+            group = wandb_group(specs[i].sweep_dir)  # resolved, `${now:…}` and all
             rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
         todo.append((i, rc))
     summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo])
@@ -142,9 +135,6 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
     if any(isinstance(v, BaseException) for v, _ in out):
         note_failed()
     return out
-
-
-train_batch.single = train  # the single-run function this twin stands for
 
 
 # ------------------------------------------------------------------------------------ the declaration
@@ -162,27 +152,15 @@ def batched(batch: Callable) -> Callable[[Callable], Callable]:
     return declare
 
 
-def _forwards(task: Callable, single: Callable) -> bool:
-    """Is the task's body exactly `return single(cfg)`? Compared as bytecode with a reference compiled
-    here, so any edit (a print, a changed config, another call) makes it a different task."""
-    code = task.__code__
-    if code.co_argcount != 1 or code.co_kwonlyargcount or task.__closure__ or len(code.co_names) != 1:
-        return False
-    name, arg = code.co_names[0], code.co_varnames[0]
-    if task.__globals__.get(name) is not single:
-        return False
-    ns: dict = {}
-    exec(f"def _ref({arg}):\n    return {name}({arg})\n", ns)  # noqa: S102 - a fixed template
-    return ns["_ref"].__code__.co_code == code.co_code
-
-
 def batch_function(task: Optional[Callable]) -> Optional[Callable]:
-    """The task's declared batched twin, if the task is the project's own, unwrapped and unedited."""
+    """The batched twin the task declares (`@batched(...)`), trusted as declared; None without one. A
+    wrapper (`functools.wraps` copies the attribute) is not the task the declaration was made for."""
     twin = getattr(task, "__rw_batched__", None)
-    if not isinstance(twin, _Twin) or twin.task is not task:  # functools.wraps copies the attribute
-        return None
-    single = getattr(twin.batch, "single", None)
-    return twin.batch if single is not None and _forwards(task, single) else None
+    return twin.batch if isinstance(twin, _Twin) and twin.task is task else None
+
+
+NOT_DECLARED = ("the task declares no batched twin (put `@batched(train_batch)` from rw_sweeps.sweeps.app "
+                "under `@hydra.main` to pack a task that returns `train(cfg)`)")
 
 
 # ------------------------------------------------------------------------------------ the pre-check
@@ -190,32 +168,27 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
     """Compose the command line as Hydra will (its search path, `--config-dir`, every override syntax),
     before Hydra creates any folder; in single-run mode also check every value. A multirun's values are
     checked run by run by the rw sweeper, still before any job starts. Raises ConfigError (one line)."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-    from hydra.core.config_search_path import SearchPathQuery
     from hydra.types import RunMode
 
-    args, _ = get_args_parser().parse_known_args(argv)
-    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
-        return
-    search_path = create_automatic_config_search_path(calling_file, None, args.config_path or config_path)
-    if args.config_dir is not None:
-        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(args.config_dir)}",
-                            anchor=SearchPathQuery(provider="schema"))
-    name = args.config_name or config_name
+    from .hydra_adapter import command_line
+    from .planner import no_group_deleted
+
     try:
         with one_line_errors():
-            hydra = Hydra.create_main_hydra2(task_name="preflight", config_search_path=search_path)
+            read = command_line(argv, calling_file, config_path, config_name)
+            if read is None:
+                return
+            args, hydra, name = read
             overrides = list(args.overrides)
             mode = hydra.get_mode(config_name=name, overrides=overrides)
             mode = RunMode.MULTIRUN if args.multirun else (mode or RunMode.RUN)
             cfg = hydra.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
                                        run_mode=mode, with_log_configuration=False)
-            _no_group_deleted(overrides)
+            no_group_deleted(overrides)
             if mode == RunMode.RUN:
-                from .resources import check
+                from rw_sweeps.core.resources import check
 
                 from .placement import check_run_folder
 
@@ -229,25 +202,12 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
         GlobalHydra.instance().clear()
 
 
-SCHEMA_GROUPS = ("data", "model", "init", "optim")
-
-
-def _no_group_deleted(overrides: Sequence[str]) -> None:
-    """`~data` would drop the group's YAML and train on the schema's defaults without a word: refuse it."""
-    for o in overrides:
-        name = o[1:].split("=")[0] if o.startswith("~") else None
-        if name in SCHEMA_GROUPS:
-            raise ConfigError(name, "<deleted>", "is a required config group and cannot be removed; choose an "
-                              f"option instead ({name}=...)")
-
-
 def run_front_door(main: Callable, argv: list[str], calling_file: str, config_path: str) -> None:
     """launch.py's and `rw-launch`'s `__main__`: the pre-check, Hydra, then the exit status."""
     try:
         preflight(argv, calling_file, config_path)
     except Exception as exc:  # noqa: BLE001 - one line, no traceback, before anything is written
-        msg = str(exc).strip().splitlines()
-        print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         sys.exit(2)
     try:
         main()
@@ -258,17 +218,13 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
     sys.exit(exit_status())
 
 
-def _packaged_conf() -> str:
-    import rw_sweeps_conf
-
-    return os.path.dirname(os.path.abspath(rw_sweeps_conf.__file__))
-
-
 def cli() -> None:
     """`rw-launch`: launch.py, from any folder, with the configs packaged beside the code."""
     import hydra
 
-    conf = _packaged_conf()
+    from .planner import packaged_conf
+
+    conf = packaged_conf()
 
     @hydra.main(config_path=conf, config_name="config", version_base="1.3")
     @batched(train_batch)

@@ -2,7 +2,7 @@
 
 A job spec (`Spec`) holds everything Hydra would know about one job of a sweep, as plain data: its number,
 its overrides, its composed task config, its `hydra` node and its output folder. The packed launcher
-builds one per run and hands it to `rw_sweeps.hydra_job`, which does for it what Hydra's `run_job` does.
+builds one per run and hands it to `rw_sweeps.sweeps.hydra_job`, which does for it what Hydra's `run_job` does.
 
 Hydra composes one job's config in ~85 ms; a 1,000-run grid would spend minutes there. Runs of a grid
 differ almost always in plain values (data.p, seed, init.sigma…), not in config-group choices, so we
@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 
-from .config import ConfigError, RunConfig, as_schema, from_dict, one_line_errors
+from rw_sweeps.core.config import ConfigError, RunConfig, as_schema, from_dict, one_line_errors
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Spec:
     sweep_dir: str = ""  # absolute, resolved (`${now:…}` and all): the sweep's folder, its wandb group
     cfg: RunConfig | None = None  # validated, for the project's own task
     template: Any = field(default=None, repr=False)  # key of the composed DictConfig it came from
-    placed: dict | bool | None = None  # by the launcher (`rw_sweeps.placement`): None not yet, False to train,
+    placed: dict | bool | None = None  # by the launcher (`rw_sweeps.sweeps.placement`): None not yet, False to train,
     # or the summary of the finished run its folder holds (read once per launch, passed on)
 
     @cached_property
@@ -67,7 +67,7 @@ class Spec:
         self.__dict__.pop("hydra", None)
 
     def relocate(self, num: int, output_dir: str) -> None:
-        """This job lives in another folder of its sweep (`rw_sweeps.placement`): its number and folder."""
+        """This job lives in another folder of its sweep (`rw_sweeps.sweeps.placement`): its number and folder."""
         self.num, self.output_dir = num, output_dir
         self.set_hydra("job.num", num)
         self.set_hydra("job.id", str(num))
@@ -219,3 +219,52 @@ class Planner:
             with one_line_errors():
                 out.append(self.spec(overrides, initial_job_idx + i))
         return out
+
+
+# ------------------------------------------------------------------------------------------ the one entry
+SCHEMA_GROUPS = ("data", "model", "init", "optim")
+
+
+def no_group_deleted(overrides: Sequence[str]) -> None:
+    """`~data` would drop the group's YAML and train on the schema's defaults without a word: refuse it."""
+    for o in overrides:
+        name = o[1:].split("=")[0] if o.startswith("~") else None
+        if name in SCHEMA_GROUPS:
+            raise ConfigError(name, "<deleted>", "is a required config group and cannot be removed; choose an "
+                              f"option instead ({name}=...)")
+
+
+def packaged_conf() -> str:
+    """The folder of the configs packaged beside the code (`conf/`, installed as `rw_sweeps_conf`)."""
+    import rw_sweeps_conf
+
+    return os.path.dirname(os.path.abspath(rw_sweeps_conf.__file__))
+
+
+def plan_overrides(overrides: Sequence[str], conf_dir: str | None = None) -> list[Spec]:
+    """The validated specs of `python launch.py -m <overrides>`, without launching anything: conf/ composed
+    with Hydra, the experiment's `hydra.sweeper.params` first and then the overrides, expanded as the rw
+    sweeper expands them, each job planned by `Planner`. What the theory CLI and the tests plan with; a bad
+    value raises ConfigError (one line)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+
+    from .hydra_adapter import split_arguments
+
+    overrides = [o for o in overrides if o not in ("-m", "--multirun")]  # comma lists always expand here
+    GlobalHydra.instance().clear()
+    try:
+        with one_line_errors():
+            no_group_deleted(overrides)
+            with initialize_config_dir(config_dir=conf_dir or packaged_conf(), version_base="1.3", job_name="plan"):
+                loader = GlobalHydra.instance().config_loader()
+                primary = loader.load_configuration("config", overrides=list(overrides), run_mode=RunMode.MULTIRUN)
+                params = OmegaConf.select(primary, "hydra.sweeper.params") or {}
+                args = [f"{k}={v}" for k, v in params.items()] + list(overrides)
+                parser = OverridesParser.create(config_loader=loader)
+                jobs = [j for b in split_arguments(parser.parse_overrides(args), None) for j in b]
+                return Planner(loader, primary).plan(jobs)
+    finally:
+        GlobalHydra.instance().clear()

@@ -117,7 +117,7 @@ def initial(cfg: RunConfig, dtype) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    """`python -m rw_sweeps.oracle key=value …`: one dense run, as a one-run-per-process baseline (with the
+    """`python -m rw_sweeps.core.oracle key=value …`: one dense run, as a one-run-per-process baseline (with the
     literal dense Gaussian draw, init.draw=dense, unless the arguments say otherwise)."""
     import json
     import resource

@@ -16,18 +16,18 @@ Granularity (`wandb.granularity`):
 Off the critical path: `log_runs` only queues its entries; one worker thread per process (`_Logger`) does the
 logging, in order, while the next batch trains (wandb itself writes through its own service process).
 `wait()` blocks until everything queued is logged; the launcher calls it when a process's work ends (the end
-of a launch, a packed SLURM/submitit job), `rw_sweeps.app.train` after a single run, and an exit hook calls it
+of a launch, a packed SLURM/submitit job), `rw_sweeps.sweeps.app.train` after a single run, and an exit hook calls it
 before the interpreter (and wandb's own teardown) shuts down. A failure is one warning line, never an
 exception: the run folders are the source of truth.
 
 Recovery: a run's summary.json is written *before* its wandb run (a background logger cannot keep the old
 "log, then mark done" order), so a process killed in between leaves a finished run with no wandb run (or a
-partial offline one). `python -m rw_sweeps.wandb_export SWEEP` replays the finished run folders into per-run
+partial offline one). `python -m rw_sweeps.sweeps.wandb_export SWEEP` replays the finished run folders into per-run
 wandb runs (the same shape as `run` granularity), skipping the ones whose marker (`EXPORTED`: run id, mode and
 a hash of summary.json) says they are already logged; per-run logging here writes the same marker.
 
-`log_analysis(sweep_dir, cfg)`: when a sweep ends, one `job_type=analysis` run in the sweep's group (id derived
-from the sweep folder: a re-run continues it) with its phase diagrams and runs table, also in the background.
+The sweep's own `job_type=analysis` run is `analysis.wandb_run`, attached by the Hydra callback that
+`conf/config.yaml` ships (`analysis.callback.WandbAnalysis`, on `on_multirun_end`).
 """
 from __future__ import annotations
 
@@ -41,22 +41,11 @@ import sys
 import threading
 from pathlib import Path
 
-from .safefs import write_with
+from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.safefs import write_with
+from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, wandb as _wandb
 
-# disable_job_creation is wandb's documented switch for W&B Launch jobs (already its default in 0.31); wandb
-# still imports `wandb.sdk.launch` once per process in `_detect_and_apply_job_inputs` (0.3–2 s, pydantic),
-# which no setting skips: it is paid once per process, in the background logger.
-_SETTINGS = dict(console="off", x_disable_stats=True, x_disable_meta=True, x_disable_machine_info=True,
-                 disable_job_creation=True, x_save_requirements=False)  # no pip freeze per run (~0.15 s)
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
-
-
-def _wandb():
-    os.environ.setdefault("WANDB_SILENT", "true")
-    import wandb  # lazily: importing wandb alone costs ~1.5 s
-
-    return wandb
-
 
 def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
@@ -84,8 +73,7 @@ class _Logger:
             try:
                 fn(*args)
             except BaseException as exc:  # noqa: BLE001 - the local results are the source of truth
-                msg = str(exc).strip().splitlines()
-                print(f"warning: wandb logging failed: {type(exc).__name__}: {msg[0] if msg else ''}".rstrip(),
+                print(f"warning: wandb logging failed: {one_line(exc)}",
                       file=sys.stderr, flush=True)
             finally:
                 self.queue.task_done()
@@ -139,13 +127,6 @@ def _log_runs(entries: list[dict]) -> None:
         _log_job(entries)
 
 
-def _drop_partial(wandb_dir: Path, run_id: str) -> None:
-    """A run is logged whole when it ends, so an offline run left by a killed or concurrent attempt is
-    replaced, never kept beside the new one (`wandb sync` would upload both under one id)."""
-    for old in Path(wandb_dir).glob(f"offline-run-*-{run_id}"):
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _log_one(e: dict) -> None:
     wandb = _wandb()
     cfg, w = e["cfg"], e["cfg"]["wandb"]
@@ -177,7 +158,7 @@ def mark_exported(run_dir: Path, run_id: str, mode: str) -> None:
     digest = summary_hash(run_dir)
     if digest is None:  # no summary on disk: nothing to vouch for
         return
-    from .results import atomic_write
+    from rw_sweeps.core.results import atomic_write
 
     atomic_write(Path(run_dir) / EXPORTED, json.dumps({"run_id": run_id, "mode": mode, "summary_sha1": digest}))
 
@@ -231,115 +212,5 @@ def _log_job(entries: list[dict]) -> None:
         done = [e["summary"] for e in entries if e["summary"].get("status") == "done"]
         run.summary.update({"runs": len(entries), "done": len(done),
                             "mean_test_acc": sum(s["test_acc"] for s in done) / len(done) if done else None})
-    finally:
-        run.finish()
-
-
-# ------------------------------------------------------------------------------------ the analysis run
-TABLE_METRICS = ("status", "success", "test_acc", "opt_acc", "test_kl", "parent_attention", "v_pi_cosine",
-                 "attention_spread", "symmetry_break_step", "train_loss", "steps")
-
-
-def analysis_id(sweep_dir: Path) -> str:
-    """Deterministic per sweep folder, so a re-run sweep continues its analysis run (never a second one)."""
-    return hashlib.sha1(f"analysis:{Path(sweep_dir).resolve()}".encode()).hexdigest()[:16]
-
-
-def warm_analysis(w: dict) -> None:
-    """Import what the analysis run needs on the logger thread now, while the sweep trains, not after it."""
-    if w.get("mode", "offline") != "disabled" and w.get("analysis", True):
-        submit(_warm)
-
-
-def _warm() -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot  # noqa: F401
-
-    import analysis.load  # noqa: F401
-    import analysis.phase  # noqa: F401
-
-    _wandb()
-
-
-def log_analysis(sweep_dir: Path, w: dict) -> None:
-    """Queue the sweep's analysis run (`w`: the sweep's wandb settings; the group defaults to the runs')."""
-    if w.get("mode", "offline") != "disabled" and w.get("analysis", True):
-        submit(_log_analysis, Path(sweep_dir).absolute(), dict(w))
-
-
-def _log_analysis(sweep_dir: Path, w: dict) -> None:
-    """One wandb run, job_type=analysis, in the sweep's group: the phase diagrams (success rate, and the
-    mean symmetry-break step when runs have one) over the swept keys, the runs table (one row per run: the
-    swept keys, seed and headline metrics) and every column of every run as a Parquet artifact, from the run
-    folders through `analysis` (`load_runs`, `phase_diagram`)."""
-    import warnings
-
-    import matplotlib
-
-    matplotlib.use("Agg")  # the worker thread draws without a display
-    import matplotlib.pyplot as plt
-
-    from analysis.load import config_keys, load_runs
-    from analysis.phase import add_success, phase_diagram, swept_keys
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a stale Parquet cache is rebuilt; nothing for a sweep's log
-        runs = load_runs(sweep_dir, progress=False)
-    if not len(runs):
-        return
-    runs = add_success(runs)
-    wandb = _wandb()
-    folder = sweep_dir / "wandb_analysis"
-    folder.mkdir(parents=True, exist_ok=True)
-    run_id = analysis_id(sweep_dir)
-    if w["mode"] == "offline":
-        _drop_partial(folder / "wandb", run_id)
-    os.environ["WANDB_DATA_DIR"] = str(folder / ".wandb_data")  # the table's staging, inside the sweep
-    def most_common(col, default):
-        s = runs[col].dropna() if col in runs.columns else None
-        return s.mode().iloc[0] if s is not None and len(s) else default
-
-    group = w.get("group") or most_common("wandb.group", None)
-    swept = swept_keys(runs)
-    axes = (swept + [None] * 4)[:4]
-    if "init.sigma" in axes and "init" in axes:  # zero init is the σ axis's own column
-        axes = ([k for k in axes if k != "init"] + [None])[:4]
-    if axes[0] is None:
-        axes[0] = next((k for k in ("data.p", "data.name", "init") if k in runs.columns), "status")
-    images = {}
-    for metric in ("success", "symmetry_break_step"):
-        if metric in runs.columns and runs[metric].notna().any():
-            fig, _ = phase_diagram(runs, *axes[:2], metric, *axes[2:])
-            path = folder / f"phase_{metric}.png"
-            write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=90, bbox_inches="tight"))
-            plt.close(fig)
-            images[f"phase_{metric}"] = wandb.Image(str(path), caption=f"{metric} over {' × '.join(k for k in axes if k)}")
-    # The table: the swept keys and the headline metrics, from plain lists (wandb type-checks every cell in
-    # Python, and a DataFrame's attrs are deep-copied on every column access); every column of every run
-    # goes as the sweep's runs.parquet (load_runs' cache), an artifact referenced in place.
-    keys = config_keys(runs)
-    runs.attrs = {}
-    cols = [c for c in ["run", *swept, "seed", *TABLE_METRICS] if c in runs.columns]
-    cols = list(dict.fromkeys(cols))
-    data = [[None if isinstance(v, float) and v != v else v.item() if hasattr(v, "item") else v for v in row]
-            for row in runs[cols].itertuples(index=False, name=None)]
-    counts = runs["status"].value_counts().to_dict()
-    run = wandb.init(project=w.get("project") or most_common("wandb.project", "rw-sweeps"), group=group,
-                     job_type="analysis", id=run_id, name=f"analysis {len(runs)} runs", resume="allow",
-                     mode=w["mode"], dir=str(folder), tags=list(w.get("tags") or []), reinit="create_new",
-                     config={"sweep": str(sweep_dir), "runs": len(runs), "swept": swept,
-                             "axes": [k for k in axes if k], "config_keys": keys},
-                     settings=wandb.Settings(**_SETTINGS))
-    try:
-        if (sweep_dir / "runs.parquet").exists():  # a copy: the sweep's own is a cache, rewritten at will
-            shutil.copyfile(sweep_dir / "runs.parquet", folder / "runs.parquet")
-            art = wandb.Artifact(f"runs-{run_id}", type="runs", metadata={"swept": swept, "runs": len(runs)})
-            art.add_file(str(folder / "runs.parquet"), policy="immutable")
-            run.log_artifact(art)
-        run.log({**images, "runs": wandb.Table(columns=cols, data=data, allow_mixed_types=True)})
-        run.summary.update({"runs": len(runs), **{f"runs_{k}": int(v) for k, v in counts.items()},
-                            "success_rate": float(runs["success"].mean())})
     finally:
         run.finish()

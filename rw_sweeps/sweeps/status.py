@@ -1,4 +1,4 @@
-"""`python -m rw_sweeps.status SWEEP_DIR [--wait] [--interval S]`: where a sweep stands.
+"""`python -m rw_sweeps.sweeps.status SWEEP_DIR [--wait] [--interval S]`: where a sweep stands.
 
 The run folders are the source of truth for finished runs (`summary.json`: done, failed or diverged); the
 launcher's record `<sweep>/.rw_sweep.json` says which runs the sweep expects, which were already done when
@@ -24,8 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import results
-
+from rw_sweeps.core import results
 STATE = ".rw_sweep.json"
 FINAL = ("done", "skipped", "failed", "diverged")
 # SLURM job states (sacct/squeue). A requeued or preempted job comes back: it is waiting, not gone.
@@ -300,7 +299,7 @@ def _progress_text(c: Counter) -> str:
 
 # ------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rw_sweeps.status", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m rw_sweeps.sweeps.status", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--wait", action="store_true", help="follow the sweep to its end, then print its summary line")
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between questions to SLURM (10)")

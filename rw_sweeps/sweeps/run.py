@@ -1,9 +1,9 @@
 """run_batch(configs, run_dirs): the one path from validated configs to results on disk.
 
 A single Hydra job is a batch of one; a packed chunk is a batch of many runs of one shape. The training
-loop is `rw_sweeps.training`; this module resumes runs from their checkpoints, isolates failures (an
+loop is `rw_sweeps.core.training`; this module resumes runs from their checkpoints, isolates failures (an
 exception in a batch is retried run by run, so that only the culprit is `failed`), and writes each run's
-folder (`rw_sweeps.results`) and wandb run (`rw_sweeps.tracking`).
+folder (`rw_sweeps.core.results`) and wandb run (`rw_sweeps.sweeps.tracking`).
 """
 from __future__ import annotations
 
@@ -16,9 +16,12 @@ import traceback
 from functools import lru_cache
 from pathlib import Path
 
-from . import results, tracking, training
-from .config import RunConfig
-from .training import Record, shape_key
+from rw_sweeps.core import results, training
+from rw_sweeps.core.config import RunConfig
+from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.training import Record, shape_key
+
+from . import tracking
 
 
 def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
@@ -26,7 +29,7 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     if not cfgs:
         return []
     if len({shape_key(c) for c in cfgs}) > 1:
-        raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.training.shape_key first")
+        raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.core.training.shape_key first")
     t0 = time.time()
     resumed = [results.load_checkpoint(c.to_dict(), d) for c, d in zip(cfgs, run_dirs)]
     for d, b in zip(run_dirs, resumed):
@@ -41,7 +44,7 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         if len(cfgs) > 1:
             return [s for c, d in zip(cfgs, run_dirs) for s in run_batch([c], [d], progress=False)]
         traceback.print_exc(file=sys.stderr)
-        records = [Record(cfgs[0], Path(run_dirs[0]), status="failed", error=_one_line(exc))]
+        records = [Record(cfgs[0], Path(run_dirs[0]), status="failed", error=one_line(exc))]
     wall = (time.time() - t0) / len(cfgs)
     entries, written = [], []
     for rec in records:  # run by run, its summary right after its own files: a full disk keeps every run that fit
@@ -53,7 +56,7 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         try:  # a folder that cannot be written fails its own run, never the others
             results.write_run(rec.run_dir, cfg_dict, rec.history, rec.snapshots)
         except Exception as exc:  # noqa: BLE001
-            summary.update(status="failed", error=f"writing the results: {_one_line(exc)}")
+            summary.update(status="failed", error=f"writing the results: {one_line(exc)}")
             try:  # the failure itself is small: a summary that says why may still fit
                 results.write_summary(rec.run_dir, summary)
             except Exception:  # noqa: BLE001 - the returned summary still says why
@@ -64,11 +67,11 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
             results.drop_checkpoint(rec.run_dir)  # the finished results supersede it
             written.append(entry)
         except Exception as exc:  # noqa: BLE001
-            summary.update(status="failed", error=f"writing the results: {_one_line(exc)}")
-    try:  # after the summaries, in the background (tracking.wait); `rw_sweeps.wandb_export` recovers a kill
+            summary.update(status="failed", error=f"writing the results: {one_line(exc)}")
+    try:  # after the summaries, in the background (tracking.wait); `rw_sweeps.sweeps.wandb_export` recovers a kill
         tracking.log_runs(written)
     except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
-        print(f"warning: wandb logging failed: {_one_line(exc)}", file=sys.stderr)
+        print(f"warning: wandb logging failed: {one_line(exc)}", file=sys.stderr)
     return [e["summary"] for e in entries]
 
 
@@ -146,11 +149,7 @@ def provenance() -> dict:
             "host": socket.gethostname()}
 
 
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
-
-
-def one_line(summary: dict) -> str:
+def run_line(summary: dict) -> str:
     """The line a run logs when it ends."""
     s = summary
     # the circle (and the QA tasks, as always) by p; the other families by name, since p may mean nothing there

@@ -37,14 +37,13 @@ GD only: Adam's step (optim=adam) is not the map linearised here, and the FFN's 
 fixed point at which ReLU'(0) = 0 makes J_t the identity, so its escape is second order in σ; both get a
 null prediction with the reason.
 
-    python -m rw_sweeps.theory escape <the overrides of launch.py>   # one JSON line per composed config
+    python -m rw_sweeps.sweeps.predict escape <the overrides of launch.py>   # one JSON line per composed config
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
-import sys
 from typing import Callable, Iterator, Optional
 
 import torch
@@ -318,58 +317,3 @@ def predict(cfgs: list[RunConfig], device="cpu") -> list[dict]:
             out = trajectories([cfgs[i] for _, i in part], [sorted(sigmas[k]) for k, _ in part], device)
             done.update({k: o for (k, _), o in zip(part, out)})
     return [_row(c, done.get(k), why) for c, k, why in zip(cfgs, keys, reasons)]
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-def compose(overrides: list[str]) -> list[RunConfig]:
-    """The configs `python launch.py -m <overrides>` would run: conf/ composed with Hydra (the experiment's
-    `hydra.sweeper.params` first, then the overrides, comma lists and range()/glob() expanded as the
-    sweeper expands them), each validated. A bad value raises ConfigError (one line)."""
-    from hydra import initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-
-    from .app import _no_group_deleted, _packaged_conf
-    from .config import one_line_errors
-    from .sweep import Planner
-
-    overrides = [o for o in overrides if o not in ("-m", "--multirun")]  # comma lists always expand here
-    try:
-        with one_line_errors():
-            _no_group_deleted(overrides)
-            with initialize_config_dir(config_dir=_packaged_conf(), version_base="1.3", job_name="theory"):
-                loader = GlobalHydra.instance().config_loader()
-                primary = loader.load_configuration("config", overrides=overrides, run_mode=RunMode.MULTIRUN)
-                params = OmegaConf.select(primary, "hydra.sweeper.params") or {}
-                args = [f"{k}={v}" for k, v in params.items()] + overrides
-                parser = OverridesParser.create(config_loader=loader)
-                jobs = [j for b in BasicSweeper.split_arguments(parser.parse_overrides(args), None) for j in b]
-                return [s.cfg for s in Planner(loader, primary).plan(jobs)]
-    finally:
-        GlobalHydra.instance().clear()
-
-
-USAGE = "usage: python -m rw_sweeps.theory escape [key=value ...]   (the overrides of launch.py)"
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] != "escape":
-        print(USAGE, file=sys.stderr)
-        return 2
-    try:
-        cfgs = compose(argv[1:])
-    except Exception as exc:  # noqa: BLE001 - one line, no traceback, as launch.py's front door
-        msg = str(exc).strip().splitlines()
-        print(f"error: {msg[0] if msg else type(exc).__name__}", file=sys.stderr)
-        return 2
-    for row in predict(cfgs):
-        print(json.dumps(row, allow_nan=False), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

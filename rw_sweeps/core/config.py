@@ -17,34 +17,26 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-from hydra.errors import CompactHydraException
+from .errors import ConfigError, one_line
 
 # kth_order's bound on T (markov is plain numpy: no import cycle, nothing heavy)
 from .markov import MAX_KTH_ENTRIES
 
 # Shapes of the question-answering tasks of §6 (19-word vocabulary; N − 1 words, then the answer).
 QA_SHAPES = {"qa_majority": (19, 17), "qa_preference": (19, 19)}
-# First-order Markov chains over K states (rw_sweeps.markov.transition gives each one's Π); the circle
+# First-order Markov chains over K states (rw_sweeps.core.markov.transition gives each one's Π); the circle
 # families need K ≥ 3 (for K = 2 the ±1 steps land on the same node), binary_chain is K = 2 by definition.
 CIRCLE_CHAINS = ("random_walk", "lazy_walk", "jump_walk")
 CHAINS = (*CIRCLE_CHAINS, "binary_chain", "markov_matrix")
 CHAINS += ("graph_walk",)  # a simple random walk on a named graph (markov.GRAPHS)
 # Chains whose next state depends on more than the last one: an order-k chain with a Dirichlet tensor per seed,
-# and Edelman et al.'s fresh chain per sequence (rw_sweeps.data.kth_order, icl_markov); no single Π.
+# and Edelman et al.'s fresh chain per sequence (rw_sweeps.core.data.kth_order, icl_markov); no single Π.
 CONTEXT_CHAINS = ("kth_order", "icl_markov")
 NORMALIZE = ("none", "whole", "positional", "token")
 # bools (and what OmegaConf makes of a bool given to a str key) read as before model.normalize was a string
 NORMALIZE_ALIASES = {True: "whole", False: "none", "True": "whole", "False": "none", "true": "whole",
                      "false": "none"}
 DEFAULT_SNAPSHOTS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 400, 700, 1000]
-
-
-class ConfigError(CompactHydraException):
-    """A bad config value. Hydra prints a CompactHydraException as its message alone, with no traceback."""
-
-    def __init__(self, key: str, value: Any, allowed: str):
-        self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid config: {key}={value!r}: {allowed}")
 
 
 @dataclass
@@ -394,8 +386,7 @@ def _read_pi(path: str) -> list:
             with open(f, encoding="utf-8") as fh:
                 P = np.loadtxt(fh.read().replace(",", " ").splitlines(), ndmin=2)
     except (OSError, ValueError) as e:
-        raise ConfigError("data.Pi_file", path, f"must be a readable .npy or text matrix ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise ConfigError("data.Pi_file", path, f"must be a readable .npy or text matrix ({one_line(e)})") from None
     if P.ndim != 2:
         raise ConfigError("data.Pi_file", path, f"must hold a 2-d matrix; it holds {P.ndim} dimension(s)")
     return [[float(x) for x in row] for row in P]
@@ -424,7 +415,6 @@ def _validate_graph(d: DataConfig, seed: int) -> None:
     if d.name != "graph_walk":
         return
     from . import markov
-
     _choice("data.graph", d.graph, markov.GRAPHS)
     g = d.graph
     if g in ("grid", "torus"):
@@ -511,7 +501,7 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             rule = _TYPE_RULE.get(typ, {"List[int]": "must be a list of integers",
                                         "List[List[float]]": "must be a list of rows of numbers or null",
                                         "List[float]": "must be a list of numbers or null"}.get(
-                typ, str(e).splitlines()[0]))
+                typ, one_line(e)))
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
             m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)
@@ -569,6 +559,14 @@ def as_schema(dotted: str, value: Any) -> Any:
     if typ in ("str", "Optional[str]") and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     return value
+
+
+def wandb_group(folder: str) -> str:
+    """A run's wandb group when `wandb.group` is null: its sweep (or single run) folder, as the last two parts
+    of the path (`multirun/2026-12-01/10-00-00` → `2026-12-01/10-00-00`)."""
+    from pathlib import Path
+
+    return "/".join(Path(str(folder)).parts[-2:])
 
 
 def register() -> None:

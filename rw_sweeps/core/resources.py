@@ -9,12 +9,20 @@ import os
 from .config import ConfigError, RunConfig
 
 
+def bytes_per_run(c: RunConfig) -> int:
+    """Peak memory of one run inside a batch on the PyTorch path (int64 tokens, the (n, N−1) gather and
+    scatter temporaries, a dozen (n, K) tensors); measured within ~20 % at the §5 shape. The packing rule
+    (`rw_sweeps.sweeps.packing`) sizes chunks with it."""
+    n, L, K = c.data.n_train + c.data.n_test, c.data.N - 1, c.data.K
+    item = 8 if c.precision == "float64" else 4
+    width = max(K, getattr(c.model, "m", None) or 0)
+    return n * L * (8 + 3 * item) + n * width * item * 14 + 4096
+
+
 def run_bytes(cfg: RunConfig) -> tuple[int, str]:
     """Peak bytes of one run, and the key that drives it: the batched data and state (as
-    packing.bytes_per_run), the K×K matrices (Π, V, Πᵀ), and for init=gaussian the draw of W: the dense
+    bytes_per_run), the K×K matrices (Π, V, Πᵀ), and for init=gaussian the draw of W: the dense
     (K+M)² float64 with init.draw=dense, only the N×M positions (gram=numeric) with the compact draw."""
-    from .packing import bytes_per_run
-
     d, m = cfg.data, cfg.model
     gaussian = cfg.init.name == "gaussian"
     dense_W = (d.K + m.M) ** 2 * 8 if gaussian and cfg.init.draw == "dense" else 0
@@ -62,19 +70,6 @@ def gpu_free_bytes(devices: list[int] | None = None) -> list[int]:
             free += torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i)
         out.append(int(free))
     return out
-
-
-def chunk_sizes(n: int, per_run: int, budget_bytes: float, max_runs: int | None = None) -> list[int]:
-    """n runs of `per_run` bytes each in balanced chunks of at most `budget_bytes` (at least one run each)
-    and at most `max_runs` runs: the one sizing rule of the launcher (packing.chunks, the per-GPU plan) and
-    benchmarks/bench_gpu.py."""
-    if n <= 0:
-        return []
-    cap = max(1, int(budget_bytes // per_run))
-    if max_runs:
-        cap = min(cap, max_runs)
-    k = -(-n // cap)
-    return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 
 def resolve_device(device: str) -> str:

@@ -1,7 +1,7 @@
 """The run-folder contract (README, "Results"): config.yaml, summary.json, history.jsonl, snapshots.jsonl,
 and the checkpoint.pt of an unfinished run.
 
-Every file goes through the one atomic writer (`rw_sweeps.safefs`: a fresh temp name opened with
+Every file goes through the one atomic writer (`rw_sweeps.core.safefs`: a fresh temp name opened with
 O_EXCL|O_NOFOLLOW, then a rename), so a reader (or a resumed sweep) never sees half a file and a planted
 link is never followed; a run's summary.json is written right after its own files and marks it finished.
 Checkpoints hold only tensors and plain data and are loaded with `weights_only=True`: a planted pickle
@@ -145,7 +145,7 @@ def differing_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 def save_checkpoint(run_dir: Path, blob: dict) -> None:
-    """The training state of an unfinished run (`rw_sweeps.training.checkpoint`: tensors and plain data)."""
+    """The training state of an unfinished run (`rw_sweeps.core.training.checkpoint`: tensors and plain data)."""
     import torch
 
     write_with(Path(run_dir) / CHECKPOINT, lambda fh: torch.save(blob, fh))

@@ -1,5 +1,5 @@
 """Data of §1 (random walks on a circle), of the other first-order Markov chains (`chains`: lazy_walk,
-binary_chain, markov_matrix, with Π from `rw_sweeps.markov`), of two that are not first order (`kth_order`,
+binary_chain, markov_matrix, with Π from `rw_sweeps.core.markov`), of two that are not first order (`kth_order`,
 `icl_markov`: P_true the exact conditional, T[last k states] and the posterior predictive) and §6 (the two question-answering tasks).
 
 Labels are 0-based: node i of the paper is label i − 1. A sequence is the N − 1 observed tokens
@@ -18,7 +18,6 @@ import numpy as np
 import torch
 
 from . import markov
-
 from .config import DataConfig
 
 VOCAB = ["apple", "orange", "Based", "on", "the", "which", "type", "of", "fruit", "list", "appears", "most",
@@ -36,7 +35,7 @@ class Split:
 
 
 def Pi(K: int, p: float, dtype=torch.float64) -> torch.Tensor:
-    """Transition matrix Π (`rw_sweeps.markov.Pi`) as a tensor."""
+    """Transition matrix Π (`rw_sweeps.core.markov.Pi`) as a tensor."""
     return torch.from_numpy(markov.Pi(K, p)).to(dtype)
 
 

@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from .safefs import atomic_write, read_bytes
+from rw_sweeps.core.safefs import atomic_write, read_bytes
 
 LOCK = ".rw_lock"
 
@@ -116,7 +116,7 @@ def acquire(sweep_dir: Path, wait: bool = False, poll_s: float = 2.0) -> dict:
     me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "arrays": []}
     if str(path.resolve()) in _HELD:
         return me
-    from .safefs import ensure_dir
+    from rw_sweeps.core.safefs import ensure_dir
 
     ensure_dir(path.parent)
     while True:

@@ -1,7 +1,7 @@
-"""python -m rw_sweeps.wandb_export SWEEP [--workers N] [--mode offline|online] [--force]
+"""python -m rw_sweeps.sweeps.wandb_export SWEEP [--workers N] [--mode offline|online] [--force]
 
 Replays a sweep's run folders (the source of truth: config.yaml, history.jsonl, summary.json) into one wandb
-run per training run, the shape `wandb.granularity=run` logs (`rw_sweeps.tracking._log_one`): id derived from
+run per training run, the shape `wandb.granularity=run` logs (`rw_sweeps.sweeps.tracking._log_one`): id derived from
 the run folder, group = the sweep, job_type=train, the config, the history (x-axis `step`), the summary;
 offline files in `<run>/wandb/`. Per-run dashboards for a sweep of any size, without slowing the sweep.
 
@@ -32,8 +32,7 @@ def run_folders(sweep: Path) -> list[Path]:
 
 def _entry(run_dir: Path, mode: str) -> dict | None:
     """The run as `tracking._log_one` takes it, or None when it is unfinished (or unreadable)."""
-    from . import results
-
+    from rw_sweeps.core import results
     summary = results.read_summary(run_dir)
     cfg = results.read_config(run_dir) if summary is not None else None
     if summary is None or cfg is None or not isinstance(cfg.get("wandb"), dict):
@@ -56,7 +55,6 @@ def _export(args: tuple) -> tuple[int, int, int, list[str]]:
     """One worker: its slice of run folders → (exported, skipped unfinished, failed, error lines)."""
     dirs, mode = args
     from . import tracking
-
     done = unfinished = failed = 0
     errors = []
     for d in dirs:
@@ -69,14 +67,14 @@ def _export(args: tuple) -> tuple[int, int, int, list[str]]:
             done += 1
         except Exception as exc:  # noqa: BLE001 - one bad run never stops the others
             failed += 1
-            errors.append(f"{d}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+            errors.append(f"{d}: {one_line(exc)}")
     return done, unfinished, failed, errors
 
 
 def export(sweep: Path, workers: int = 2, mode: str = "offline", force: bool = False) -> dict:
     """Export the sweep's finished runs; returns the counts (exported, skipped, unfinished, failed)."""
-    from . import results, tracking
-
+    from rw_sweeps.core import results
+    from . import tracking
     dirs = run_folders(Path(sweep))
     todo, skipped = [], 0
     for d in dirs:
@@ -103,7 +101,7 @@ def export(sweep: Path, workers: int = 2, mode: str = "offline", force: bool = F
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rw_sweeps.wandb_export",
+    ap = argparse.ArgumentParser(prog="python -m rw_sweeps.sweeps.wandb_export",
                                  description="Replay a sweep's run folders into one wandb run per training run.")
     ap.add_argument("sweep", type=Path, metavar="SWEEP", help="the sweep folder (hydra.sweep.dir) or a run folder")
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")

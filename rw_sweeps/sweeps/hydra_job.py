@@ -23,19 +23,19 @@ from typing import Any, Callable, Optional, Sequence
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf._utils import OmegaConfDumper
 
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
-from .safefs import append_text, atomic_write as _write, ensure_dir
-from .sweep import Spec
-from .yamltext import Templates
+from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir
+from .hydra_adapter import observes_jobs, yaml_str_representer
+from .planner import Spec
+from rw_sweeps.core.yamltext import Templates
 
 class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
     """libyaml with OmegaConf's rule for strings (quote what would read back as a bool or a number)."""
 
 
-_Dumper.add_representer(str, OmegaConfDumper.str_representer)
+_Dumper.add_representer(str, yaml_str_representer())
 
 
 _OPTIONS = dict(default_flow_style=False, allow_unicode=True, sort_keys=False)  # OmegaConf.to_yaml's
@@ -49,7 +49,7 @@ def to_yaml(node: Any) -> str:
 class YamlTemplates:
     """The YAML text of a job's dict, given as its composition's dict and the job's own changes (dotted
     keys): byte for byte `to_yaml(job's dict)`, with each shape of a grid's documents dumped once
-    (`rw_sweeps.yamltext`; PyYAML's Python representer and serialiser are most of the cost of writing)."""
+    (`rw_sweeps.core.yamltext`; PyYAML's Python representer and serialiser are most of the cost of writing)."""
 
     def __init__(self) -> None:
         self._of: dict[tuple, tuple[dict, Templates]] = {}  # (id(base), wrap) → (base, templates): keeps base alive
@@ -137,7 +137,7 @@ class Chunk:
     def __call__(self) -> list[JobReturn]:
         specs = self.specs
         callbacks = self.hydra_context.callbacks if self.hydra_context is not None else None
-        observed = callbacks is not None and bool(callbacks.callbacks)
+        observed = callbacks is not None and observes_jobs(callbacks)
         console, file_fmt = _formatters(specs[0].base_hydra)
         yaml_of = YamlTemplates()
         env = dict(env_set_of(specs[0]))
@@ -202,7 +202,7 @@ class Chunk:
 
 
 def _record(msg: str) -> logging.LogRecord:
-    rec = logging.LogRecord("rw_sweeps.app", logging.INFO, __file__, 0, msg, None, None)
+    rec = logging.LogRecord("rw_sweeps.sweeps.app", logging.INFO, __file__, 0, msg, None, None)
     rec.created = time.time()
     return rec
 

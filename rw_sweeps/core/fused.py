@@ -205,7 +205,7 @@ def library(variant: Optional[str] = None) -> Optional[ctypes.CDLL]:
         _libs[variant] = lib
         _errors[variant] = "\n".join(errors)
         if lib is None and backend() != "torch":
-            print(f"rw_sweeps.fused: no compiled kernel, using PyTorch ({errors[-1].splitlines()[0]})",
+            print(f"rw_sweeps.core.fused: no compiled kernel, using PyTorch ({errors[-1].splitlines()[0]})",
                   file=sys.stderr)
         return lib
 

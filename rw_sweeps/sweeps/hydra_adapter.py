@@ -1,0 +1,85 @@
+"""Every private name of Hydra, OmegaConf and submitit that the project relies on, in one place, each with
+the reason no public API serves. `tests/test_hydra_adapter.py` exercises each one, so an upgrade that moves
+or changes any of them fails there, loudly, and not somewhere in a sweep.
+
+Everything else in the project uses the libraries' public API only.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+__all__ = ["basic_sweeper", "split_arguments", "command_line", "job_value", "yaml_str_representer",
+           "sbatch_script", "SUBMITIT_ENTRY", "observes_jobs"]
+
+# The module submitit's generated job scripts run (`python -u -m submitit.core._submit FOLDER`): the dry
+# run prints the same script a submission writes.
+SUBMITIT_ENTRY = "submitit.core._submit"
+
+
+def basic_sweeper() -> type:
+    """Hydra's grid sweeper class: the rw sweeper extends it (batching, `hydra.sweeper.params`, its override
+    expansion: comma lists, range(), glob()); Hydra exposes no public grid-expansion function. Looked up
+    when asked, not at import: Hydra's plugin scan re-executes its module, and a class taken before the
+    scan is no longer the one its own `super(BasicSweeper, self)` names."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    return BasicSweeper
+
+
+def split_arguments(overrides: list, max_batch_size: Optional[int]) -> list:
+    """The grid's jobs (lists of override strings), in batches, as Hydra's basic sweeper expands them."""
+    return basic_sweeper().split_arguments(overrides, max_batch_size)
+
+
+def command_line(argv: list[str], calling_file: str, config_path: str, config_name: str):
+    """Hydra's own reading of a command line, before `@hydra.main` runs it: (args, a Hydra instance on the
+    same search path, `--config-dir` included, and the config name), or None for --help/--cfg/--info and
+    shell completion, which Hydra answers itself. `hydra.main` has no public hook that composes without
+    running the task (the Compose API does not read argv or `--config-dir`)."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
+    from hydra.core.config_search_path import SearchPathQuery
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        return None
+    search_path = create_automatic_config_search_path(calling_file, None, args.config_path or config_path)
+    if args.config_dir is not None:
+        search_path.prepend(provider="command-line", path=f"file://{os.path.abspath(args.config_dir)}",
+                            anchor=SearchPathQuery(provider="schema"))
+    hydra = Hydra.create_main_hydra2(task_name="preflight", config_search_path=search_path)
+    return args, hydra, args.config_name or config_name
+
+
+def job_value(ret: Any) -> Any:
+    """A JobReturn's value or, for a FAILED job, its exception: `JobReturn.return_value` raises that
+    exception instead of returning it, and a sweeper must read it to report the job and go on."""
+    return ret._return_value
+
+
+def yaml_str_representer():
+    """OmegaConf's rule for YAML strings (quote what would read back as a bool, a number or null), so that
+    `.hydra/*.yaml` written with libyaml are byte for byte what `OmegaConf.to_yaml` writes."""
+    from omegaconf._utils import OmegaConfDumper
+
+    return OmegaConfDumper.str_representer
+
+
+def sbatch_script(**params: Any) -> str:
+    """The sbatch script submitit writes for these SlurmExecutor parameters (the dry run prints it)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    return _make_sbatch_string(**params)
+
+
+def observes_jobs(callbacks: Any) -> bool:
+    """Does any configured Hydra callback define a per-job hook (`on_job_start`, `on_job_end`)? Only then
+    must the packed launcher build each job's DictConfig for it. Hydra's `Callbacks` holds its instances in
+    `.callbacks`; a callback that keeps the base class's hooks cannot observe a job."""
+    from hydra.experimental.callback import Callback
+
+    for cb in getattr(callbacks, "callbacks", None) or []:
+        if any(getattr(type(cb), hook) is not getattr(Callback, hook) for hook in ("on_job_start", "on_job_end")):
+            return True
+    return False

@@ -19,7 +19,7 @@ import time
 import torch
 
 from rw_sweeps.core import adam, data as data_mod, engine, fused, model, training
-from rw_sweeps.core.config import InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, RunConfig, validate, option_config
 
 READINGS = [  # name, model keys, optim name
     ("default: normalize=none, GD (kernel)", dict(normalize="none"), "gd"),
@@ -35,8 +35,8 @@ READINGS = [  # name, model keys, optim name
 
 def setup(model_keys: dict, optim: str, R: int):
     name = "adam" if optim == "adam" else "gd"
-    cfgs = [validate(RunConfig(seed=s, init=InitConfig("gaussian", 0.01), model=ModelConfig(**model_keys),
-                               optim=OptimConfig(name=name, lr=0.01))) for s in range(R)]
+    cfgs = [validate(RunConfig(seed=s, init=GaussianInit("gaussian", 0.01), model=option_config("model", **model_keys),
+                               optim=option_config("optim", name, lr=0.01))) for s in range(R)]
     c0, dtype = cfgs[0], torch.float64
     geo = model.geometry(c0.model, c0.data.N)
     train, _ = data_mod.make_batches(cfgs, dtype=dtype, token_dtype=torch.int64)

@@ -12,25 +12,25 @@ import torch
 from rw_sweeps.core import adam, model, oracle, results, training
 from rw_sweeps.sweeps import run
 from rw_sweeps.core import data as data_mod
-from rw_sweeps.core.config import (ConfigError, DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, from_dict,
-                              validate)
+from rw_sweeps.core.config import (AdamConfig, ConfigError, FfnModelConfig, GaussianInit, InitConfig, ModelConfig,
+                                   OptimConfig, RunConfig, data_config, from_dict, validate)
 
 from .test_config import checked
 
 T = 25
-DENSE = InitConfig("gaussian", 0.05, draw="dense")  # the oracle starts from the very same W
+DENSE = GaussianInit("gaussian", 0.05, draw="dense")  # the oracle starts from the very same W
 
 
 def cfg(**kw) -> RunConfig:
-    base = dict(data=DataConfig(K=5, N=21, p=0.7, n_train=100, n_test=50), model=ModelConfig(M=64),
-                optim=OptimConfig(name="adam", lr=0.003, steps=T), snapshot_steps=[0, 10, T],
+    base = dict(data=data_config(K=5, N=21, p=0.7, n_train=100, n_test=50), model=ModelConfig(M=64),
+                optim=AdamConfig(name="adam", lr=0.003, steps=T), snapshot_steps=[0, 10, T],
                 wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     base.update(kw)
     return validate(RunConfig(**base))
 
 
 def opt(**kw) -> OptimConfig:
-    return OptimConfig(**{"name": "adam", "lr": 0.003, "steps": T, **kw})
+    return AdamConfig(**{"lr": 0.003, "steps": T, **kw})
 
 
 CASES = {  # normalize=auto: none for zero init, whole for Gaussian
@@ -40,13 +40,13 @@ CASES = {  # normalize=auto: none for zero init, whole for Gaussian
     "gaussian-none-sum": dict(init=DENSE, model=ModelConfig(M=64, normalize="none"), optim=opt(reduction="sum")),
     "gaussian-positional": dict(init=DENSE, model=ModelConfig(M=64, normalize="positional"), optim=opt(lr=0.02)),
     # β₁, β₂, ε_A of their own; M + 1, a scale and the numeric Gram: a compact draw lifted to a dense W
-    "hyper-M+1-numeric": dict(init=InitConfig("gaussian", 0.05), optim=opt(lr=0.02, beta1=0.5, beta2=0.9, adam_eps=1e-3),
+    "hyper-M+1-numeric": dict(init=GaussianInit("gaussian", 0.05), optim=opt(lr=0.02, beta1=0.5, beta2=0.9, adam_eps=1e-3),
                               model=ModelConfig(M=64, pos_denom="M+1", pos_scale=0.5, gram="numeric")),
     "float32": dict(precision="float32", init=DENSE, optim=opt(lr=0.02)),
-    "ffn-gaussian": dict(model=ModelConfig(name="transformer_ffn", M=64, m=7), init=InitConfig("gaussian", 0.1, draw="dense"),
+    "ffn-gaussian": dict(model=FfnModelConfig(name="transformer_ffn", M=64, m=7), init=GaussianInit("gaussian", 0.1, draw="dense"),
                          optim=opt(lr=0.02)),
-    "ffn-before": dict(model=ModelConfig(name="transformer_ffn", M=64, m=7, ffn="before"),
-                       init=InitConfig("gaussian", 0.1, draw="dense"), optim=opt(lr=0.02)),
+    "ffn-before": dict(model=FfnModelConfig(name="transformer_ffn", M=64, m=7, ffn="before"),
+                       init=GaussianInit("gaussian", 0.1, draw="dense"), optim=opt(lr=0.02)),
 }
 
 
@@ -103,7 +103,7 @@ def test_phi_equals_the_sum_over_every_entry(N, M, pos_denom, G, monkeypatch):
     grouped by |x̂_j| (G groups), each point split between a direct sum and the series (at s on both sides
     of every split's ρ = 1/4, and across 20 decades), or all directly (a GPU's path), in several passes."""
     monkeypatch.setattr(adam, "POINTS", 700)
-    c = validate(RunConfig(data=DataConfig(N=N), model=ModelConfig(M=M, normalize="whole", pos_denom=pos_denom),
+    c = validate(RunConfig(data=data_config(N=N), model=ModelConfig(M=M, normalize="whole", pos_denom=pos_denom),
                            optim=opt()))
     geo = model.geometry(c.model, N)
     hp = adam.hyper([c, c], geo, torch.float64, "cpu")
@@ -122,8 +122,8 @@ def test_phi_equals_the_sum_over_every_entry(N, M, pos_denom, G, monkeypatch):
 
 def test_a_batch_of_adam_runs_equals_each_run_alone(tmp_path):
     runs = [dict(seed=0, init=InitConfig(), optim=opt(lr=0.01)),
-            dict(seed=1, init=InitConfig("gaussian", 0.05), optim=opt(lr=0.003, beta1=0.8, beta2=0.99, adam_eps=1e-6)),
-            dict(seed=2, init=InitConfig("gaussian", 0.02), optim=opt(lr=0.02, beta1=0.0, reduction="sum"))]
+            dict(seed=1, init=GaussianInit("gaussian", 0.05), optim=opt(lr=0.003, beta1=0.8, beta2=0.99, adam_eps=1e-6)),
+            dict(seed=2, init=GaussianInit("gaussian", 0.02), optim=opt(lr=0.02, beta1=0.0, reduction="sum"))]
     cs = [cfg(model=ModelConfig(M=64, normalize="whole"), **r) for r in runs]  # one shape: normalize fixed
     assert len({training.shape_key(c) for c in cs}) == 1
     together = run.run_batch(cs, [tmp_path / f"b{i}" for i in range(3)])
@@ -143,7 +143,7 @@ class _Killed(Exception):
 def test_a_checkpointed_adam_run_resumes_bit_for_bit(tmp_path, monkeypatch):
     """Killed right after its step-10 checkpoint, the batch resumes from it (moments included) and ends
     exactly as the uninterrupted batch; the same checkpoint with its moments zeroed does not."""
-    cs = [cfg(init=InitConfig("gaussian", 0.05), checkpoint_every=10, seed=s, eval_every=2) for s in (0, 1)]
+    cs = [cfg(init=GaussianInit("gaussian", 0.05), checkpoint_every=10, seed=s, eval_every=2) for s in (0, 1)]
     whole = training.train(cs, [tmp_path / "w0", tmp_path / "w1"], progress=False)
     dirs = [tmp_path / "k0", tmp_path / "k1"]
     save = results.save_checkpoint

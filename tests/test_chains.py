@@ -1,6 +1,6 @@
 """First-order Markov chains beyond the circle: lazy_walk, binary_chain, markov_matrix.
 
-Each family's Π (rw_sweeps.core.markov.transition) is the law its sampler draws, its P_true is Π's row of the
+Each family's Π (each family's `transition`) is the law its sampler draws, its P_true is Π's row of the
 last observed state, its opt_acc is the test set's Bayes-optimal accuracy, and the engine trains it as the
 literal oracle does (binary_chain is K = 2, which the fused kernel must run too).
 The last section: kth_order (an order-k chain, T per seed) and icl_markov (a chain per sequence), whose
@@ -19,7 +19,7 @@ import yaml
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import fused, markov, model, oracle, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig
+from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, data_config
 
 from .conftest import launch, summaries
 from .test_engine import cfg
@@ -34,21 +34,21 @@ FAMILIES = {
 
 def test_each_family_has_its_pi():
     circle = markov.Pi(5, 0.7)
-    assert np.array_equal(markov.of(DataConfig(K=5, p=0.7)), circle)  # random_walk: the circle's own Π
-    lazy = markov.of(DataConfig(**FAMILIES["lazy_walk"]))
+    assert np.array_equal(data_config(K=5, p=0.7).transition(), circle)  # random_walk: the circle's own Π
+    lazy = data_config(**FAMILIES["lazy_walk"]).transition()
     assert np.allclose(lazy, 0.4 * np.eye(5) + 0.6 * circle, atol=0, rtol=0)
     assert lazy[0, 0] == 0.4 and math.isclose(lazy[0, 1], 0.42) and math.isclose(lazy[0, 4], 0.18)
-    assert markov.of(DataConfig(**FAMILIES["binary_chain"])).tolist() == [[0.8, 0.2], [0.3, 0.7]]
-    assert markov.of(DataConfig(**FAMILIES["markov_matrix"])).tolist() == PI3
-    assert markov.of(DataConfig(name="qa_majority", K=19, N=17)) is None
+    assert data_config(**FAMILIES["binary_chain"]).transition().tolist() == [[0.8, 0.2], [0.3, 0.7]]
+    assert data_config(**FAMILIES["markov_matrix"]).transition().tolist() == PI3
+    assert data_config(name="qa_majority", K=19, N=17).transition() is None
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_sampler_matches_pi(family):
     """Transition counts over 4000 sequences of 41 states (160 000 steps) within 5 standard errors of Π;
     P_true is Π's row of x_{N−1}; s_1 is uniform; the draw is a function of the seed alone."""
-    d = DataConfig(N=41, n_train=4000, n_test=10, **FAMILIES[family])
-    P = markov.of(d)
+    d = data_config(N=41, n_train=4000, n_test=10, **FAMILIES[family])
+    P = d.transition()
     train, test = data_mod.make(d, 3)
     s = torch.cat([train.tokens, train.y[:, None]], 1).numpy()
     counts = np.zeros((d.K, d.K))
@@ -67,7 +67,7 @@ def test_sampler_matches_pi(family):
 
 def test_make_batches_equals_make_for_every_family():
     for fam, kw in FAMILIES.items():
-        cfgs = [cfg(seed=s, data=DataConfig(N=21, n_train=30, n_test=20, **kw)) for s in (0, 1)]
+        cfgs = [cfg(seed=s, data=data_config(N=21, n_train=30, n_test=20, **kw)) for s in (0, 1)]
         tr, te = data_mod.make_batches(cfgs, workers=2)
         for r, c in enumerate(cfgs):
             a, b = data_mod.make(c.data, c.seed)
@@ -82,14 +82,14 @@ def _summary(c, tmp_path) -> dict:
 @pytest.mark.parametrize("seed", [0, 1, 2, 7])
 @pytest.mark.parametrize("p", [0.5, 0.7, 0.15])
 def test_random_walk_opt_acc_is_max_p(p, seed, tmp_path):
-    c = cfg(seed=seed, data=DataConfig(K=5, N=21, p=p, n_train=20, n_test=30), optim=OptimConfig(steps=1))
+    c = cfg(seed=seed, data=data_config(K=5, N=21, p=p, n_train=20, n_test=30), optim=OptimConfig(steps=1))
     assert _summary(c, tmp_path)["opt_acc"] == max(p, 1 - p) == c.opt_acc
 
 
 def test_binary_chain_opt_acc_is_the_stationary_value(tmp_path):
     """p = 0.2, q = 0.3: the stationary law is (q, p)/(p + q) = (0.6, 0.4), so the Bayes accuracy tends to
     0.6·0.8 + 0.4·0.7 = 0.76 (|1 − p − q| = 0.5: s_{N−1} is stationary to 2⁻¹⁹ after N − 2 = 19 steps)."""
-    c = cfg(data=DataConfig(name="binary_chain", K=2, N=21, p=0.2, q=0.3, n_train=20, n_test=20000),
+    c = cfg(data=data_config(name="binary_chain", K=2, N=21, p=0.2, q=0.3, n_train=20, n_test=20000),
             optim=OptimConfig(steps=1))
     s = _summary(c, tmp_path)
     assert abs(s["opt_acc"] - 0.76) < 0.01, s["opt_acc"]
@@ -102,8 +102,8 @@ def _engine_equals_oracle(data: dict, tmp_path, T: int = 20):
     """Train one run of `data` through training.train and literally (rw_sweeps.core.oracle), from the same dense
     Gaussian W: V, a, c and the test attention to 1e-8 after T steps, the accuracy exactly, and V moved.
     Returns the run's config, record and final V."""
-    c = cfg(data=DataConfig(N=13, n_train=64, n_test=64, **data), model=ModelConfig(M=40),
-            init=InitConfig("gaussian", 0.02, "dense"), optim=OptimConfig(lr=1.0, steps=T), eval_every=T,
+    c = cfg(data=data_config(N=13, n_train=64, n_test=64, **data), model=ModelConfig(M=40),
+            init=GaussianInit("gaussian", 0.02, "dense"), optim=OptimConfig(lr=1.0, steps=T), eval_every=T,
             snapshot_steps=[0])
     rec = training.train([c], [tmp_path], progress=False)[0]
     assert rec.status == "done" and rec.steps == T
@@ -135,7 +135,7 @@ def test_engine_equals_the_oracle(family, tmp_path):
     c, rec, V = _engine_equals_oracle(FAMILIES[family], tmp_path)
     assert fused.available(c) == (fused.library() is not None and fused.backend() != "torch")
     # cos(V, Πᵀ) with the family's Π
-    assert math.isclose(rec.history[-1]["v_pi_cosine"], _cosine(V, torch.from_numpy(markov.of(c.data)).T),
+    assert math.isclose(rec.history[-1]["v_pi_cosine"], _cosine(V, torch.from_numpy(c.data.transition()).T),
                         rel_tol=1e-9)
 
 
@@ -180,18 +180,18 @@ NEW_FAMILIES = {
 
 
 def test_jump_walk_pi():
-    P = markov.of(DataConfig(**NEW_FAMILIES["jump_walk"]))
+    P = data_config(**NEW_FAMILIES["jump_walk"]).transition()
     want = {1: 0.3, 6: 0.2, 2: 0.25, 5: 0.15, 3: 0.0, 4: 0.1}  # +1, −1, +2, −2, +3, −3 from node 0 (mod 7)
     assert [P[0, j] for j in range(7)] == [0.0] + [want[j] for j in range(1, 7)]
     assert np.array_equal(P[3], np.roll(P[0], 3)) and np.allclose(P.sum(1), 1, atol=1e-15, rtol=0)
     # K = 4: +2 and −2 land on the same node, and add; jumps of r ≥ K/2 wrap around (+3 ≡ −1, +4 ≡ 0 holds still)
-    Q = markov.of(DataConfig(name="jump_walk", K=4, jumps=[0.3, 0.2, 0.25, 0.15, 0.05, 0.0, 0.05, 0.0]))
+    Q = data_config(name="jump_walk", K=4, jumps=[0.3, 0.2, 0.25, 0.15, 0.05, 0.0, 0.05, 0.0]).transition()
     assert Q[0].tolist() == pytest.approx([0.05, 0.3, 0.4, 0.2 + 0.05], abs=1e-15)
-    assert np.allclose(markov.of(DataConfig(name="jump_walk", K=5, jumps=[0.7, 0.3])), markov.Pi(5, 0.7), atol=1e-15, rtol=0)
+    assert np.allclose(data_config(name="jump_walk", K=5, jumps=[0.7, 0.3]).transition(), markov.Pi(5, 0.7), atol=1e-15, rtol=0)
 
 
 def test_graph_walk_pi_of_each_graph():
-    g = lambda graph, K, **kw: markov.of(DataConfig(name="graph_walk", graph=graph, K=K, **kw))  # noqa: E731
+    g = lambda graph, K, **kw: data_config(name="graph_walk", graph=graph, K=K, **kw).transition()  # noqa: E731
     assert np.array_equal(g("cycle", 6), markov.Pi(6, 0.5))  # the p = 0.5 circle, bit for bit
     path = g("path", 5)
     assert path[0].tolist() == [0, 1, 0, 0, 0] and path[4].tolist() == [0, 0, 0, 1, 0]
@@ -207,12 +207,12 @@ def test_graph_walk_pi_of_each_graph():
     cube = g("hypercube", 8, dim=3)
     assert set(np.flatnonzero(cube[0])) == {1, 2, 4} and set(np.flatnonzero(cube[5])) == {4, 7, 1}
     for seed in (0, 1, 2):
-        P = markov.of(DataConfig(**NEW_FAMILIES["graph_walk_random_regular"]), seed)
+        P = data_config(**NEW_FAMILIES["graph_walk_random_regular"]).transition(seed)
         A = P > 0
         assert (A.sum(1) == 3).all() and (A == A.T).all() and not A.diagonal().any() and (P[A] == 1 / 3).all()
-    r0, r1 = (markov.of(DataConfig(**NEW_FAMILIES["graph_walk_random_regular"]), s) for s in (0, 1))
+    r0, r1 = (data_config(**NEW_FAMILIES["graph_walk_random_regular"]).transition(s) for s in (0, 1))
     assert not np.array_equal(r0, r1)  # Π is per run: the graph is drawn from the seed
-    assert np.array_equal(r0, markov.of(DataConfig(**NEW_FAMILIES["graph_walk_random_regular"]), 0))
+    assert np.array_equal(r0, data_config(**NEW_FAMILIES["graph_walk_random_regular"]).transition(0))
     for P in (path, complete, grid, torus, cube):
         assert np.allclose(P.sum(1), 1, atol=1e-15, rtol=0)
 
@@ -220,9 +220,9 @@ def test_graph_walk_pi_of_each_graph():
 @pytest.mark.parametrize("family", sorted(NEW_FAMILIES))
 def test_new_sampler_matches_pi(family):
     """As test_sampler_matches_pi, with the run's seed passed to Π (random_regular's graph is the seed's)."""
-    d = DataConfig(N=41, n_train=4000, n_test=10, **NEW_FAMILIES[family])
+    d = data_config(N=41, n_train=4000, n_test=10, **NEW_FAMILIES[family])
     seed = 3
-    P = markov.of(d, seed)
+    P = d.transition(seed)
     train, test = data_mod.make(d, seed)
     s = torch.cat([train.tokens, train.y[:, None]], 1).numpy()
     counts = np.zeros((d.K, d.K))
@@ -232,7 +232,7 @@ def test_new_sampler_matches_pi(family):
     assert (np.abs(counts / rows - P) <= 5 * se + 1e-12).all(), (counts / rows, P)
     assert (counts[P == 0] == 0).all()
     assert torch.equal(train.P_true, torch.from_numpy(P[train.tokens[:, -1].numpy()]))
-    cfgs = [cfg(seed=sd, data=DataConfig(N=21, n_train=30, n_test=20, **NEW_FAMILIES[family])) for sd in (0, 1)]
+    cfgs = [cfg(seed=sd, data=data_config(N=21, n_train=30, n_test=20, **NEW_FAMILIES[family])) for sd in (0, 1)]
     tr, te = data_mod.make_batches(cfgs, workers=2)
     for r, c in enumerate(cfgs):
         a, b = data_mod.make(c.data, c.seed)
@@ -242,7 +242,7 @@ def test_new_sampler_matches_pi(family):
 def test_graph_walk_cycle_is_the_half_circle(tmp_path):
     """graph=cycle goes through the circle's own sampler: the same data, Π and opt_acc as random_walk p = 0.5."""
     kw = dict(K=6, N=13, n_train=40, n_test=300)
-    g, w = (cfg(data=DataConfig(**kw, **extra), optim=OptimConfig(steps=2))
+    g, w = (cfg(data=data_config(**kw, **extra), optim=OptimConfig(steps=2))
             for extra in (dict(name="graph_walk", graph="cycle"), dict(p=0.5)))
     for a, b in zip(data_mod.make(g.data, g.seed), data_mod.make(w.data, w.seed)):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.y, b.y) and torch.equal(a.P_true, b.P_true)
@@ -296,7 +296,7 @@ CYCLE_5 = [[0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1], [1, 0, 0, 0, 0], [
     (dict(name="graph_walk", graph="cycle", K=4, N=9), False),
 ])
 def test_trap_flag(data, trap, tmp_path):
-    c = cfg(data=DataConfig(n_train=50, n_test=10, **data), model=ModelConfig(M=data["N"] + 1), optim=OptimConfig(steps=1))
+    c = cfg(data=data_config(n_train=50, n_test=10, **data), model=ModelConfig(M=data["N"] + 1), optim=OptimConfig(steps=1))
     s = _summary(c, tmp_path)
     assert s["trap"] is trap
     train, _ = data_mod.make(c.data, c.seed)  # directly: within each cycle, every histogram against the first
@@ -327,7 +327,7 @@ ICL = dict(name="icl_markov", K=3, alpha=1.0)
 def test_kth_order_sampler_matches_its_tensor():
     """Transition counts per context (9 contexts × 3 states) over 4000 sequences of 41 states within 5
     standard errors of T; s_1, s_2 uniform; P_true = T[x_{N−2}, x_{N−1}] in both sets (one T per run)."""
-    d = DataConfig(N=41, n_train=4000, n_test=500, **KTH)
+    d = data_config(N=41, n_train=4000, n_test=500, **KTH)
     T = markov.kth_tensor(3, 2, 1.0, 3)
     assert T.shape == (3, 3, 3) and np.allclose(T.sum(-1), 1, rtol=0, atol=1e-12) and (T > 0).all()
     train, test = data_mod.make(d, 3)
@@ -354,18 +354,18 @@ def test_kth_order_sampler_matches_its_tensor():
 
 def test_kth_order_one_is_a_first_order_chain():
     """order = 1: T is a K×K Π; v_pi_cosine's Π is T, and none for order 2 or icl_markov."""
-    d = DataConfig(N=21, n_train=3000, n_test=10, **{**KTH, "order": 1, "K": 4})
+    d = data_config(N=21, n_train=3000, n_test=10, **{**KTH, "order": 1, "K": 4})
     T = markov.kth_tensor(4, 1, 1.0, 5)
-    assert T.shape == (4, 4) and np.array_equal(markov.first_order_pi(d, 5), T)
+    assert T.shape == (4, 4) and np.array_equal(d.first_order_pi(5), T)
     train, _ = data_mod.make(d, 5)
     s = torch.cat([train.tokens, train.y[:, None]], 1).numpy()
     counts = np.zeros((4, 4))
     np.add.at(counts, (s[:, :-1].ravel(), s[:, 1:].ravel()), 1)
     rows = counts.sum(1, keepdims=True)
     assert (np.abs(counts / rows - T) <= 5 * np.sqrt(T * (1 - T) / rows)).all()
-    assert markov.first_order_pi(DataConfig(N=21, **KTH), 5) is None
-    assert markov.first_order_pi(DataConfig(N=21, **ICL), 5) is None
-    assert np.array_equal(markov.first_order_pi(DataConfig(K=5, p=0.7), 0), markov.Pi(5, 0.7))
+    assert data_config(N=21, **KTH).first_order_pi(5) is None
+    assert data_config(N=21, **ICL).first_order_pi(5) is None
+    assert np.array_equal(data_config(K=5, p=0.7).first_order_pi(0), markov.Pi(5, 0.7))
 
 
 def _posterior_by_hand(tokens: np.ndarray, K: int, alpha: float) -> np.ndarray:
@@ -386,7 +386,7 @@ def test_icl_markov_p_true_is_the_posterior_predictive():
     """P_true equals the posterior predictive from the tokens, exactly; it is calibrated: over all (sequence,
     j), the frequency of y = j among the pairs whose P_true[j] falls in a bin matches the bin's mean P_true
     within 5 standard errors; every sequence has its own chain (its rows differ from its neighbours')."""
-    d = DataConfig(N=25, n_train=200, n_test=20000, **{**ICL, "alpha": 0.5})
+    d = data_config(N=25, n_train=200, n_test=20000, **{**ICL, "alpha": 0.5})
     train, test = data_mod.make(d, 2)
     for split in (train, test):
         assert torch.equal(split.P_true, torch.from_numpy(_posterior_by_hand(split.tokens.numpy(), 3, 0.5)))
@@ -415,12 +415,12 @@ def test_icl_markov_opt_acc_grows_with_N(tmp_path):
     limit E[max_j Π_{s,j}] ≈ 0.62 (11/18 ≈ 0.611 for a row drawn independently of s's stationary weight)."""
     acc = {}
     for N in (2, 5, 20, 100):
-        d = DataConfig(N=N, n_train=10, n_test=20000, **ICL)
+        d = data_config(N=N, n_train=10, n_test=20000, **ICL)
         acc[N] = data_mod.make(d, 0)[1].P_true.max(1).values.mean().item()
     assert acc[2] == pytest.approx(1 / 3, abs=1e-15)
     assert 0.46 < acc[5] < 0.49 and 0.555 < acc[20] < 0.585 and 0.595 < acc[100] < 0.625, acc
     assert acc[2] < acc[5] < acc[20] < acc[100] <= 1
-    c = cfg(data=DataConfig(N=20, n_train=10, n_test=20000, **ICL), model=ModelConfig(M=40), optim=OptimConfig(steps=1))
+    c = cfg(data=data_config(N=20, n_train=10, n_test=20000, **ICL), model=ModelConfig(M=40), optim=OptimConfig(steps=1))
     s = _summary(c, tmp_path)
     assert s["opt_acc"] == data_mod.make(c.data, c.seed)[1].P_true.max(1).values.mean().item() and c.opt_acc is None
 
@@ -428,7 +428,7 @@ def test_icl_markov_opt_acc_grows_with_N(tmp_path):
 def test_kth_order_opt_acc_is_the_tensor_s(tmp_path):
     """opt_acc = mean over the test set of max_j T[context, j]: ≤ 1, and near the mean of T's row maxima
     over uniform contexts (the chain's contexts are not exactly uniform)."""
-    c = cfg(data=DataConfig(N=21, n_train=10, n_test=5000, **KTH), model=ModelConfig(M=40), optim=OptimConfig(steps=1))
+    c = cfg(data=data_config(N=21, n_train=10, n_test=5000, **KTH), model=ModelConfig(M=40), optim=OptimConfig(steps=1))
     s = _summary(c, tmp_path)
     _, test = data_mod.make(c.data, c.seed)
     T = markov.kth_tensor(3, 2, 1.0, c.seed)
@@ -471,9 +471,9 @@ def test_icl_markov_sweep_end_to_end(tmp_path):
 def test_make_batches_and_prefetch_equal_make_beyond_first_order():
     """Stacked (2 workers) and prefetched draws are make's, run by run; runs of another order train apart
     (shape_key), so a batch's runs all have a Π or none has."""
-    cfgs = [cfg(seed=s, data=DataConfig(N=21, n_train=30, n_test=20, **kw)) for kw in (KTH, {**KTH, "order": 1})
+    cfgs = [cfg(seed=s, data=data_config(N=21, n_train=30, n_test=20, **kw)) for kw in (KTH, {**KTH, "order": 1})
             for s in (0, 1)]
-    for batch in (cfgs, [cfg(seed=s, data=DataConfig(N=21, n_train=30, n_test=20, **ICL)) for s in (0, 1)]):
+    for batch in (cfgs, [cfg(seed=s, data=data_config(N=21, n_train=30, n_test=20, **ICL)) for s in (0, 1)]):
         data_mod.prefetch(batch[1:])
         tr, te = data_mod.make_batches(batch, workers=2)
         for r, c in enumerate(batch):
@@ -487,8 +487,8 @@ def test_parent_positions_are_the_last_k_for_an_order_k_chain(tmp_path):
     # parents_attention is the final mean attention on them (from the last snapshot, taken at the last step)
     from rw_sweeps.core.training import parent_positions
 
-    kth = cfg(data=DataConfig(name="kth_order", K=3, N=13, order=3, n_train=64, n_test=64), optim=OptimConfig(steps=3))
-    walk = cfg(data=DataConfig(K=4, N=13, n_train=64, n_test=64), optim=OptimConfig(steps=3))
+    kth = cfg(data=data_config(name="kth_order", K=3, N=13, order=3, n_train=64, n_test=64), optim=OptimConfig(steps=3))
+    walk = cfg(data=data_config(K=4, N=13, n_train=64, n_test=64), optim=OptimConfig(steps=3))
     assert parent_positions(kth) == [10, 11, 12] and parent_positions(walk) == [12]
     s_kth, s_walk = (run.run_batch([c], [tmp_path / n], progress=False)[0] for c, n in ((kth, "k"), (walk, "w")))
     snaps = [json.loads(line) for line in (tmp_path / "k" / "snapshots.jsonl").read_text().splitlines()]

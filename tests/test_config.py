@@ -69,7 +69,7 @@ EXPECTED = {  # the paper's settings each preset must produce (single values; sw
 def test_experiment_presets_compose_to_the_paper_settings(name):
     c = composed(f"experiment={name}")
     assert c.experiment == name
-    flat = {"p": c.data.p, "K": c.data.K, "N": c.data.N, "init": c.init.name, "sigma": c.init.sigma, "lr": c.optim.lr,
+    flat = {"p": getattr(c.data, "p", None), "K": c.data.K, "N": c.data.N, "init": c.init.name, "sigma": c.init.sigma, "lr": c.optim.lr,
             "steps": c.optim.steps, "eps": c.optim.eps, "M": c.model.M, "normalize": c.model.normalize,
             "model": c.model.name, "m": c.model.m, "n_train": c.data.n_train, "n_test": c.data.n_test}
     assert {k: flat[k] for k in EXPECTED[name]} == EXPECTED[name]
@@ -95,13 +95,13 @@ def test_multirun_presets_declare_their_sweep(name, sweep):
     for task in ("qa_majority", "qa_preference"):
         if "data" in sweep:  # the preset's deltas survive the swept data group
             c = composed(f"experiment={name}", f"data={task}")
-            assert (c.data.K, c.data.N) == config.QA_SHAPES[task]
+            assert (c.data.K, c.data.N) == {"qa_majority": (19, 17), "qa_preference": (19, 19)}[task]
 
 
 BAD = [
     ("data.p=1.5", "data.p", "[0, 1]"), ("data.p=-0.1", "data.p", "[0, 1]"), ("data.p=abc", "data.p", "number"),
     ("data.K=2", "data.K", ">= 3"), ("data.N=1", "data.N", ">= 2"), ("data.n_train=0", "data.n_train", ">= 1"),
-    ("data.n_test=0", "data.n_test", ">= 1"), ("model.M=50", "model.M", "data.N"), ("init.sigma=-1", "init.sigma", ">= 0"),
+    ("data.n_test=0", "data.n_test", ">= 1"), ("model.M=50", "model.M", "data.N"), ("init=gaussian init.sigma=-1", "init.sigma", ">= 0"),
     ("optim.lr=0", "optim.lr", "> 0"), ("optim.lr=-1", "optim.lr", "> 0"), ("optim.eps=0", "optim.eps", "> 0"),
     ("optim.steps=0", "optim.steps", ">= 1"), ("precision=float16", "precision", "float64"),
     ("data.K=3.5", "data.K", "integer"), ("model.normalize=maybe", "model.normalize", "must be one of none, whole, positional, token"),
@@ -109,13 +109,20 @@ BAD = [
     ("data.r=1", "data.r", "unknown key"), ("init=uniform", "init", "gaussian, zero"),
     ("~data.p", "data.p", "cannot be removed"), ("+data.r=1", "data.r", "unknown key"),
     ("objective=foo", "objective", "test_acc"), ("seed=abc", "seed", "integer"),
-    ("snapshot_steps=[a]", "snapshot_steps", "list of integers"), ("optim.lr=${init.sigma}", "optim.lr", "> 0"),
+    ("snapshot_steps=[a]", "snapshot_steps", "list of integers"), ("init=gaussian init.sigma=0 optim.lr=${init.sigma}", "optim.lr", "> 0"),
     ("data=qa_majority data.N=20", "data.N", "17"), ("model=transformer_ffn model.m=0", "model.m", ">= 1"),
     ("init=gaussian init.draw=sparse", "init.draw", "compact, dense"),
     ("model.normalize=unit", "model.normalize", "none, whole, positional, token"),
-    ("model.ffn=before", "model.ffn", "transformer_ffn"), ("model=transformer_ffn model.ffn=inside", "model.ffn", "after, before"),
-    ("optim.name=sgd", "optim.name", "gd, adam"), ("optim.beta1=1", "optim.beta1", "[0, 1)"),
-    ("optim.beta2=-0.1", "optim.beta2", "[0, 1)"), ("optim.adam_eps=0", "optim.adam_eps", "> 0"),
+    ("model.ffn=before", "model.ffn", "unknown key for model=transformer; allowed: name, M, normalize"), ("model=transformer_ffn model.ffn=inside", "model.ffn", "after, before"),
+    ("optim.name=sgd", "optim.name", "gd, adam"), ("optim=adam optim.beta1=1", "optim.beta1", "[0, 1)"),
+    ("optim=adam optim.beta2=-0.1", "optim.beta2", "[0, 1)"), ("optim=adam optim.adam_eps=0", "optim.adam_eps", "> 0"),
+    # one schema per option: a key of another option is refused, naming the keys this one allows
+    ("data=random_walk data.q=0.3", "data.q", "unknown key for data=random_walk; allowed: name, K, N, n_train, n_test, p"),
+    ("data=binary_chain data.stay=0.2", "data.stay", "unknown key for data=binary_chain; allowed: name, K, N, n_train, n_test, p, q"),
+    ("data=random_walk data.stay=0.7 data.order=3 data.graph=torus", "data.stay", "unknown key for data=random_walk"),
+    ("init=zero init.sigma=0.1", "init.sigma", "unknown key for init=zero; allowed: name"),
+    ("optim.beta1=0.5", "optim.beta1", "unknown key for optim=gd; allowed: name, lr, steps, eps, reduction"),
+    ("model.m=4", "model.m", "unknown key for model=transformer"),
     # the first-order chains beyond the circle: K per family, probabilities, Π's shape and rows
     ("data=binary_chain data.K=3", "data.K", "must be 2"), ("data=binary_chain data.q=1.5", "data.q", "[0, 1]"),
     ("data=binary_chain data.q=abc", "data.q", "number"), ("data=lazy_walk data.stay=-0.1", "data.stay", "[0, 1]"),
@@ -126,14 +133,14 @@ BAD = [
     ("data=markov_matrix data.Pi=[[0.5,0.5],[0.5,0.5]]", "data.Pi", "data.K×data.K (3×3)"),
     ("data=markov_matrix data.Pi=null", "data.Pi", "row-stochastic"),
     ("data=markov_matrix data.Pi=abc", "data.Pi", "list of rows"),
-    ("data.Pi=[[1.0]]", "data.Pi", "null unless data=markov_matrix"),
+    ("data.Pi=[[1.0]]", "data.Pi", "unknown key for data=random_walk"),
     # jump_walk's probabilities and graph_walk's graphs
     ("data=jump_walk data.jumps=[0.5,0.6]", "data.jumps", "sums to 1.1"),
     ("data=jump_walk data.jumps=[1.2,-0.2]", "data.jumps", "entry 1 (P(-1)) is -0.2"),
     ("data=jump_walk data.jumps=[0.5,0.25,0.25]", "data.jumps", "even-length"),
     ("data=jump_walk data.jumps=abc", "data.jumps", "list of numbers"),
     ("data=jump_walk data.K=2", "data.K", ">= 3"),
-    ("data.jumps=[0.5,0.5]", "data.jumps", "null unless data=jump_walk"),
+    ("data.jumps=[0.5,0.5]", "data.jumps", "unknown key for data=random_walk"),
     ("data=graph_walk data.graph=star", "data.graph", "cycle, path, complete, grid, torus, hypercube, random_regular"),
     ("data=graph_walk data.graph=grid data.side=4", "data.K", "side² = 16 for data.graph=grid"),
     ("data=graph_walk data.graph=torus data.side=2 data.K=4", "data.side", ">= 3"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from rw_sweeps.core import data
-from rw_sweeps.core.config import DataConfig
+from rw_sweeps.core.config import data_config
 
 
 def test_Pi_is_the_circle_transition_matrix():
@@ -43,9 +43,9 @@ def test_deterministic_walks_visit_every_node_r_times():
 
 
 def test_seed_fixes_data_and_precision_does_not_matter():
-    a = data.make(DataConfig(p=0.5), 3)
-    b = data.make(DataConfig(p=0.5), 3)
-    c = data.make(DataConfig(p=0.5), 4)
+    a = data.make(data_config(p=0.5), 3)
+    b = data.make(data_config(p=0.5), 3)
+    c = data.make(data_config(p=0.5), 4)
     assert torch.equal(a[0].tokens, b[0].tokens) and torch.equal(a[1].y, b[1].y)
     assert not torch.equal(a[0].tokens, c[0].tokens)
     assert a[0].tokens.shape == (1000, 96) and a[1].tokens.shape == (1000, 96)
@@ -108,7 +108,7 @@ FROZEN = [
 
 def test_a_seed_gives_the_frozen_data():
     for kw, seed, want in FROZEN:
-        assert tuple(_sha(s) for s in data.make(DataConfig(**kw), seed)) == want, (kw, seed)
+        assert tuple(_sha(s) for s in data.make(data_config(**kw), seed)) == want, (kw, seed)
 
 
 def _reference_walks(K, N, p, n, gen):
@@ -138,7 +138,7 @@ def test_fast_walks_equal_the_reference_on_odd_shapes():
 def _runs(specs):
     from rw_sweeps.core.config import RunConfig
 
-    return [RunConfig(seed=seed, data=DataConfig(**kw)) for seed, kw in specs]
+    return [RunConfig(seed=seed, data=data_config(**kw)) for seed, kw in specs]
 
 
 def test_make_batches_equals_per_run_make_for_any_worker_count():

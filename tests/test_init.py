@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rw_sweeps.core import model, oracle, training
-from rw_sweeps.core.config import ConfigError, DataConfig, InitConfig, ModelConfig, validate
+from rw_sweeps.core.config import ConfigError, FfnModelConfig, GaussianInit, InitConfig, ModelConfig, data_config, validate
 
 from .test_engine import cfg, trajectory
 
@@ -24,7 +24,7 @@ def test_compact_draw_has_the_dense_draws_law():
     for mo in (ModelConfig(M=64, normalize="none"), ModelConfig(M=64, normalize=True), ModelConfig(M=64, pos_denom="M+1", pos_scale=0.5, normalize="none"),
                ModelConfig(M=64, gram="numeric", normalize="none")):
         sigma = 0.03
-        cs = [cfg(init=InitConfig("gaussian", sigma), model=mo, seed=s) for s in range(400)]
+        cs = [cfg(init=GaussianInit("gaussian", sigma), model=mo, seed=s) for s in range(400)]
         geo = model.geometry(mo, cs[0].data.N)
         st = training.initial_state(cs, geo, torch.float64)
         for x, var in ((st.a, sigma**2 * geo.kappa), (st.c, sigma**2 * geo.kappa * geo.pp)):
@@ -38,17 +38,17 @@ def test_compact_draw_has_the_dense_draws_law():
         off = corr - torch.diag(torch.diag(corr))
         assert off.abs().max() < 0.25, mo
         # the dense draw of the same runs reduces to (a, c) with the same law (checked loosely: fewer seeds)
-        dense = training.initial_state([dataclasses.replace(c, init=InitConfig("gaussian", sigma, "dense"))
+        dense = training.initial_state([dataclasses.replace(c, init=GaussianInit("gaussian", sigma, "dense"))
                                         for c in cs[:100]], geo, torch.float64)
         ratio = (dense.c**2).mean() / (sigma**2 * geo.kappa * geo.pp)
         assert 0.8 < ratio < 1.2, mo
 
 
 def test_v_and_a_are_the_same_under_both_draws_and_the_state_differs():
-    for mo in (ModelConfig(M=64, normalize="none"), ModelConfig(name="transformer_ffn", M=64, m=7, normalize="none")):
-        c = cfg(init=InitConfig("gaussian", 0.02), model=mo, seed=3)
+    for mo in (ModelConfig(M=64, normalize="none"), FfnModelConfig(name="transformer_ffn", M=64, m=7, normalize="none")):
+        c = cfg(init=GaussianInit("gaussian", 0.02), model=mo, seed=3)
         comp, _ = _state(c)
-        dense, _ = _state(dataclasses.replace(c, init=InitConfig("gaussian", 0.02, "dense")))
+        dense, _ = _state(dataclasses.replace(c, init=GaussianInit("gaussian", 0.02, "dense")))
         assert comp.params.keys() == dense.params.keys()
         for k in comp.params:
             assert torch.equal(comp.params[k], dense.params[k]), k
@@ -56,8 +56,8 @@ def test_v_and_a_are_the_same_under_both_draws_and_the_state_differs():
 
 
 def test_compact_draw_does_not_depend_on_the_data_sizes():
-    c = cfg(init=InitConfig("gaussian", 0.02), seed=5)
-    other = dataclasses.replace(c, data=DataConfig(K=5, N=21, p=0.2, n_train=7, n_test=300))
+    c = cfg(init=GaussianInit("gaussian", 0.02), seed=5)
+    other = dataclasses.replace(c, data=data_config(K=5, N=21, p=0.2, n_train=7, n_test=300))
     x, _ = _state(c)
     y, _ = _state(other)
     assert torch.equal(x.a, y.a) and torch.equal(x.c, y.c) and torch.equal(x.params["V"], y.params["V"])
@@ -65,7 +65,7 @@ def test_compact_draw_does_not_depend_on_the_data_sizes():
 
 def test_dense_W_reduces_to_the_compact_state():
     for mo in (ModelConfig(M=64, normalize="none"), ModelConfig(M=64, normalize=True), ModelConfig(M=64, gram="numeric", normalize="none")):
-        c = cfg(init=InitConfig("gaussian", 0.05), model=mo, seed=2)
+        c = cfg(init=GaussianInit("gaussian", 0.05), model=mo, seed=2)
         st, geo = _state(c)
         W = model.dense_W(st.a[0], st.c[0], mo, c.data.K, c.data.N, geo)
         a, cc = model.compact(W, mo, c.data.K, c.data.N, geo)
@@ -73,11 +73,11 @@ def test_dense_W_reduces_to_the_compact_state():
 
 
 ORACLE = {
-    "gaussian": dict(init=InitConfig("gaussian", 0.01)),
-    "gaussian-normalized": dict(init=InitConfig("gaussian", 0.05), model=ModelConfig(M=64, normalize=True)),
-    "M+1-scaled": dict(model=ModelConfig(M=64, pos_denom="M+1", pos_scale=0.5), init=InitConfig("gaussian", 0.02)),
-    "ffn-gaussian": dict(model=ModelConfig(name="transformer_ffn", M=64, m=7), init=InitConfig("gaussian", 0.1)),
-    "float32": dict(precision="float32", init=InitConfig("gaussian", 0.01)),
+    "gaussian": dict(init=GaussianInit("gaussian", 0.01)),
+    "gaussian-normalized": dict(init=GaussianInit("gaussian", 0.05), model=ModelConfig(M=64, normalize=True)),
+    "M+1-scaled": dict(model=ModelConfig(M=64, pos_denom="M+1", pos_scale=0.5), init=GaussianInit("gaussian", 0.02)),
+    "ffn-gaussian": dict(model=FfnModelConfig(name="transformer_ffn", M=64, m=7), init=GaussianInit("gaussian", 0.1)),
+    "float32": dict(precision="float32", init=GaussianInit("gaussian", 0.01)),
 }
 
 
@@ -103,7 +103,7 @@ def test_engine_matches_the_oracle_under_both_draws(case, draw):
 
 def test_init_draw_is_validated():
     with pytest.raises(ConfigError) as e:
-        validate(dataclasses.replace(cfg(), init=InitConfig("gaussian", 0.01, "sparse")))
+        validate(dataclasses.replace(cfg(), init=GaussianInit("gaussian", 0.01, "sparse")))
     msg = str(e.value)
     assert "init.draw" in msg and "sparse" in msg and "compact" in msg and "dense" in msg
     assert cfg().init.draw == "compact"
@@ -126,12 +126,12 @@ def test_only_the_dense_draw_is_charged_for_the_dense_W():
     """The memory check before a run starts counts the (K+M)² W only where it is drawn (init.draw=dense)."""
     import dataclasses
 
-    from rw_sweeps.core.config import RunConfig
+    from rw_sweeps.core.config import GaussianInit, RunConfig
     from rw_sweeps.core.resources import run_bytes
 
     base = RunConfig()
     big = dataclasses.replace(base, model=dataclasses.replace(base.model, M=30000))
-    gauss = {draw: dataclasses.replace(big, init=dataclasses.replace(big.init, name="gaussian", sigma=0.01, draw=draw))
+    gauss = {draw: dataclasses.replace(big, init=GaussianInit(sigma=0.01, draw=draw))
              for draw in ("compact", "dense")}
     zero = run_bytes(big)[0]
     assert run_bytes(gauss["compact"])[0] == zero

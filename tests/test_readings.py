@@ -27,7 +27,7 @@ import torch
 
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import fused, model, oracle, training
-from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig, from_dict
+from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, data_config, from_dict, option_config
 
 from .test_engine import cfg
 
@@ -40,9 +40,9 @@ NORMALIZE = ("none", "whole", "positional", "token")
 
 
 def reading(model_: str, normalize, reduction: str = "mean", draw: str = "compact", seed: int = 0):
-    return cfg(seed=seed, data=DataConfig(K=K, N=N, p=0.7, n_train=n, n_test=n),
-               model=ModelConfig(M=M, normalize=normalize, **MODELS[model_]),
-               init=InitConfig("gaussian", SIGMA, draw),
+    return cfg(seed=seed, data=data_config(K=K, N=N, p=0.7, n_train=n, n_test=n),
+               model=option_config("model", M=M, normalize=normalize, **MODELS[model_]),
+               init=GaussianInit("gaussian", SIGMA, draw),
                optim=OptimConfig(lr=LR[reduction], steps=T, reduction=reduction), eval_every=T, snapshot_steps=[0])
 
 
@@ -128,7 +128,7 @@ def test_normalize_true_still_means_whole(tmp_path):
 def test_the_ffn_before_from_zero_init_is_a_fixed_point(tmp_path):
     """As after the attention (test_engine): from A = V = W = 0, f ≡ A·ReLU(0)·h = 0 and every gradient carries
     a factor A or ReLU'(0) = 0, in the engine as in the oracle."""
-    c = cfg(data=DataConfig(K=K, N=N, p=0.7, n_train=n, n_test=n), model=ModelConfig(M=M, **MODELS["ffn-before"]),
+    c = cfg(data=data_config(K=K, N=N, p=0.7, n_train=n, n_test=n), model=option_config("model", M=M, **MODELS["ffn-before"]),
             optim=OptimConfig(lr=5.0, steps=5), snapshot_steps=[0])
     theta = oracle.train(c, 5, trajectory=False)[-1][3]
     assert all(float(theta[k].abs().max()) == 0 for k in ("A", "V", "W"))

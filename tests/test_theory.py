@@ -18,7 +18,7 @@ from torch.func import jvp
 
 from rw_sweeps.core import engine, model, theory, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import DataConfig, InitConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.core.config import AdamConfig, FfnModelConfig, GaussianInit, InitConfig, ModelConfig, OptimConfig, RunConfig, data_config, validate
 
 from .conftest import ROOT
 
@@ -29,8 +29,8 @@ T = 1200  # σ = 1e-7 breaks at steps 830–1140 on these seeds
 
 
 def cfg(seed: int = 10, sigma: float = 1e-7, steps: int = T, **kw) -> RunConfig:
-    base = dict(data=DataConfig(K=4, N=13, p=1.0, n_train=64, n_test=64), model=ModelConfig(M=40),
-                optim=OptimConfig(lr=1.0, steps=steps), init=InitConfig("gaussian", sigma), seed=seed,
+    base = dict(data=data_config(K=4, N=13, p=1.0, n_train=64, n_test=64), model=ModelConfig(M=40),
+                optim=OptimConfig(lr=1.0, steps=steps), init=GaussianInit("gaussian", sigma), seed=seed,
                 snapshot_steps=[], wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     base.update(kw)
     return validate(RunConfig(**base))
@@ -68,7 +68,7 @@ def test_jvp_is_the_derivative_of_the_compact_step(normalize):
 
 
 def test_jvp_of_the_ffn_step():
-    c = cfg(model=ModelConfig(name="transformer_ffn", M=40, m=5), steps=5)
+    c = cfg(model=FfnModelConfig(name="transformer_ffn", M=40, m=5), steps=5)
     step, x = _step_and_state(c, 0.3)
     assert len(x) == 4  # V, a, c, A
     d = tuple(torch.randn(v.shape, generator=torch.Generator().manual_seed(2), dtype=v.dtype) for v in x)
@@ -171,7 +171,7 @@ def test_a_fast_escape_between_evaluations(tmp_path):
 
 def test_zero_init_predicts_its_own_break(tmp_path):
     # off the trap (p = 0.9) the zero-init run breaks by itself; on it (p = 1) never
-    cs = [cfg(sigma=0.0, init=InitConfig("zero"), data=DataConfig(K=4, N=13, p=p, n_train=64, n_test=64), steps=30)
+    cs = [cfg(sigma=0.0, init=InitConfig("zero"), data=data_config(K=4, N=13, p=p, n_train=64, n_test=64), steps=30)
           for p in (0.9, 1.0)]
     pred = theory.predict(cs)
     meas = run.run_batch(cs, [tmp_path / "a", tmp_path / "b"], progress=False)
@@ -184,7 +184,7 @@ def test_off_the_trap_every_sigma_is_checked_where_training_evaluates(tmp_path):
     # spread and crosses later (330). Predicted together, the small σ must still break with the base, as it
     # does when trained, not when the larger σ does.
     def c(sigma):
-        return cfg(seed=3, sigma=sigma, steps=340, eval_every=10, data=DataConfig(p=0.9), model=ModelConfig(normalize="whole"))
+        return cfg(seed=3, sigma=sigma, steps=340, eval_every=10, data=data_config(p=0.9), model=ModelConfig(normalize="whole"))
 
     together = [r["predicted_break_step"] for r in theory.predict([c(1e-8), c(1e-2)])]
     alone = theory.predict([c(1e-8)])[0]["predicted_break_step"]
@@ -194,8 +194,8 @@ def test_off_the_trap_every_sigma_is_checked_where_training_evaluates(tmp_path):
 
 
 def test_adam_and_the_ffn_get_no_prediction_and_a_reason():
-    adam = cfg(optim=OptimConfig(name="adam", lr=0.01, steps=10))
-    ffn = cfg(model=ModelConfig(name="transformer_ffn", M=40, m=5), steps=10)
+    adam = cfg(optim=AdamConfig(name="adam", lr=0.01, steps=10))
+    ffn = cfg(model=FfnModelConfig(name="transformer_ffn", M=40, m=5), steps=10)
     for p, word in zip(theory.predict([adam, ffn]), ("adam", "ReLU")):
         assert p["predicted_break_step"] is None and p["growth"] is None and word in p["reason"]
 

@@ -19,7 +19,7 @@ import pytest
 
 from rw_sweeps.sweeps import lock, run
 from rw_sweeps.core import results
-from rw_sweeps.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, validate
+from rw_sweeps.core.config import AdamConfig, GaussianInit, ModelConfig, OptimConfig, RunConfig, data_config, validate
 
 from .conftest import launch, start_launch, wait_until
 
@@ -50,8 +50,8 @@ RESULT_FIELDS_THAT_VARY = ("wall_s",)
 
 
 def _resume_cfg(backend_opt: str) -> RunConfig:
-    optim = OptimConfig(name="adam", lr=0.01, steps=300) if backend_opt == "adam" else OptimConfig(lr=1.0, steps=300)
-    return validate(RunConfig(data=DataConfig(K=5, N=21, p=0.7, n_train=60, n_test=40), model=ModelConfig(M=64),
+    optim = AdamConfig(name="adam", lr=0.01, steps=300) if backend_opt == "adam" else OptimConfig(lr=1.0, steps=300)
+    return validate(RunConfig(data=data_config(K=5, N=21, p=0.7, n_train=60, n_test=40), model=ModelConfig(M=64),
                               optim=optim, eval_every=100, checkpoint_every=30, snapshot_steps=[0, 100, 200],
                               seed=3, wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
 
@@ -352,7 +352,7 @@ TWO_BLOCKS = [[.5, .5, 0, 0], [.5, .5, 0, 0], [0, 0, .5, .5], [0, 0, .5, .5]]   
 
 
 def _chain_run(tmp_path, Pi, name: str) -> dict:
-    cfg = validate(RunConfig(data=DataConfig(name="markov_matrix", K=4, N=97, Pi=Pi, n_train=200, n_test=200),
+    cfg = validate(RunConfig(data=data_config(name="markov_matrix", K=4, N=97, Pi=Pi, n_train=200, n_test=200),
                              model=ModelConfig(M=200), optim=OptimConfig(lr=1.0, steps=100), eval_every=10,
                              wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
     return run.execute([cfg], [tmp_path / name], progress=False)[0]
@@ -437,11 +437,11 @@ def test_a_single_run_into_a_folder_of_another_config_is_refused_unless_overwrit
 
 
 def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the_spread_threshold(tmp_path):
-    base = dict(data=DataConfig(p=1.0), model=ModelConfig(normalize="whole"), eval_every=10, seed=103,
+    base = dict(data=data_config(p=1.0), model=ModelConfig(normalize="whole"), eval_every=10, seed=103,
                 wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     from rw_sweeps.core.config import InitConfig
 
-    below = validate(RunConfig(**base, init=InitConfig("gaussian", 1e-3), optim=OptimConfig(lr=1.0, steps=1000)))
+    below = validate(RunConfig(**base, init=GaussianInit("gaussian", 1e-3), optim=OptimConfig(lr=1.0, steps=1000)))
     trapped = validate(RunConfig(**{**base, "model": ModelConfig()}, optim=OptimConfig(lr=1.0, steps=200)))
     s, z = run.execute([below, trapped], [tmp_path / "below", tmp_path / "zero"], progress=False)
     # the spread never crossed 1e-3, yet the predictions changed: accuracy doubled from the trap's 1/6
@@ -464,7 +464,7 @@ def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forwa
 
     from rw_sweeps.core import data as data_mod, engine, model
     K, N, R = 4, 17, 24
-    cfg = validate(RunConfig(data=DataConfig(K=K, N=N, p=0.7, n_train=8, n_test=50), model=ModelConfig(M=32, **model_keys)))
+    cfg = validate(RunConfig(data=data_config(K=K, N=N, p=0.7, n_train=8, n_test=50), model=ModelConfig(M=32, **model_keys)))
     geo = model.geometry(cfg.model, N)
     _, test = data_mod.make(cfg.data, 0)
     g = torch.Generator().manual_seed(0)

@@ -1,11 +1,24 @@
-"""One typed config for one training run, and its validation.
+"""One typed config for one training run, one schema per option, and their validation.
 
-These dataclasses are the schema: `register()` puts `RunConfig` in Hydra's ConfigStore as `run_schema`, the
-first entry of `conf/config.yaml`'s defaults, so every default is written here once and the YAML files hold
-only deltas. Hydra composes `conf/` into a plain dict; `from_dict` turns it into a `RunConfig`, checking
-every key once, before anything is trained or written. A bad value raises `ConfigError` whose one-line
-message names the key by its dotted Hydra name, the value, and what is allowed; `from_hydra_error` maps
-Hydra's and OmegaConf's own composition errors to the same line.
+A run is `RunConfig`: its own keys, and one option of each group (`data`, `model`, `init`, `optim`), each a
+dataclass declared with `@option(group)` that holds only that option's keys, every default written once,
+with its comment. `register()` stores `RunConfig` in Hydra's ConfigStore as `run_schema` (the first entry of
+`conf/config.yaml`'s defaults) and each option as `<group>/<name>_schema`, which the option's YAML file names
+in its defaults; the YAML files hold only deltas. A key of another option is then rejected in one line
+(`invalid config: data.q=0.3: unknown key for data=random_walk; allowed: name, K, N, n_train, n_test, p`).
+
+Typing is OmegaConf's: Hydra composes against these schemas, and `from_dict` checks every value of a plain
+dict with OmegaConf's own conversion rules (`typed`), once per distinct value. What OmegaConf cannot state
+(ranges, Π rows summing to 1, K per family, cross-key rules) is `validate`'s, each failing as `ConfigError`
+with the dotted key, the value and what is allowed; `from_hydra_error` maps Hydra's and OmegaConf's own
+composition errors to the same line.
+
+Which fields batch together and which identify a run's data are derived from the schemas: every field is
+part of a run's shape (`shape_key`) but those a class declares per run (`PER_RUN`: seed, lr, eps, σ, p, …).
+
+Grids across init options: zero init is σ = 0. `init=gaussian init.sigma=0,1e-3,1e-2` sweeps one σ axis
+whose σ = 0 point is zero init's V = W = 0 (with the gaussian protocol's normalisation, `model.normalize`
+auto); `init=zero` has no σ, so `init=zero init.sigma=…` is refused rather than trained once per σ.
 """
 from __future__ import annotations
 
@@ -15,57 +28,108 @@ import functools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, ClassVar, List, Optional
+
+from omegaconf import MISSING
 
 from .errors import ConfigError, one_line
 
-# kth_order's bound on T (markov is plain numpy: no import cycle, nothing heavy)
-from .markov import MAX_KTH_ENTRIES
-
-# Shapes of the question-answering tasks of §6 (19-word vocabulary; N − 1 words, then the answer).
-QA_SHAPES = {"qa_majority": (19, 17), "qa_preference": (19, 19)}
-# First-order Markov chains over K states (rw_sweeps.core.markov.transition gives each one's Π); the circle
-# families need K ≥ 3 (for K = 2 the ±1 steps land on the same node), binary_chain is K = 2 by definition.
-CIRCLE_CHAINS = ("random_walk", "lazy_walk", "jump_walk")
-CHAINS = (*CIRCLE_CHAINS, "binary_chain", "markov_matrix")
-CHAINS += ("graph_walk",)  # a simple random walk on a named graph (markov.GRAPHS)
-# Chains whose next state depends on more than the last one: an order-k chain with a Dirichlet tensor per seed,
-# and Edelman et al.'s fresh chain per sequence (rw_sweeps.core.data.kth_order, icl_markov); no single Π.
-CONTEXT_CHAINS = ("kth_order", "icl_markov")
 NORMALIZE = ("none", "whole", "positional", "token")
 # bools (and what OmegaConf makes of a bool given to a str key) read as before model.normalize was a string
 NORMALIZE_ALIASES = {True: "whole", False: "none", "True": "whole", "False": "none", "true": "whole",
                      "false": "none"}
 DEFAULT_SNAPSHOTS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 400, 700, 1000]
+SEED_MAX = 2**32 - 1  # seeds are 0 … 2³²−1 (torch's generator uses 32 bits; the init stream: model.init_seed)
+GROUPS = ("data", "model", "init", "optim")
+
+# ------------------------------------------------------------------------------------------ the registry
+OPTIONS: dict[str, dict[str, type]] = {g: {} for g in GROUPS}  # group → option name → its schema
 
 
+def option(group: str):
+    """Declare a dataclass as the schema of one option of `group`, named by its `name` field's default:
+    `from_dict` builds it for `<group>.name`, Hydra composes `<group>/<name>_schema` into it."""
+    def declare(cls):
+        name = cls.__dataclass_fields__["name"].default
+        if name in OPTIONS[group] and OPTIONS[group][name] is not cls:
+            raise ValueError(f"two schemas declare {group}={name}")
+        OPTIONS[group][name] = cls
+        _store(group, name, cls)
+        return cls
+    return declare
+
+
+def _store(group: str, name: str, cls: type) -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group=group, name=f"{name}_schema", node=cls, provider="rw_sweeps")
+
+
+def choice(key: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"must be one of {', '.join(map(str, allowed))}")
+
+
+# ------------------------------------------------------------------------------------------ data
 @dataclass
 class DataConfig:
-    name: str = "random_walk"  # random_walk | lazy_walk | jump_walk | graph_walk | binary_chain | markov_matrix | kth_order | icl_markov | qa_majority | qa_preference
-    K: int = 6  # number of nodes (vocabulary size for QA; 2 for binary_chain; Π's size for markov_matrix)
+    """The keys every data family has. A family (`rw_sweeps.core.families`) subclasses it with its own keys
+    and behaviour: its rules (`validate`), its Π (`transition`, None when the chain is not first order),
+    its sampler (`draw`) and, where it has a closed form, its Bayes-optimal accuracy (`opt_acc`)."""
+    name: str = MISSING  # the family: the choice of `data=...`
+    K: int = 6  # number of states (vocabulary size for QA)
     N: int = 97  # sequence length, counting the target: N − 1 observed tokens
-    p: float = 0.5  # probability of a clockwise (+1) step (random_walk, lazy_walk); P(0→1) for binary_chain
-    q: float = 0.5  # P(1→0) (binary_chain only: Makkuva et al.'s switching probabilities p, q)
-    stay: float = 0.0  # holding probability (lazy_walk only): Π = stay·I + (1 − stay)·Π_circle(p)
-    Pi: Optional[List[List[float]]] = None  # the row-stochastic K×K Π, a list of rows (markov_matrix only)
-    # markov_matrix only: Π from a file instead (a .npy array, or text: K rows of K numbers separated by spaces
-    # or commas; a relative path is from the launch folder). Read when the config is validated; it replaces
-    # data.Pi, so a run's config.yaml holds the matrix it was trained on.
-    Pi_file: Optional[str] = None
-    jumps: Optional[List[float]] = None  # jump_walk only: [P(+1), P(−1), P(+2), P(−2), …, P(+r), P(−r)], sum 1
-    graph: str = "cycle"  # graph_walk only: cycle | path | complete | grid | torus | hypercube | random_regular
-    degree: int = 3  # graph_walk random_regular only: d of the random d-regular graph on K nodes (drawn from the seed)
-    side: int = 3  # graph_walk grid/torus only: side × side nodes (data.K must be side²)
-    dim: int = 3  # graph_walk hypercube only: {0,1}^dim (data.K must be 2^dim)
-    order: int = 1  # kth_order only: k, the next state's law depends on the last k states
-    alpha: float = 1.0  # Dirichlet(alpha·1_K) concentration of kth_order's T rows and icl_markov's per-sequence Π rows
     n_train: int = 1000
     n_test: int = 1000
+    PER_RUN: ClassVar[tuple] = ()  # keys whose values differ within one batch (the rest is the run's shape)
+
+    def validate(self, seed: int) -> None:
+        """The family's own rules (ConfigError, one line)."""
+
+    def transition(self, seed: int = 0):
+        """Π as a K×K numpy array (row i: the law of the next state given state i), None if the data are not
+        a first-order chain; `seed` (the run's) matters only where the chain is drawn from it."""
+        return None
+
+    def first_order_pi(self, seed: int):
+        """The Π that V is compared with (v_pi_cosine) and that the trap's classes come from."""
+        return self.transition(seed)
+
+    @property
+    def opt_acc(self) -> Optional[float]:
+        """The Bayes-optimal accuracy where it has a closed form; None: the summary measures it on the test set."""
+        return None
+
+    @property
+    def context(self) -> int:
+        """How many last states the next one depends on (the attention's parents)."""
+        return 1
+
+    def draw(self, n: int, gen, seed: int):
+        """n sequences (`rw_sweeps.core.data.Split`) from the generator; default: the first-order chain Π."""
+        from .data import chains
+
+        return chains(self.transition(seed), self.N, n, gen)
+
+    def draw_into(self, gen, seed: int, tokens, y, P_true) -> None:
+        """`draw` written into a stacked batch's numpy views (a family with a faster path overrides it)."""
+        import torch
+
+        s = self.draw(len(y), gen, seed)
+        tokens[...], y[...] = s.tokens.numpy(), s.y.numpy()
+        P_true[...] = s.P_true.to(torch.from_numpy(P_true[:0]).dtype).numpy()
+
+    def in_unit(self, key: str, value: float) -> None:
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise ConfigError(f"data.{key}", value, "must be in [0, 1]")
 
 
+# ------------------------------------------------------------------------------------------ models
+@option("model")
 @dataclass
 class ModelConfig:
-    name: str = "transformer"  # transformer (eq. 2.1) | transformer_ffn (F.1)
+    """eq. 2.1: f(X) = V X S(X̃ᵀ W x̃_N), X̃ = [X; P]."""
+    name: str = "transformer"
     M: int = 1000  # positional-embedding dimension
     # where x̃_i is scaled to unit length inside the attention only (§4, §8.5; the value path keeps one-hot
     # x_i): auto (the paper's protocol: whole with init=gaussian, none with init=zero) | none | whole (x̃_i)
@@ -76,39 +140,91 @@ class ModelConfig:
     pos_denom: str = "M"  # D = M (spec's choice) | "M+1" (DST-I basis)
     pos_scale: float = 1.0
     gram: str = "exact"  # exact: p_iᵀp_j = ‖p‖²·1[i=j] | numeric: P Pᵀ as rounded (fragility studies, §8.9)
-    m: Optional[int] = None  # FFN width (transformer_ffn only)
-    # where the FFN of F.1 sits (transformer_ffn only): after the attention, f = A·ReLU(V·X·S) | before it,
-    # per token, f = Σ_i S_i·A·ReLU(V x_i) = A·ReLU(V)·X·S (x_N's token part is 0, so the query adds nothing)
+    PER_RUN: ClassVar[tuple] = ()
+
+    @property
+    def is_ffn(self) -> bool:
+        """The F.1 variant, f = A·ReLU(V·X·S)."""
+        return False
+
+    @property
+    def m(self) -> Optional[int]:
+        """The FFN width (None: no FFN)."""
+        return None
+
+    @property
+    def ffn(self) -> str:
+        return "after"
+
+
+@option("model")
+@dataclass
+class FfnModelConfig(ModelConfig):
+    """App. F.1: f(X) = A ReLU(V X S(X̃ᵀ W x̃_N)), A ∈ R^{K×m}, V ∈ R^{m×K}: the transformer plus an FFN."""
+    name: str = "transformer_ffn"
+    m: int = 19  # FFN width
+    # where the FFN sits: after the attention, f = A·ReLU(V·X·S) | before it, per token,
+    # f = Σ_i S_i·A·ReLU(V x_i) = A·ReLU(V)·X·S (x_N's token part is 0, so the query adds nothing)
     ffn: str = "after"
 
     @property
     def is_ffn(self) -> bool:
-        """The F.1 variant, f = A·ReLU(V·X·S): the one place that asks."""
-        return self.name == "transformer_ffn"
+        return True
 
 
+# ------------------------------------------------------------------------------------------ inits
+@option("init")
 @dataclass
 class InitConfig:
-    name: str = "zero"  # zero | gaussian: V, W (and A) i.i.d. N(0, sigma²)
-    sigma: float = 0.0
-    # how gaussian draws W (A and V are drawn the same either way): compact (default) draws a = (W x̂_N)[:K]
-    # and c_j = p_jᵀ(W x̂_N)[K:] directly, the same distribution as the dense draw, not the same sample |
+    """V(0) = 0, W(0) = 0 (and A(0) = 0): the theory's setting, and σ = 0 of the σ axis."""
+    name: str = "zero"
+
+    @property
+    def sigma(self) -> float:
+        return 0.0
+
+    @property
+    def draw(self) -> str:
+        return "compact"
+
+
+@option("init")
+@dataclass
+class GaussianInit(InitConfig):
+    """V_ij(0), W_ij(0) (and A for the FFN) i.i.d. N(0, sigma²) (§5b); sigma = 0 is zero init."""
+    name: str = "gaussian"
+    sigma: float = 0.01
+    # how W is drawn (A and V are drawn the same either way): compact (default) draws a = (W x̂_N)[:K] and
+    # c_j = p_jᵀ(W x̂_N)[K:] directly, the same distribution as the dense draw, not the same sample |
     # dense: the literal (K+M)² W, so the oracle tests and any dense implementation compare run for run
     draw: str = "compact"
 
 
+# ------------------------------------------------------------------------------------------ optimisers
+@option("optim")
 @dataclass
 class OptimConfig:
-    name: str = "gd"  # gd: full-batch gradient descent, eq. 2.3 | adam: full-batch Adam (torch.optim.Adam's rule)
+    """Full-batch gradient descent (eq. 2.3) on ℓ = −log([f]_y + eps)."""
+    name: str = "gd"
     lr: float = 1.0  # η
     steps: int = 50  # T
     eps: float = 0.1  # ε in ℓ(z) = −log(z + ε)
     reduction: str = "mean"  # mean | sum of the per-sequence losses (§8.3, §8.10)
-    beta1: float = 0.9  # Adam's first-moment decay (optim=adam only)
-    beta2: float = 0.999  # Adam's second-moment decay (optim=adam only)
-    adam_eps: float = 1e-8  # Adam's denominator term, added to √v̂ (optim=adam only)
+    PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction")
 
 
+@option("optim")
+@dataclass
+class AdamConfig(OptimConfig):
+    """Full-batch Adam: torch.optim.Adam's rule, no weight decay, no amsgrad (rw_sweeps/core/adam.py)."""
+    name: str = "adam"
+    beta1: float = 0.9  # first-moment decay
+    beta2: float = 0.999  # second-moment decay
+    adam_eps: float = 1e-8  # the denominator term, added to √v̂
+    PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "beta1", "beta2", "adam_eps")
+
+
+# ------------------------------------------------------------------------------------------ the run
 @dataclass
 class WandbConfig:
     mode: str = "offline"  # offline | online | disabled
@@ -118,6 +234,10 @@ class WandbConfig:
     granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
     per_run_limit: int = 32  # auto: per-run wandb runs for batches up to this size
     analysis: bool = True  # a finished sweep logs its phase diagrams and runs table (one job_type=analysis run)
+
+
+def _default_data() -> DataConfig:
+    return OPTIONS["data"]["random_walk"]()
 
 
 @dataclass
@@ -130,11 +250,14 @@ class RunConfig:
     checkpoint_every: int = 0  # save the training state every this many steps (0: never)
     experiment: Optional[str] = None  # set by the experiment presets, recorded with the results
     objective: Optional[str] = None  # a numeric summary field (e.g. test_acc): the task returns it (Optuna)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=_default_data)
     model: ModelConfig = field(default_factory=ModelConfig)
     init: InitConfig = field(default_factory=InitConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    # keys whose values differ within one batch (the init whole: zero and Gaussian runs train together); the
+    # other groups' are their classes' PER_RUN
+    PER_RUN: ClassVar[tuple] = ("seed", "checkpoint_every", "experiment", "objective", "wandb", "init")
 
     def __post_init__(self) -> None:
         # model.normalize=auto is the paper's protocol, which depends on the init: resolved here, once, so
@@ -142,7 +265,7 @@ class RunConfig:
         # passed in by the caller is never changed)
         where = NORMALIZE_ALIASES.get(self.model.normalize, self.model.normalize)
         if where == "auto":
-            where = "whole" if self.init.name == "gaussian" else "none"
+            where = "whole" if isinstance(self.init, GaussianInit) else "none"
         if where != self.model.normalize:
             self.model = dataclasses.replace(self.model, normalize=where)
 
@@ -151,140 +274,241 @@ class RunConfig:
 
     @property
     def opt_acc(self) -> float | None:
-        """OPT = max(p, 1 − p) for random walks (§1); the QA answers are deterministic. None for the other
-        chains, whose Bayes-optimal accuracy depends on the test set's last tokens: the summary measures it
-        there (`training.train`)."""
-        if self.data.name in QA_SHAPES:
-            return 1.0
-        return max(self.data.p, 1 - self.data.p) if self.data.name == "random_walk" else None
+        """The Bayes-optimal test accuracy where it has a closed form (OPT = max(p, 1 − p) on the circle, 1 for
+        the QA tasks); None for the other chains: the summary measures it on the test set (`training.train`)."""
+        return self.data.opt_acc
 
 
-def _coerce(key: str, value: Any, typ: str) -> Any:
-    """Cast a value from YAML or the command line to the field's type, or raise a one-line error."""
-    if typ in ("int", "Optional[int]"):
-        if value is None and typ.startswith("Optional"):
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-            raise ConfigError(key, value, "must be an integer")
-        return int(value)
-    if typ == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, value, "must be a number")
-        return float(value)
-    if typ == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(key, value, "must be true or false")
-        return value
-    if typ == "str":
-        if key == "model.normalize" and isinstance(value, bool):  # the key's old type: a config from before
-            return NORMALIZE_ALIASES[value]
-        if not isinstance(value, str):
-            raise ConfigError(key, value, "must be a string")
-        return value
-    if typ == "Optional[str]":
-        if value is not None and not isinstance(value, (str, int, float)):
-            raise ConfigError(key, value, "must be a string or null")
-        return None if value is None else str(value)
-    if typ == "Optional[List[List[float]]]":  # a matrix as a list of rows (data.Pi)
-        if value is None:
-            return None
-        if (not isinstance(value, (list, tuple)) or not all(isinstance(r, (list, tuple)) for r in value)
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for r in value for x in r)):
-            raise ConfigError(key, value, "must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]], or null")
-        return [[float(x) for x in r] for r in value]
-    if typ == "Optional[List[float]]":  # a list of probabilities (data.jumps)
-        if value is None:
-            return None
-        if not isinstance(value, (list, tuple)) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
-            raise ConfigError(key, value, "must be a list of numbers, e.g. [0.4,0.3,0.2,0.1], or null")
-        return [float(x) for x in value]
-    if typ in ("list", "List[int]", "List[str]"):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(key, value, "must be a list")
-        return list(value)
-    raise TypeError(f"unhandled field type {typ} for {key}")
+def option_config(group: str, name: Optional[str] = None, **keys: Any):
+    """The schema of option `name` of `group` (RunConfig()'s by default), with these keys
+    (`option_config("optim", "adam", lr=0.01)`)."""
+    return OPTIONS[group][name or _DEFAULTS[group]](**keys)
+
+
+def data_config(name: str = "random_walk", **keys: Any) -> DataConfig:
+    """The schema of the data family `name`, with these keys (`data_config("binary_chain", p=0.3)`)."""
+    return option_config("data", name, **keys)
+
+
+# ------------------------------------------------------------------------------------------ derived keys
+def _frozen(v: Any) -> Any:
+    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 @functools.lru_cache(maxsize=None)
-def _fields(cls) -> tuple[tuple[str, str, Any], ...]:
-    """(name, type name, nested dataclass or None) of each field: what _build and _require_all walk, once
-    per class rather than once per run (planning a grid builds a RunConfig per job)."""
-    out = []
-    for f in dataclasses.fields(cls):
-        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
-        out.append((f.name, f.type if isinstance(f.type, str) else f.type.__name__,
-                    sub if dataclasses.is_dataclass(sub) else None))
-    return tuple(out)
+def _shape_fields(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.PER_RUN)
 
 
-def _build(cls, d: Any, prefix: str):
+def shape_key(cfg: RunConfig) -> tuple:
+    """Runs with equal keys can share one tensor program: every field of the schema but those declared per
+    run (`PER_RUN`), with each option's class."""
+    out = [getattr(cfg, k) for k in _shape_fields(RunConfig) if k not in GROUPS]
+    for g in (g for g in GROUPS if g not in RunConfig.PER_RUN):
+        opt = getattr(cfg, g)
+        out.append((type(opt).__name__, *(_frozen(getattr(opt, k)) for k in _shape_fields(type(opt)))))
+    return tuple(_frozen(x) for x in out)
+
+
+def data_key(cfg: RunConfig) -> tuple:
+    """What a run's data are a function of: its seed and every key of its data family."""
+    d = cfg.data
+    return (cfg.seed, type(d).__name__, *(_frozen(getattr(d, f.name)) for f in dataclasses.fields(d)))
+
+
+# ------------------------------------------------------------------------------------------ building
+@functools.lru_cache(maxsize=None)
+def _fields(cls) -> tuple[tuple[str, Any], ...]:
+    """(name, the group it is, or None) of each field of a class."""
+    return tuple((f.name, f.name if cls is RunConfig and f.name in GROUPS else
+                  "wandb" if cls is RunConfig and f.name == "wandb" else None) for f in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def _node(cls):
+    """A structured OmegaConf node of the class: OmegaConf's own type conversion, as a scratch target."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.structured(cls)
+
+
+_TYPED: dict = {}  # (class, key, type, value) → the converted value: a grid repeats its values
+
+
+def typed(cls, name: str, value: Any, key: str) -> Any:
+    """The value as OmegaConf converts it for field `name` of the schema `cls` (`p: 0` → 0.0), or a one-line
+    ConfigError for a value of the wrong type."""
+    cache = isinstance(value, (str, int, float, bool)) or value is None
+    ck = (cls, name, type(value), value) if cache else None
+    if cache and ck in _TYPED:
+        return _TYPED[ck]
+    from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
+
+    node = _node(cls)
+    if name == "normalize" and isinstance(value, bool):  # the key's old type: a config from before
+        value = NORMALIZE_ALIASES[value]
+    try:
+        node[name] = value
+    except ValidationError as e:
+        raise ConfigError(key, value, _type_rule(cls, name, e)) from None
+    out = node[name]
+    out = OmegaConf.to_container(out) if OmegaConf.is_config(out) else out
+    if cache:
+        _TYPED[ck] = out
+    return out
+
+
+_RULES = {int: "must be an integer", float: "must be a number", bool: "must be true or false", str: "must be a string"}
+
+
+def _type_rule(cls, name: str, e: BaseException) -> str:
+    import typing
+
+    hint = typing.get_type_hints(cls).get(name)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    optional = type(None) in typing.get_args(hint)
+    base = args[0] if optional and args else hint
+    if base in _RULES:
+        return _RULES[base] + (" or null" if optional else "")
+    text = str(base).replace("typing.", "")
+    if "List[List[float]]" in text:
+        return "must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]]" + (", or null" if optional else "")
+    if "List[float]" in text:
+        return "must be a list of numbers, e.g. [0.4,0.3,0.2,0.1]"
+    if "List[int]" in text:
+        return "must be a list of integers"
+    if "List[str]" in text:
+        return "must be a list of strings"
+    return one_line(e)
+
+
+def option_class(group: str, d: Any, key: str) -> type:
+    """The schema of the option a group's dict names (`name`), or a one-line ConfigError."""
+    name = d.get("name", _DEFAULTS[group]) if isinstance(d, dict) else None
+    if name not in OPTIONS[group]:
+        raise ConfigError(f"{key}.name" if key else "name", name, f"unknown option; allowed: {', '.join(OPTIONS[group])}")
+    return OPTIONS[group][name]
+
+
+_DEFAULTS = {"data": "random_walk", "model": "transformer", "init": "zero", "optim": "gd"}  # RunConfig()'s
+
+
+def allowed(cls) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def _describe(cls, prefix: str) -> str:
+    group = prefix.rstrip(".")
+    if group in GROUPS:
+        return f"unknown key for {group}={cls.__dataclass_fields__['name'].default}; allowed: {allowed(cls)}"
+    return f"unknown key; allowed: {allowed(cls)}"
+
+
+def _build(cls, d: Any, prefix: str, complete: bool):
     if not isinstance(d, dict):
         raise ConfigError(prefix.rstrip(".") or "<root>", d, "must be a mapping")
     fields = _fields(cls)
-    if not d.keys() <= _names(cls):
-        names = [name for name, _, _ in fields]
-        unknown = sorted(set(d) - set(names))
-        raise ConfigError(prefix + unknown[0], d[unknown[0]], f"unknown key; allowed: {', '.join(names)}")
+    names = {name for name, _ in fields}
+    unknown = [k for k in d if k not in names]
+    if unknown:
+        raise ConfigError(prefix + unknown[0], d[unknown[0]], _describe(cls, prefix))
     kwargs = {}
-    for name, typ, sub in fields:
+    for name, group in fields:
         if name not in d:
+            if complete:  # deleted with `~key`, which the engine cannot do without
+                raise ConfigError(prefix + name, "<deleted>", "is required by the schema and cannot be removed")
             continue
-        kwargs[name] = _build(sub, d[name], prefix + name + ".") if sub is not None else _coerce(prefix + name, d[name], typ)
+        if group in GROUPS:
+            kwargs[name] = _build(option_class(group, d[name], prefix + name), d[name], prefix + name + ".", complete)
+        elif group == "wandb":
+            kwargs[name] = _build(WandbConfig, d[name], prefix + name + ".", complete)
+        else:
+            kwargs[name] = typed(cls, name, d[name], prefix + name)
     return cls(**kwargs)
 
 
-@functools.lru_cache(maxsize=None)
-def _names(cls) -> frozenset:
-    return frozenset(name for name, _, _ in _fields(cls))
+# Before each option had its own schema, one flat schema per group gave every run every option's keys, at
+# these defaults: a run folder of that time holds them. They are dropped where the run's option has no such
+# key and the value is that default (a value that differs was never a default, and is refused).
+LEGACY_DEFAULTS = {
+    "data": {"p": 0.5, "q": 0.5, "stay": 0.0, "Pi": None, "Pi_file": None, "jumps": None, "graph": "cycle",
+             "degree": 3, "side": 3, "dim": 3, "order": 1, "alpha": 1.0},
+    "model": {"m": None, "ffn": "after"},
+    "init": {"sigma": 0.0, "draw": "compact"},
+    "optim": {"beta1": 0.9, "beta2": 0.999, "adam_eps": 1e-8},
+}
 
 
-def _choice(key: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ConfigError(key, value, f"must be one of {', '.join(map(str, allowed))}")
+def canonical(d: dict) -> dict:
+    """A config dict as the current schemas state it: the legacy keys of `LEGACY_DEFAULTS` dropped where
+    the run's option has no such key (a copy; anything else is left for `from_dict` to judge)."""
+    out = dict(d)
+    for group, legacy in LEGACY_DEFAULTS.items():
+        node = out.get(group)
+        if not isinstance(node, dict) or node.get("name", _DEFAULTS[group]) not in OPTIONS[group]:
+            continue
+        own = OPTIONS[group][node.get("name", _DEFAULTS[group])].__dataclass_fields__
+        out[group] = {k: v for k, v in node.items() if k in own or k not in legacy or v != legacy[k]}
+    return out
 
 
-SEED_MAX = 2**32 - 1  # seeds are 0 … 2³²−1 (torch's generator uses 32 bits; the init stream: model.init_seed)
+def from_dict(d: dict, complete: bool = False) -> RunConfig:
+    """A composed (resolved) config dict, or a run folder's config.yaml → a validated RunConfig. Hydra's own
+    `hydra` node is ignored. `complete`: the dict was composed against the schema, so every key must be there."""
+    d = canonical({k: v for k, v in d.items() if k != "hydra"})
+    return validate(_build(RunConfig, d, "", complete))
 
 
+def convert(task: dict, dotted: str, value: Any) -> Any:
+    """A command-line value for `dotted` in a composed task dict, as OmegaConf converts it for that key's
+    schema (`data.p=0` → 0.0), or a one-line ConfigError (an unknown key, a value of the wrong type)."""
+    *parents, leaf = dotted.split(".")
+    cls, node = RunConfig, task
+    for i, part in enumerate(parents):
+        group = dict(_fields(cls)).get(part, False) if cls is RunConfig else None
+        if not isinstance(node, dict) or part not in node or group is False:
+            raise ConfigError(".".join(parents[: i + 1]), value, "unknown key")
+        node = node[part]
+        cls = option_class(group, node, part) if group in GROUPS else WandbConfig if group == "wandb" else None
+        if cls is None:
+            raise ConfigError(dotted, value, "unknown key")
+    if not isinstance(node, dict) or leaf not in node:
+        raise ConfigError(dotted, value, _describe(cls, ".".join(parents) + "." if parents else ""))
+    if dict(_fields(cls)).get(leaf):  # a whole group or wandb node given a value
+        raise ConfigError(dotted, value, "is a group; set its keys (or choose an option)")
+    return typed(cls, leaf, value, dotted)
+
+
+# ------------------------------------------------------------------------------------------ validation
 def validate(c: RunConfig) -> RunConfig:
-    """Every rule the engine relies on, each failing with the dotted key, the value and what is allowed."""
+    """Every rule the engine relies on that OmegaConf cannot state, each failing with the dotted key, the
+    value and what is allowed."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
-    for key, val in (("data.p", d.p), ("data.q", d.q), ("data.stay", d.stay), ("model.pos_scale", mo.pos_scale), ("init.sigma", i.sigma),
-                     ("optim.lr", o.lr), ("optim.eps", o.eps), ("optim.beta1", o.beta1), ("optim.beta2", o.beta2),
-                     ("optim.adam_eps", o.adam_eps)):
+    for key, val in (("model.pos_scale", mo.pos_scale), ("init.sigma", i.sigma), ("optim.lr", o.lr),
+                     ("optim.eps", o.eps), *((f"optim.{k}", getattr(o, k)) for k in ("beta1", "beta2", "adam_eps")
+                                               if isinstance(o, AdamConfig))):
         if not math.isfinite(val):
             raise ConfigError(key, val, "must be a finite number")
     if not 0 <= c.seed <= SEED_MAX:
         raise ConfigError("seed", c.seed, f"must be in [0, {SEED_MAX}] (2³² − 1)")
-    _choice("data.name", d.name, (*CHAINS, *CONTEXT_CHAINS, *QA_SHAPES))
-    _choice("model.name", mo.name, ("transformer", "transformer_ffn"))
-    _choice("init.name", i.name, ("zero", "gaussian"))
-    _choice("init.draw", i.draw, ("compact", "dense"))
-    _choice("optim.name", o.name, ("gd", "adam"))
-    _choice("model.normalize", mo.normalize, NORMALIZE)
-    _choice("model.ffn", mo.ffn, ("after", "before"))
-    if mo.ffn != "after" and not mo.is_ffn:
-        raise ConfigError("model.ffn", mo.ffn, "must be after unless model=transformer_ffn (only F.1 has an FFN)")
-    _choice("optim.reduction", o.reduction, ("mean", "sum"))
-    _choice("precision", c.precision, ("float64", "float32"))
-    _choice("model.pos", mo.pos, ("sine",))
-    _choice("model.pos_denom", mo.pos_denom, ("M", "M+1"))
-    _choice("model.gram", mo.gram, ("exact", "numeric"))
+    if isinstance(i, GaussianInit):
+        choice("init.draw", i.draw, ("compact", "dense"))
+    choice("model.normalize", mo.normalize, NORMALIZE)
+    if mo.is_ffn:
+        choice("model.ffn", mo.ffn, ("after", "before"))
+    choice("optim.reduction", o.reduction, ("mean", "sum"))
+    choice("precision", c.precision, ("float64", "float32"))
+    choice("model.pos", mo.pos, ("sine",))
+    choice("model.pos_denom", mo.pos_denom, ("M", "M+1"))
+    choice("model.gram", mo.gram, ("exact", "numeric"))
     if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isdigit())):
         raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
-    _choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
-    _choice("wandb.granularity", c.wandb.granularity, ("auto", "run", "job"))
-    for key, val in (("data.p", d.p), ("data.q", d.q), ("data.stay", d.stay)):
-        if not 0.0 <= val <= 1.0:
-            raise ConfigError(key, val, "must be in [0, 1]")
-    _validate_chain(d, c.seed)
+    choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
+    choice("wandb.granularity", c.wandb.granularity, ("auto", "run", "job"))
     if d.N < 2:
         raise ConfigError("data.N", d.N, "must be >= 2")
-    _validate_context_chain(d)
-    if d.name in QA_SHAPES and (d.K, d.N) != QA_SHAPES[d.name]:
-        K, N = QA_SHAPES[d.name]
-        key, val, want = ("data.K", d.K, K) if d.K != K else ("data.N", d.N, N)
-        raise ConfigError(key, val, f"must be {want} for data={d.name} (fixed by the task)")
+    d.validate(c.seed)
     for key, val in (("data.n_train", d.n_train), ("data.n_test", d.n_test), ("optim.steps", o.steps),
                      ("eval_every", c.eval_every)):
         if val < 1:
@@ -297,24 +521,22 @@ def validate(c: RunConfig) -> RunConfig:
         raise ConfigError("model.M", mo.M, f"must be > data.N ({d.N}) with model.pos_denom=M (p_M = 0)")
     if not mo.pos_scale > 0:
         raise ConfigError("model.pos_scale", mo.pos_scale, "must be > 0")
-    if mo.is_ffn:
-        if mo.m is None or mo.m < 1:
-            raise ConfigError("model.m", mo.m, "must be an integer >= 1 for model=transformer_ffn")
-    elif mo.m is not None:
-        raise ConfigError("model.m", mo.m, "must be null unless model=transformer_ffn")
+    if mo.is_ffn and mo.m < 1:
+        raise ConfigError("model.m", mo.m, "must be an integer >= 1")
     if i.sigma < 0:
-        raise ConfigError("init.sigma", i.sigma, "must be >= 0")
-    if i.name == "gaussian" and i.sigma == 0:
-        raise ConfigError("init.sigma", i.sigma, "must be > 0 for init=gaussian (use init=zero)")
+        raise ConfigError("init.sigma", i.sigma, "must be >= 0 (σ = 0 is zero init)")
     if not o.lr > 0:
         raise ConfigError("optim.lr", o.lr, "must be > 0")
     if not o.eps > 0:
         raise ConfigError("optim.eps", o.eps, "must be > 0")
-    for key, val in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2)):
-        if not 0 <= val < 1:
-            raise ConfigError(key, val, "must be in [0, 1)")
-    if not o.adam_eps > 0:
-        raise ConfigError("optim.adam_eps", o.adam_eps, "must be > 0")
+    if isinstance(o, AdamConfig):
+        for key, val in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2)):
+            if not 0 <= val < 1:
+                raise ConfigError(key, val, "must be in [0, 1)")
+        if not o.adam_eps > 0:
+            raise ConfigError("optim.adam_eps", o.adam_eps, "must be > 0")
+    from .metrics import OBJECTIVES
+
     if c.objective is not None and c.objective not in OBJECTIVES:
         raise ConfigError("objective", c.objective, f"must be null or a numeric summary field: {', '.join(OBJECTIVES)}")
     for s in c.snapshot_steps:
@@ -323,164 +545,16 @@ def validate(c: RunConfig) -> RunConfig:
     return c
 
 
-def _validate_context_chain(d: DataConfig) -> None:
-    """kth_order and icl_markov: K ≥ 2, a finite alpha > 0, 1 ≤ order ≤ N − 1 (y's k states are all
-    observed), and T's K^order·K entries within markov.MAX_KTH_ENTRIES."""
-    if not math.isfinite(d.alpha) or not d.alpha > 0:
-        raise ConfigError("data.alpha", d.alpha, "must be a finite number > 0 (the Dirichlet concentration)")
-    if d.name not in CONTEXT_CHAINS:
-        return
-    if d.K < 2:
-        raise ConfigError("data.K", d.K, f"must be >= 2 for data={d.name}")
-    if d.name != "kth_order":
-        return
-    if not 1 <= d.order <= d.N - 1:
-        raise ConfigError("data.order", d.order, f"must be in [1, data.N − 1] = [1, {d.N - 1}] for data=kth_order")
-    if d.K ** (d.order + 1) > MAX_KTH_ENTRIES:
-        raise ConfigError("data.order", d.order, f"makes T too large: K^(order+1) = {d.K}^{d.order + 1} entries > "
-                          f"{MAX_KTH_ENTRIES} (2^24); lower data.order or data.K")
-
-
-def _validate_chain(d: DataConfig, seed: int = 0) -> None:
-    """The per-family rules on K and Π (the K ≥ 3 rule is the circle's)."""
-    if d.name in CIRCLE_CHAINS and d.K < 3:
-        raise ConfigError("data.K", d.K, f"must be >= 3 for data={d.name} (a circle of K nodes)")
-    if d.name == "binary_chain" and d.K != 2:
-        raise ConfigError("data.K", d.K, "must be 2 for data=binary_chain")
-    _validate_jumps(d)
-    _validate_graph(d, seed)
-    if d.name != "markov_matrix":
-        for key, val in (("data.Pi", d.Pi), ("data.Pi_file", d.Pi_file)):
-            if val is not None:
-                raise ConfigError(key, val, "must be null unless data=markov_matrix")
-        return
-    if d.Pi_file is not None:  # the file replaces data.Pi (the group's example, or what a config.yaml recorded)
-        d.Pi = _read_pi(d.Pi_file)
-    P = d.Pi
-    if P is None:
-        raise ConfigError("data.Pi", P, "must be a K×K row-stochastic matrix (a list of rows) for data=markov_matrix")
-    if not P or any(len(row) != len(P) for row in P):
-        raise ConfigError("data.Pi", P, "must be square: K rows of K entries each")
-    if len(P) != d.K:
-        raise ConfigError("data.Pi", P, f"must be data.K×data.K ({d.K}×{d.K}); it is {len(P)}×{len(P)}")
-    if d.K < 2:
-        raise ConfigError("data.K", d.K, "must be >= 2 for data=markov_matrix")
-    for i, row in enumerate(P):
-        if not all(math.isfinite(x) and x >= 0 for x in row):
-            raise ConfigError("data.Pi", P, f"row {i} has a negative or non-finite entry; entries must be in [0, 1]")
-        if abs(math.fsum(row) - 1) > 1e-9:
-            raise ConfigError("data.Pi", P, f"row {i} sums to {math.fsum(row):.12g}; every row must sum to 1 (to 1e-9)")
-
-
-def _read_pi(path: str) -> list:
-    """data.Pi_file's matrix as a list of rows, or a one-line ConfigError."""
-    import os
-
-    import numpy as np
-
-    f = os.path.expanduser(path)
-    try:
-        if f.endswith(".npy"):
-            P = np.load(f, allow_pickle=False)
-        else:
-            with open(f, encoding="utf-8") as fh:
-                P = np.loadtxt(fh.read().replace(",", " ").splitlines(), ndmin=2)
-    except (OSError, ValueError) as e:
-        raise ConfigError("data.Pi_file", path, f"must be a readable .npy or text matrix ({one_line(e)})") from None
-    if P.ndim != 2:
-        raise ConfigError("data.Pi_file", path, f"must hold a 2-d matrix; it holds {P.ndim} dimension(s)")
-    return [[float(x) for x in row] for row in P]
-
-
-def _validate_jumps(d: DataConfig) -> None:
-    """jump_walk's data.jumps: 2r probabilities, P(+k) then P(−k) for k = 1 … r, summing to 1. Any r is allowed:
-    steps are taken mod K, and steps landing on the same node add (markov.jump)."""
-    if d.name != "jump_walk":
-        if d.jumps is not None:
-            raise ConfigError("data.jumps", d.jumps, "must be null unless data=jump_walk")
-        return
-    J = d.jumps
-    if J is None or not J or len(J) % 2:
-        raise ConfigError("data.jumps", J, "must be an even-length list [P(+1), P(−1), P(+2), P(−2), …] for data=jump_walk")
-    for k, x in enumerate(J):
-        if not (math.isfinite(x) and x >= 0):
-            raise ConfigError("data.jumps", J, f"entry {k} (P({'+-'[k % 2]}{k // 2 + 1})) is {x}; entries must be in [0, 1]")
-    if abs(math.fsum(J) - 1) > 1e-9:
-        raise ConfigError("data.jumps", J, f"sums to {math.fsum(J):.12g}; the probabilities must sum to 1 (to 1e-9)")
-
-
-def _validate_graph(d: DataConfig, seed: int) -> None:
-    """graph_walk: the graph's name, its size keys, K consistent with them, and a connected graph (built here,
-    from the run's seed for random_regular, so a disconnected draw fails before any job starts)."""
-    if d.name != "graph_walk":
-        return
-    from . import markov
-    _choice("data.graph", d.graph, markov.GRAPHS)
-    g = d.graph
-    if g in ("grid", "torus"):
-        if d.side < (3 if g == "torus" else 2):
-            raise ConfigError("data.side", d.side, f"must be >= {3 if g == 'torus' else 2} for data.graph={g}")
-        if d.K != d.side ** 2:
-            raise ConfigError("data.K", d.K, f"must be side² = {d.side ** 2} for data.graph={g} (data.side={d.side})")
-    elif g == "hypercube":
-        if d.dim < 1:
-            raise ConfigError("data.dim", d.dim, "must be >= 1 for data.graph=hypercube")
-        if d.K != 2 ** d.dim:
-            raise ConfigError("data.K", d.K, f"must be 2^dim = {2 ** d.dim} for data.graph=hypercube (data.dim={d.dim})")
-    elif d.K < (3 if g == "cycle" else 2):
-        raise ConfigError("data.K", d.K, f"must be >= {3 if g == 'cycle' else 2} for data.graph={g}")
-    if g == "random_regular":
-        if not 0 <= d.degree < d.K or (d.K * d.degree) % 2:
-            raise ConfigError("data.degree", d.degree, f"must be in [1, K−1] with K·degree even (K={d.K})")
-    try:
-        markov.graph(g, d.K, d.degree, d.side, d.dim, seed)
-    except ValueError as e:  # not connected (degree 0, or an unlucky random draw)
-        key = "data.degree" if g == "random_regular" else "data.graph"
-        raise ConfigError(key, d.degree if g == "random_regular" else g,
-                          f"gives a graph that is not connected ({e}; seed={seed}); a random walk on it never mixes") from None
-
-
-def _require_all(cls, d: dict, prefix: str) -> None:
-    """A composed config holds every schema key; a missing one was deleted with `~key`, which the engine
-    cannot do without (rather than silently training with the default)."""
-    for name, _, sub in _fields(cls):
-        if name not in d:
-            raise ConfigError(prefix + name, "<deleted>", "is required by the schema and cannot be removed")
-        if sub is not None and isinstance(d[name], dict):
-            _require_all(sub, d[name], prefix + name + ".")
-
-
-def from_dict(d: dict, complete: bool = False) -> RunConfig:
-    """A composed (resolved) config dict → a validated RunConfig. Hydra's own `hydra` node is ignored.
-    `complete`: the dict was composed against the schema, so every key must be there."""
-    d = {k: v for k, v in d.items() if k != "hydra"}
-    if complete:
-        _require_all(RunConfig, d, "")
-    return validate(_build(RunConfig, d, ""))
-
-
-# Summary fields a task can return as its objective (`objective=...`, e.g. for the Optuna sweeper).
-OBJECTIVES = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
-              "attention_spread", "symmetry_break_step", "steps", "wall_s")
-
-_TYPE_RULE = {"float": "must be a number", "int": "must be an integer", "bool": "must be true or false",
-              "str": "must be a string"}
-
-
-def _allowed_keys(dotted: str) -> str:
-    cls = RunConfig
-    for part in dotted.split(".")[:-1]:
-        f = {f.name: f for f in dataclasses.fields(cls)}.get(part)
-        sub = f.default_factory if f is not None and f.default_factory is not dataclasses.MISSING else None
-        if not dataclasses.is_dataclass(sub):
-            return "none"
-        cls = sub
-    return ", ".join(f.name for f in dataclasses.fields(cls))
+# ------------------------------------------------------------------------------------------ Hydra's errors
+def _schema_of(e: BaseException):
+    """The schema class an OmegaConf error was raised on, when it is one of ours."""
+    cls = getattr(e, "object_type", None)
+    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
 
 
 def from_hydra_error(exc: BaseException) -> ConfigError | None:
     """Hydra's / OmegaConf's composition errors (a value of the wrong type against the schema, a key the
-    schema has no place for, a deleted required key, an unknown group option) as the same one-line
+    option has no place for, a deleted required key, an unknown group option) as the same one-line
     ConfigError, or None."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
 
@@ -494,33 +568,43 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             return e
         if not key:
             continue
+        cls = _schema_of(e)
         if isinstance(e, ValidationError):
             key = key.split("[")[0]
-            typ = schema_type(key) or ""
-            typ = typ[len("Optional["):-1] if typ.startswith("Optional[") else typ
-            rule = _TYPE_RULE.get(typ, {"List[int]": "must be a list of integers",
-                                        "List[List[float]]": "must be a list of rows of numbers or null",
-                                        "List[float]": "must be a list of numbers or null"}.get(
-                typ, one_line(e)))
+            leaf = key.rsplit(".", 1)[-1]
+            if cls is None or leaf not in cls.__dataclass_fields__:  # an item of a list: the run's own key
+                cls = RunConfig if "." not in key else cls
+            rule = _type_rule(cls, leaf, e) if cls is not None and leaf in cls.__dataclass_fields__ else one_line(e)
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
             m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)
-            value = m.group(1) if m else None
+            value = _parsed(m.group(1)) if m else None
             if key.startswith("hydra.launcher."):
                 return ConfigError(key, value, "unknown launcher key; any other sbatch option goes in "
                                    f"'+hydra.launcher.additional_parameters.{key.rsplit('.', 1)[1]}=...'")
             if key.startswith("hydra."):
                 return ConfigError(key, value, "unknown Hydra key")
-            return ConfigError(key, value, f"unknown key; allowed here: {_allowed_keys(key)}")
+            prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+            return ConfigError(key, value, _describe(cls, prefix) if cls is not None else "unknown key")
         if isinstance(e, ConfigTypeError) and "deletion" in str(e):
             return ConfigError(key, "<deleted>", "is required by the schema and cannot be removed")
     text = str(exc)
     m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'.*?Available options in '[^']+':\s*(.*?)(?:Config search path|$)",
                   text, re.S)
     if m:
-        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip())
+        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip() and not o.strip().endswith("_schema"))
         return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}")
     return None
+
+
+def _parsed(text: str) -> Any:
+    """A command-line value as YAML reads it (`0.3` → 0.3), for the message."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 @contextlib.contextmanager
@@ -538,29 +622,6 @@ def one_line_errors():
         raise mapped from exc
 
 
-@functools.lru_cache(maxsize=4096)
-def schema_type(dotted: str) -> str | None:
-    """The schema's type of a dotted key ("float", "Optional[str]", …), None if it has no such key."""
-    cls, typ = RunConfig, None
-    for part in dotted.split("."):
-        field = next((f for f in _fields(cls) if f[0] == part), None) if cls is not None else None
-        if field is None:
-            return None
-        _, typ, cls = field
-    return typ
-
-
-def as_schema(dotted: str, value: Any) -> Any:
-    """A command-line value converted as OmegaConf converts it for the schema's type (`data.p=0` → 0.0),
-    where that conversion is lossless; anything else is left for `validate` to reject in one line."""
-    typ = schema_type(dotted)
-    if typ == "float" and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if typ in ("str", "Optional[str]") and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return value
-
-
 def wandb_group(folder: str) -> str:
     """A run's wandb group when `wandb.group` is null: its sweep (or single run) folder, as the last two parts
     of the path (`multirun/2026-12-01/10-00-00` → `2026-12-01/10-00-00`)."""
@@ -570,10 +631,19 @@ def wandb_group(folder: str) -> str:
 
 
 def register() -> None:
-    """RunConfig as Hydra's schema for `conf/config.yaml` (`defaults: [run_schema, ...]`)."""
+    """RunConfig as Hydra's schema for `conf/config.yaml` (`defaults: [run_schema, ...]`): each group typed
+    by its base schema, so that any option's schema merges into it."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
-    ConfigStore.instance().store(name="run_schema", node=RunConfig, provider="rw_sweeps")
+    node = OmegaConf.structured(RunConfig)
+    node.data = OmegaConf.structured(DataConfig)
+    node.model = OmegaConf.structured(ModelConfig)
+    node.init = OmegaConf.structured(InitConfig)
+    node.optim = OmegaConf.structured(OptimConfig)
+    ConfigStore.instance().store(name="run_schema", node=node, provider="rw_sweeps")
 
+
+from . import families  # noqa: E402,F401 - every data family declares itself (`@option("data")`)
 
 register()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from . import markov
-from .config import DataConfig
+from .config import DataConfig, data_key
 
 VOCAB = ["apple", "orange", "Based", "on", "the", "which", "type", "of", "fruit", "list", "appears", "most",
          "frequently", "sentence", "I", "prefer", "an", "to", "do"]  # §6, in the paper's order
@@ -257,25 +257,10 @@ def qa_preference(n: int, gen: torch.Generator) -> Split:
     return Split(tokens, first.clone(), torch.nn.functional.one_hot(first, len(VOCAB)).double())
 
 
-def _draw(cfg: DataConfig, n: int, gen: torch.Generator, seed: int = 0) -> Split:
-    if cfg.name == "random_walk":
-        return random_walks(cfg.K, cfg.N, cfg.p, n, gen)
-    if cfg.name == "kth_order":  # T is fixed per run: drawn from the run's seed on its own stream
-        return kth_order(cfg.K, cfg.N, cfg.order, cfg.alpha, seed, n, gen)
-    if cfg.name == "icl_markov":
-        return icl_markov(cfg.K, cfg.N, cfg.alpha, n, gen)
-    if cfg.name == "graph_walk" and cfg.graph == "cycle":  # the p = 0.5 circle: its own sampler, the same data
-        return random_walks(cfg.K, cfg.N, 0.5, n, gen)
-    P = markov.of(cfg, seed)  # the run's seed: graph=random_regular draws its graph from it
-    if P is not None:
-        return chains(P, cfg.N, n, gen)
-    return {"qa_majority": qa_majority, "qa_preference": qa_preference}[cfg.name](n, gen)
-
-
 def make(cfg: DataConfig, seed: int) -> tuple[Split, Split]:
     """The fixed training and test sets of one run: train first, then test, from one generator."""
     gen = torch.Generator().manual_seed(seed)
-    return _draw(cfg, cfg.n_train, gen, seed), _draw(cfg, cfg.n_test, gen, seed)
+    return cfg.draw(cfg.n_train, gen, seed), cfg.draw(cfg.n_test, gen, seed)
 
 
 MAX_DATA_WORKERS = 16
@@ -310,18 +295,13 @@ def make_batches(cfgs: list, workers: int | None = None, dtype: torch.dtype = to
     out = tuple(Split(torch.empty(R, n, L, dtype=token_dtype), torch.empty(R, n, dtype=torch.int64),
                       torch.empty(R, n, K, dtype=dtype)) for n in (d0.n_train, d0.n_test))
     views = [(s.tokens.numpy(), s.y.numpy(), s.P_true.numpy()) for s in out]
-    sizes = (d0.n_train, d0.n_test)
 
     def fill(runs: list[int]) -> None:
         for r in runs:
             cfg = cfgs[r]
             gen = torch.Generator().manual_seed(cfg.seed)
-            for (tok, y, P), (split, n) in zip(views, zip(out, sizes)):
-                if cfg.data.name == "random_walk":
-                    _walks_into(K, cfg.data.N, cfg.data.p, gen, tok[r], y[r], P[r])
-                else:
-                    s = _draw(cfg.data, n, gen, cfg.seed)
-                    split.tokens[r], split.y[r], split.P_true[r] = s.tokens, s.y, s.P_true
+            for tok, y, P in views:
+                cfg.data.draw_into(gen, cfg.seed, tok[r], y[r], P[r])
 
     # runs a `prefetch` already drew (in the background, while the device trained the chunk before)
     todo = []
@@ -353,11 +333,7 @@ MAX_PREFETCHED = 200_000  # runs held at most (a stale prefetch must not grow wi
 
 
 def _run_key(cfg, dtype, token_dtype) -> tuple:
-    d = cfg.data
-    Pi = None if d.Pi is None else tuple(map(tuple, d.Pi))
-    jumps = None if d.jumps is None else tuple(d.jumps)
-    return (cfg.seed, d.name, d.K, d.N, d.p, d.q, d.stay, Pi, jumps, d.graph, d.degree, d.side, d.dim,
-            d.order, d.alpha, d.n_train, d.n_test, dtype, token_dtype)
+    return (*data_key(cfg), dtype, token_dtype)
 
 
 def prefetch(cfgs: list, dtype: torch.dtype = torch.float64, token_dtype: torch.dtype = torch.int64) -> None:

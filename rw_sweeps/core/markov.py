@@ -1,6 +1,6 @@
-"""Π, the transition matrix of the walk on the circle (§1, App. B) and of the other first-order chain families
-(`transition`): the one definition, in plain numpy so that `analysis` (which reads result files and never
-imports the training code) draws the same Π."""
+"""The chains' mathematics in plain numpy: Π of the walk on the circle (§1, App. B), of jumps and of named
+graphs, kth_order's transition tensor and icl_markov's posterior predictive. The data families
+(`rw_sweeps.core.families`) build their Π from these; `analysis` draws the same Π without the training code."""
 from __future__ import annotations
 
 import functools
@@ -35,7 +35,7 @@ GRAPHS = ("cycle", "path", "complete", "grid", "torus", "hypercube", "random_reg
 
 def graph_nodes(graph: str, K: int, side: int, dim: int) -> int:
     """The number of nodes of `graph`: data.K for the families sized that way, side² for grid and torus,
-    2^dim for the hypercube (config.validate checks that data.K equals it)."""
+    2^dim for the hypercube (the graph_walk family checks that data.K equals it)."""
     return side * side if graph in ("grid", "torus") else 2 ** dim if graph == "hypercube" else K
 
 
@@ -62,44 +62,15 @@ def _graph_pi(graph: str, K: int, degree: int, side: int, dim: int, seed: int) -
 def graph(graph: str, K: int, degree: int = 3, side: int = 3, dim: int = 3, seed: int = 0) -> np.ndarray:
     """graph_walk's Π: the simple random walk (uniform over the neighbours) on a named graph; the random
     d-regular graph is networkx.random_regular_graph(degree, K, seed=seed), seed the run's seed. ValueError
-    if the graph is not connected (config.validate turns it into a ConfigError before any job starts)."""
+    if the graph is not connected (the graph_walk family's validation turns it into a ConfigError before any job starts)."""
     return _graph_pi(graph, K, degree, side, dim, seed if graph == "random_regular" else 0).copy()
-
-
-def transition(name: str, K: int, p: float = 0.5, q: float = 0.5, stay: float = 0.0, Pi_rows=None, jumps=None,
-               graph_name: str = "cycle", degree: int = 3, side: int = 3, dim: int = 3,
-               seed: int = 0) -> np.ndarray | None:
-    """Π of a first-order chain family (`data.name` and its keys; a DataConfig's fields), None for a task
-    that is not a first-order chain (the QA tasks). Row i is the law of the next state given state i. `seed`
-    (the run's) matters only for graph_walk's random_regular graph."""
-    if name == "random_walk":
-        return Pi(K, p)
-    if name == "lazy_walk":  # the circle that holds still with probability `stay`
-        return stay * np.eye(K) + (1 - stay) * Pi(K, p)
-    if name == "binary_chain":  # Makkuva et al.: p = P(0→1), q = P(1→0)
-        return np.array([[1 - p, p], [q, 1 - q]])
-    if name == "markov_matrix":
-        return np.array(Pi_rows, dtype=np.float64).reshape(K, K)
-    if name == "jump_walk":
-        return jump(K, jumps)
-    if name == "graph_walk":
-        return graph(graph_name, K, degree, side, dim, seed)
-    return None
-
-
-def of(d, seed: int = 0) -> np.ndarray | None:
-    """`transition` of a DataConfig-like object (anything with name, K, p and, where used, q, stay, Pi, jumps,
-    graph, degree, side, dim) and the run's seed (only graph=random_regular depends on it)."""
-    g = lambda key, default: getattr(d, key, default)  # noqa: E731 — an old config lacks the newer keys
-    return transition(d.name, d.K, d.p, g("q", 0.5), g("stay", 0.0), g("Pi", None), g("jumps", None),
-                      g("graph", "cycle"), g("degree", 3), g("side", 3), g("dim", 3), seed)
 
 
 # ------------------------------------------------------------------------ chains that are not first order
 # kth_order's transition tensor has its own stream: s ↦ (a·s + b) mod 2³² with model.INIT_STREAM's odd a and
 # another odd b, so it is never the data's seed s (a·s + b − s is odd) nor the init's (the two differ by b − b′ ≠ 0).
 KTH_STREAM = (0x9E3779B1, 0x3C6EF373)
-MAX_KTH_ENTRIES = 2**24  # K^order contexts × K entries (128 MiB of float64): config.validate's bound
+MAX_KTH_ENTRIES = 2**24  # K^order contexts × K entries (128 MiB of float64): the kth_order family's bound
 
 
 def kth_seed(seed: int) -> int:
@@ -123,13 +94,3 @@ def posterior_predictive(tokens: np.ndarray, K: int, alpha: float) -> np.ndarray
     rows = np.broadcast_to(np.arange(n)[:, None], from_s.shape)
     counts = np.bincount((rows * K + tokens[:, 1:])[from_s], minlength=n * K).reshape(n, K).astype(np.float64)
     return (counts + alpha) / (counts.sum(1, keepdims=True) + K * alpha)
-
-
-def first_order_pi(d, seed: int) -> np.ndarray | None:
-    """Π of a run whose data are a first-order chain (`of`, and kth_order with order 1: T itself), else None
-    (kth_order with order ≥ 2, icl_markov, the QA tasks): what v_pi_cosine compares V with."""
-    if d.name == "kth_order":
-        return kth_tensor(d.K, 1, d.alpha, seed) if d.order == 1 else None
-    if d.name == "icl_markov":  # a fresh chain per sequence: no single Π
-        return None
-    return of(d, seed)

@@ -119,8 +119,10 @@ NOT_RESULTS = ("checkpoint_every", "objective", "wandb")
 
 
 def identity(cfg: dict) -> dict:
-    """The part of a run's config that determines its results."""
-    return {k: v for k, v in cfg.items() if k not in NOT_RESULTS}
+    """The part of a run's config that determines its results, as the current schemas state it."""
+    from .config import canonical
+
+    return {k: v for k, v in canonical(cfg).items() if k not in NOT_RESULTS}
 
 
 def same_run(a: dict | None, b: dict | None) -> bool:

@@ -51,7 +51,7 @@ from torch.func import jvp
 
 from . import data as data_mod
 from . import engine, model, training
-from .config import RunConfig
+from .config import GaussianInit, RunConfig, shape_key
 
 DTYPE = torch.float64  # the linearisation's precision, whatever the runs' (module docstring)
 MAX_ELEMENTS = 1 << 23  # R·n·(N − 1) of one batched trajectory or evaluation: bounds the memory of a chunk
@@ -133,7 +133,7 @@ def linearise(cfgs: list[RunConfig], data: Optional[tuple] = None, device="cpu")
     vec = lambda xs: torch.tensor(xs, dtype=DTYPE, device=device)  # noqa: E731
     lr, eps = vec([c.optim.lr for c in cfgs]), vec([c.optim.eps for c in cfgs])
     w = vec([1.0 / c.data.n_train if c.optim.reduction == "mean" else 1.0 for c in cfgs])
-    unit = [dataclasses.replace(c, init=dataclasses.replace(c.init, name="gaussian", sigma=1.0)) for c in cfgs]
+    unit = [dataclasses.replace(c, init=GaussianInit(sigma=1.0, draw=c.init.draw)) for c in cfgs]
     delta = tuple(x.to(device) for x in as_tuple(training.initial_state(unit, geo, DTYPE)))
     base = tuple(torch.zeros_like(x) for x in delta)
     norm = _norm(delta)
@@ -238,15 +238,14 @@ def _trajectory_key(cfg: RunConfig) -> str:
     """Everything a trajectory depends on: the config but σ, the init's name (δ_0 is the unit draw either
     way) and what the float64 CPU linearisation does not use."""
     d = {k: v for k, v in cfg.to_dict().items() if k not in IGNORED}
-    d["init"] = {k: v for k, v in d["init"].items() if k not in ("sigma", "name")}
+    d["init"] = {"draw": cfg.init.draw}
     return json.dumps(d, sort_keys=True)
 
 
 def _shape_key(cfg: RunConfig) -> tuple:
-    """Runs with equal keys share one batched trajectory (the rest, lr, ε, p, seed…, is per run)."""
-    d, m = cfg.data, cfg.model
-    return (d.name, d.K, d.N, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.ffn, m.pos, m.pos_denom,
-            m.pos_scale, m.gram, cfg.optim.steps, cfg.eval_every)
+    """Runs with equal keys share one batched trajectory: the run's shape, but for what the float64 CPU
+    linearisation does not use."""
+    return shape_key(dataclasses.replace(cfg, precision="float64", device="cpu", snapshot_steps=[]))
 
 
 def is_trap(cfg: RunConfig) -> bool:
@@ -271,7 +270,7 @@ def _row(cfg: RunConfig, traj: Optional[dict], reason: Optional[str]) -> dict:
     gaussian = cfg.init.name == "gaussian"
     out = {"predicted_break_step": None, "predicted_crossing_step": None, "growth_per_step": None, "growth": None,
            "base_break_step": None, "base_spread_max": None, "reason": reason, "trap": is_trap(cfg),
-           "sigma": cfg.init.sigma if gaussian else 0.0, "init": cfg.init.name, "lr": cfg.optim.lr, "p": cfg.data.p,
+           "sigma": cfg.init.sigma if gaussian else 0.0, "init": cfg.init.name, "lr": cfg.optim.lr, "p": getattr(cfg.data, "p", None),
            "seed": cfg.seed, "normalize": cfg.model.normalize, "precision": cfg.precision,
            "reduction": cfg.optim.reduction, "eps": cfg.optim.eps, "steps": cfg.optim.steps,
            "eval_every": cfg.eval_every, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M,

@@ -21,16 +21,10 @@ import torch
 
 from . import data as data_mod
 from . import adam, engine, fused, markov, model, results
-from .config import RunConfig
+from .config import RunConfig, shape_key
+from .metrics import EVALUATED, LAST
 
 BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
-
-
-def shape_key(cfg: RunConfig) -> tuple:
-    """Runs with equal keys can share one tensor program (everything else is per run)."""
-    d, m = cfg.data, cfg.model
-    return (cfg.device, d.name, d.K, d.N, d.order, d.n_train, d.n_test, m.name, m.M, m.m, m.normalize, m.ffn, m.pos,
-            m.pos_denom, m.pos_scale, m.gram, cfg.optim.name, cfg.optim.steps, cfg.precision, cfg.eval_every, tuple(cfg.snapshot_steps))
 
 
 def group_by(items: list, key) -> dict:
@@ -180,7 +174,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         best = test_set.P_true.double().amax(-1).mean(-1).tolist()
         for rec, b in zip(recs, best):
             rec.opt_acc = b
-    classes = [closed_classes(markov.first_order_pi(cfg.data, cfg.seed)) for cfg in cfgs]
+    classes = [closed_classes(cfg.data.first_order_pi(cfg.seed)) for cfg in cfgs]
     for rec, t in zip(recs, trap_flags(train_set.tokens, c0.data.K, classes)):
         rec.trap = t
     if resumed:
@@ -200,8 +194,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     PiT = None  # V's limit Πᵀ (Thm 3.1), for eq. 2.1 on first-order chains (random walks and the others)
     # null where there is no single Π (kth_order with order ≥ 2, icl_markov, QA); shape_key keeps data.order
     # equal within a batch, so every run of it has a Π or none has
-    if markov.first_order_pi(c0.data, c0.seed) is not None and not c0.model.is_ffn:
-        PiT = torch.stack([torch.from_numpy(markov.first_order_pi(cfg.data, cfg.seed)).to(dtype).T
+    if c0.data.first_order_pi(c0.seed) is not None and not c0.model.is_ffn:
+        PiT = torch.stack([torch.from_numpy(cfg.data.first_order_pi(cfg.seed)).to(dtype).T
                            for cfg in cfgs]).to(dev)
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
     evals = [t for t in range(state.step, T + 1) if t % c0.eval_every == 0 or t == T]
@@ -287,7 +281,7 @@ class _Log:
 
     FLUSH_BYTES = 256 << 20
     HOST_READS = None  # the prediction check may read flags back: None → on a CPU only (where it is free)
-    COLS = ("test_loss", "test_acc", "test_kl", "parent_attention", "attention_spread", "pred_dist", "v_pi_cosine")
+    COLS = EVALUATED
 
     def __init__(self, recs: list[Record], dev, T: int):
         self.recs, self.T = recs, T
@@ -490,8 +484,7 @@ def checkpoint(rec: Record, state: engine.State, r: int) -> dict:
             "prediction_break_step": rec.prediction_break_step, "steps": rec.steps}
 
 
-METRICS = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
-           "attention_spread")
+METRICS = LAST
 
 
 def _finite(row: dict) -> bool:
@@ -535,7 +528,7 @@ def parent_positions(cfg: RunConfig) -> list[int] | None:
     N = cfg.data.N
     if cfg.data.name in ("qa_majority", "qa_preference"):
         return None
-    k = cfg.data.order if cfg.data.name == "kth_order" else 1
+    k = cfg.data.context
     return list(range(N - k, N))
 
 
@@ -562,7 +555,7 @@ def summary(rec: Record, wall: float) -> dict:
         "parent_positions": parents, "parents_attention": _parents_attention(rec, parents),
         "steps": rec.steps,
         "wall_s": round(wall, 6),
-        "p": cfg.data.p, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,
+        "p": getattr(cfg.data, "p", None), "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,
         "data": cfg.data.name, "init": cfg.init.name, "sigma": cfg.init.sigma, "lr": cfg.optim.lr,
         "eps": cfg.optim.eps, "seed": cfg.seed, "precision": cfg.precision, "run_id": results.run_id(rec.run_dir),
     }

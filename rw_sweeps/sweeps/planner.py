@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 
-from rw_sweeps.core.config import ConfigError, RunConfig, as_schema, from_dict, one_line_errors
+from rw_sweeps.core.config import ConfigError, RunConfig, convert, from_dict, one_line_errors
 
 
 @dataclass
@@ -167,7 +167,7 @@ class Planner:
         template, base, hydra = self._template(key, overrides, num)
         if simple and base is not None:
             task = _copy(base)
-            changes = {o.key_or_group: as_schema(o.key_or_group, o.value()) for o in values}
+            changes = {o.key_or_group: convert(base, o.key_or_group, o.value()) for o in values}
             for k, v in changes.items():
                 set_key(task, k, v)
             spec = Spec(num, overrides, task, task, hydra, {

@@ -1,0 +1,28 @@
+"""Makkuva et al.'s two-state chain: p = P(0→1), q = P(1→0)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..config import ConfigError, DataConfig, option
+
+
+@option("data")
+@dataclass
+class BinaryChain(DataConfig):
+    name: str = "binary_chain"
+    K: int = 2  # two states, by definition
+    p: float = 0.2  # P(0→1)
+    q: float = 0.3  # P(1→0)
+    PER_RUN: ClassVar[tuple] = ("p", "q")
+
+    def validate(self, seed: int) -> None:
+        self.in_unit("p", self.p)
+        self.in_unit("q", self.q)
+        if self.K != 2:
+            raise ConfigError("data.K", self.K, "must be 2 for data=binary_chain")
+
+    def transition(self, seed: int = 0) -> np.ndarray:
+        return np.array([[1 - self.p, self.p], [self.q, 1 - self.q]])

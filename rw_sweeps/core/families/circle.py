@@ -1,0 +1,96 @@
+"""§1's walk on a circle of K nodes, and two circles that step otherwise: holding still, or jumping ±k."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar, List
+
+import numpy as np
+
+from ..config import ConfigError, DataConfig, option
+
+
+def _circle(K: int) -> None:
+    if K < 3:  # for K = 2 the ±1 steps land on the same node
+        raise ConfigError("data.K", K, "must be >= 3 (a circle of K nodes)")
+
+
+@option("data")
+@dataclass
+class RandomWalk(DataConfig):
+    """Walks on a circle of K nodes, clockwise (+1) with probability p: Π = p·(shift +1) + (1 − p)·(shift −1)."""
+    name: str = "random_walk"
+    p: float = 0.5  # probability of a clockwise (+1) step
+    PER_RUN: ClassVar[tuple] = ("p",)
+
+    def validate(self, seed: int) -> None:
+        self.in_unit("p", self.p)
+        _circle(self.K)
+
+    def transition(self, seed: int = 0) -> np.ndarray:
+        from ..markov import Pi
+
+        return Pi(self.K, self.p)
+
+    @property
+    def opt_acc(self) -> float:
+        """OPT = max(p, 1 − p) (§1): the next node is the likelier neighbour."""
+        return max(self.p, 1 - self.p)
+
+    def draw(self, n: int, gen, seed: int):
+        from ..data import random_walks
+
+        return random_walks(self.K, self.N, self.p, n, gen)
+
+    def draw_into(self, gen, seed: int, tokens, y, P_true) -> None:
+        from ..data import _walks_into  # the SWAR fast path, straight into the stacked batch
+
+        _walks_into(self.K, self.N, self.p, gen, tokens, y, P_true)
+
+
+@option("data")
+@dataclass
+class LazyWalk(DataConfig):
+    """The circle that holds still with probability stay: Π = stay·I + (1 − stay)·Π_circle(p)."""
+    name: str = "lazy_walk"
+    p: float = 0.5  # probability of a clockwise step, given a step
+    stay: float = 0.5  # holding probability
+    PER_RUN: ClassVar[tuple] = ("p", "stay")
+
+    def validate(self, seed: int) -> None:
+        self.in_unit("p", self.p)
+        self.in_unit("stay", self.stay)
+        _circle(self.K)
+
+    def transition(self, seed: int = 0) -> np.ndarray:
+        from ..markov import Pi
+
+        return self.stay * np.eye(self.K) + (1 - self.stay) * Pi(self.K, self.p)
+
+
+@option("data")
+@dataclass
+class JumpWalk(DataConfig):
+    """The circle with steps ±1 … ±r: jumps = [P(+1), P(−1), P(+2), P(−2), …, P(+r), P(−r)], summing to 1.
+    Steps are taken mod K, and steps landing on the same node add (any r is allowed)."""
+    name: str = "jump_walk"
+    jumps: List[float] = field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])  # [P(+1), P(−1), P(+2), P(−2), …]
+    PER_RUN: ClassVar[tuple] = ("jumps",)
+
+    def validate(self, seed: int) -> None:
+        _circle(self.K)
+        J = self.jumps
+        if not J or len(J) % 2:
+            raise ConfigError("data.jumps", J, "must be an even-length list [P(+1), P(−1), P(+2), P(−2), …]")
+        for k, x in enumerate(J):
+            if not (math.isfinite(x) and x >= 0):
+                raise ConfigError("data.jumps", J, f"entry {k} (P({'+-'[k % 2]}{k // 2 + 1})) is {x}; entries "
+                                  "must be in [0, 1]")
+        if abs(math.fsum(J) - 1) > 1e-9:
+            raise ConfigError("data.jumps", J, f"sums to {math.fsum(J):.12g}; the probabilities must sum to 1 "
+                              "(to 1e-9)")
+
+    def transition(self, seed: int = 0) -> np.ndarray:
+        from ..markov import jump
+
+        return jump(self.K, self.jumps)

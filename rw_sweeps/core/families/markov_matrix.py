@@ -1,0 +1,65 @@
+"""Any row-stochastic K×K Π, given as a list of rows or read from a file."""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar, List, Optional
+
+import numpy as np
+
+from ..config import ConfigError, DataConfig, option
+from ..errors import one_line
+
+
+@option("data")
+@dataclass
+class MarkovMatrix(DataConfig):
+    name: str = "markov_matrix"
+    K: int = 3  # Π's size
+    # the row-stochastic K×K Π, a list of rows
+    Pi: Optional[List[List[float]]] = field(default_factory=lambda: [[0.8, 0.1, 0.1], [0.1, 0.6, 0.3],
+                                                                     [0.3, 0.2, 0.5]])
+    # Π from a file instead (a .npy array, or text: K rows of K numbers separated by spaces or commas; a
+    # relative path is from the launch folder). Read when the config is validated; it replaces data.Pi, so a
+    # run's config.yaml holds the matrix it was trained on.
+    Pi_file: Optional[str] = None
+    PER_RUN: ClassVar[tuple] = ("Pi", "Pi_file")
+
+    def validate(self, seed: int) -> None:
+        if self.Pi_file is not None:  # the file replaces data.Pi (the default, or what a config.yaml recorded)
+            self.Pi = _read_pi(self.Pi_file)
+        P, K = self.Pi, self.K
+        if P is None:
+            raise ConfigError("data.Pi", P, "must be a K×K row-stochastic matrix (a list of rows)")
+        if not P or any(len(row) != len(P) for row in P):
+            raise ConfigError("data.Pi", P, "must be square: K rows of K entries each")
+        if len(P) != K:
+            raise ConfigError("data.Pi", P, f"must be data.K×data.K ({K}×{K}); it is {len(P)}×{len(P)}")
+        if K < 2:
+            raise ConfigError("data.K", K, "must be >= 2 for data=markov_matrix")
+        for i, row in enumerate(P):
+            if not all(math.isfinite(x) and x >= 0 for x in row):
+                raise ConfigError("data.Pi", P, f"row {i} has a negative or non-finite entry; entries must be in [0, 1]")
+            if abs(math.fsum(row) - 1) > 1e-9:
+                raise ConfigError("data.Pi", P, f"row {i} sums to {math.fsum(row):.12g}; every row must sum to 1 "
+                                  "(to 1e-9)")
+
+    def transition(self, seed: int = 0) -> np.ndarray:
+        return np.array(self.Pi, dtype=np.float64).reshape(self.K, self.K)
+
+
+def _read_pi(path: str) -> list:
+    """data.Pi_file's matrix as a list of rows, or a one-line ConfigError."""
+    f = os.path.expanduser(path)
+    try:
+        if f.endswith(".npy"):
+            P = np.load(f, allow_pickle=False)
+        else:
+            with open(f, encoding="utf-8") as fh:
+                P = np.loadtxt(fh.read().replace(",", " ").splitlines(), ndmin=2)
+    except (OSError, ValueError) as e:
+        raise ConfigError("data.Pi_file", path, f"must be a readable .npy or text matrix ({one_line(e)})") from None
+    if P.ndim != 2:
+        raise ConfigError("data.Pi_file", path, f"must hold a 2-d matrix; it holds {P.ndim} dimension(s)")
+    return [[float(x) for x in row] for row in P]

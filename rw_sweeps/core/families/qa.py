@@ -1,0 +1,48 @@
+"""§6's question-answering tasks over a 19-word vocabulary: N − 1 words, then the answer. Their shapes are
+fixed by the task, and the answer is deterministic (OPT = 1)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ConfigError, DataConfig, option
+
+
+class _QA(DataConfig):
+    def validate(self, seed: int) -> None:
+        fixed = type(self)()
+        for key in ("K", "N"):
+            if getattr(self, key) != getattr(fixed, key):
+                raise ConfigError(f"data.{key}", getattr(self, key), f"must be {getattr(fixed, key)} for "
+                                  f"data={self.name} (fixed by the task)")
+
+    @property
+    def opt_acc(self) -> float:
+        return 1.0
+
+
+@option("data")
+@dataclass
+class QaMajority(_QA):
+    """Task 1: "Based on the list <5 fruits> which type of fruit appears most frequently" → the majority."""
+    name: str = "qa_majority"
+    K: int = 19  # the 19-word vocabulary
+    N: int = 17  # 16 words, then the answer
+
+    def draw(self, n: int, gen, seed: int):
+        from ..data import qa_majority
+
+        return qa_majority(n, gen)
+
+
+@option("data")
+@dataclass
+class QaPreference(_QA):
+    """Task 2: "Based on the sentence I prefer an <a> to an <b> which type of fruit do I prefer" → a."""
+    name: str = "qa_preference"
+    K: int = 19  # the 19-word vocabulary
+    N: int = 19  # 18 words, then the answer
+
+    def draw(self, n: int, gen, seed: int):
+        from ..data import qa_preference
+
+        return qa_preference(n, gen)

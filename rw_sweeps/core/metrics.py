@@ -1,0 +1,13 @@
+"""The metrics, defined once: what an evaluation measures, what a history row and the summary hold, and
+which summary fields a task may return as its objective (`objective=...`, e.g. for Optuna)."""
+
+# What the engine's evaluation of the test set measures, in the order of its rows (engine.evaluate).
+EVALUATED = ("test_loss", "test_acc", "test_kl", "parent_attention", "attention_spread", "pred_dist", "v_pi_cosine")
+# A history row: the step, the training loss at it, and every evaluated metric (v_pi_cosine null where V has
+# no Π to be compared with: the QA tasks, higher-order and in-context chains, the FFN).
+HISTORY = ("step", "train_loss", *EVALUATED)
+# The summary holds each metric's value at the last evaluated step.
+LAST = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
+        "attention_spread")
+# Summary fields a task can return as its objective.
+OBJECTIVES = (*LAST, "symmetry_break_step", "steps", "wall_s")

@@ -77,7 +77,13 @@ def theory_fails(df: pd.DataFrame) -> pd.Series:
     formula = walk & p.isin([0.0, 1.0]) & ((N - 1) % K == 0)
     flag = _col(df, "trap", "trap")
     trap = flag.where(flag.notna(), formula).astype(bool)
-    return (_col(df, "init", "init") == "zero") & trap
+    return zero_init(df) & trap
+
+
+def zero_init(df: pd.DataFrame) -> pd.Series:
+    """The runs that start at V = W = 0: init=zero, and the σ = 0 point of a Gaussian σ axis."""
+    sigma = pd.to_numeric(_col(df, "init.sigma", "sigma"), errors="coerce")
+    return (_col(df, "init", "init") == "zero") | (sigma == 0)
 
 
 def swept_keys(df: pd.DataFrame) -> list[str]:
@@ -265,12 +271,11 @@ def drawless(fig):
 # helpers
 
 def _values(df: pd.DataFrame, key: str) -> pd.Series:
-    """The value a run shows on an axis: σ of a zero-init run is the ZERO column, whatever
-    `init.sigma` says; a missing value is its own category."""
-    s = df[key].astype(object).where(df[key].notna(), "none")
-    if key == "init.sigma" and "init" in df.columns:
-        s = s.where(df["init"] != "zero", ZERO)
-    return s
+    """The value a run shows on an axis: σ of a zero-init run (init=zero, or σ = 0) is the ZERO column; a
+    missing value is its own category."""
+    if key == "init.sigma":
+        return df[key].astype(object).where(~zero_init(df), ZERO).where(df[key].notna() | zero_init(df), "none")
+    return df[key].astype(object).where(df[key].notna(), "none")
 
 
 def _only_row_label(df) -> str:

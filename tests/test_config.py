@@ -22,7 +22,7 @@ def composed(*overrides: str) -> RunConfig:
 
 
 def test_every_group_option_exists():
-    assert GROUPS["data"] == ["binary_chain", "graph_walk", "icl_markov", "jump_walk", "kth_order", "lazy_walk",
+    assert GROUPS["data"] == ["binary_chain", "birth_death", "graph_walk", "icl_markov", "jump_walk", "kth_order", "lazy_walk",
                               "markov_matrix", "qa_majority", "qa_preference", "random_walk"]
     assert GROUPS["model"] == ["transformer", "transformer_ffn"]
     assert GROUPS["init"] == ["gaussian", "zero"]

@@ -21,7 +21,7 @@ import torch
 
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import engine, fused, model
-from rw_sweeps.core.config import RunConfig
+from rw_sweeps.core.config import RunConfig, data_config, option_config
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 50
@@ -29,12 +29,11 @@ T = 50
 
 def _cfg(seed, p=0.5, init="zero", sigma=0.0, lr=1.0, normalize="none", K=6, N=25, n=200, precision="float64",
          name="transformer", gram="exact"):
-    c = RunConfig(seed=seed, precision=precision)
-    c.data.K, c.data.N, c.data.p, c.data.n_train, c.data.n_test = K, N, p, n, n
-    c.init.name, c.init.sigma, c.optim.lr = init, sigma, lr
-    c.model.name, c.model.normalize, c.model.gram = name, normalize, gram
-    if name == "transformer_ffn":
-        c.model.m = 7
+    c = RunConfig(seed=seed, precision=precision, data=data_config(K=K, N=N, p=p, n_train=n, n_test=n),
+                  init=option_config("init", init, **({"sigma": sigma} if init == "gaussian" else {})),
+                  model=option_config("model", name, normalize=normalize, gram=gram,
+                                      **({"m": 7} if name == "transformer_ffn" else {})))
+    c.optim.lr = lr
     return c
 
 

@@ -93,7 +93,7 @@ def test_packing_follows_the_declaration_and_the_launcher_says_how_the_sweep_run
     src = (ROOT / "launch.py").read_text()
     edited = src.replace("    return train(cfg)", "    print('edited task ran', flush=True)\n    return train(cfg)")
     edited = edited.replace("@batched(train_batch)\n", "")
-    assert edited.count("edited task ran") == 1 and "@batched" not in edited
+    assert edited.count("edited task ran") == 1 and "\n@batched(train_batch)\n" not in edited
     script = tmp_path / "launch_edited.py"
     script.write_text(edited.replace('config_path="conf"', f'config_path="{ROOT / "conf"}"')
                       .replace('__file__, "conf")', f'__file__, "{ROOT / "conf"}")'))

@@ -19,7 +19,7 @@ import pytest
 
 from rw_sweeps.sweeps import lock, run
 from rw_sweeps.core import results
-from rw_sweeps.core.config import AdamConfig, GaussianInit, ModelConfig, OptimConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import AdamConfig, GaussianInit, ModelConfig, OptimConfig, RunConfig, data_config, validate, option_config
 
 from .conftest import launch, start_launch, wait_until
 
@@ -464,7 +464,7 @@ def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forwa
 
     from rw_sweeps.core import data as data_mod, engine, model
     K, N, R = 4, 17, 24
-    cfg = validate(RunConfig(data=data_config(K=K, N=N, p=0.7, n_train=8, n_test=50), model=ModelConfig(M=32, **model_keys)))
+    cfg = validate(RunConfig(data=data_config(K=K, N=N, p=0.7, n_train=8, n_test=50), model=option_config("model", M=32, **model_keys)))
     geo = model.geometry(cfg.model, N)
     _, test = data_mod.make(cfg.data, 0)
     g = torch.Generator().manual_seed(0)

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from rw_sweeps.core import results
+from analysis import wandb_run
 from rw_sweeps.sweeps import tracking
 from .conftest import ROOT, launch, summaries
 from .wandb_files import read_run
@@ -130,7 +131,7 @@ def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     r = launch(*args)
     assert r.returncode == 0, r.stderr
     info = read_run(sweep / "wandb_analysis")
-    assert info["job_type"] == "analysis" and info["id"] == tracking.analysis_id(sweep)
+    assert info["job_type"] == "analysis" and info["id"] == wandb_run.analysis_id(sweep)
     assert info["group"] == "/".join(sweep.parts[-2:]) and info["summary"]["runs"] == 4
     assert info["summary"]["runs/nrows"] == 4 and "phase_success/path" in info["summary"]
     assert info["config"]["axes"] == ["data.p"]
@@ -138,7 +139,7 @@ def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     r = launch(*args)  # every run is done: a re-run replaces the analysis run, never adds one
     assert r.returncode == 0, r.stderr
     runs = list((sweep / "wandb_analysis" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and runs[0].name.endswith(tracking.analysis_id(sweep))
+    assert len(runs) == 1 and runs[0].name.endswith(wandb_run.analysis_id(sweep))
     off = tmp_path / "off"
     r = launch("-m", "seed=0,1", *TINY, "wandb.mode=offline", "wandb.analysis=false", f"hydra.sweep.dir={off}")
     assert r.returncode == 0, r.stderr

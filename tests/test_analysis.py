@@ -157,7 +157,7 @@ def paper_report(experiments, tmp_path_factory):
 def test_the_table_has_one_row_per_run_and_every_config_and_summary_field(grid):
     files = run_files(grid)
     df = load_runs(grid, progress=False)
-    assert len(df) == len(files) == 36 and df["path"].is_unique
+    assert len(df) == len(files) == 27 and df["path"].is_unique
     config, summary = next(iter(files.values()))
 
     def dotted(d, prefix=""):
@@ -230,17 +230,17 @@ def test_corrupt_and_missing_summaries_are_skipped_and_counted(grid, tmp_path):
     (partial / "1" / "summary.json").unlink()
     r = analyse(partial, "--out", tmp_path / "out")
     assert r.returncode == 0, r.stderr
-    assert len(pd.read_parquet(tmp_path / "out" / "runs.parquet")) == 34
+    assert len(pd.read_parquet(tmp_path / "out" / "runs.parquet")) == 25
 
     page = (tmp_path / "out" / "index.html").read_text()
     head, row = html_tables(page)[0]
     counts = dict(zip(head, row))
-    assert counts["runs"] == "34" and counts["unfinished"] == "1" and counts["corrupt"] == "1"
+    assert counts["runs"] == "25" and counts["unfinished"] == "1" and counts["corrupt"] == "1"
     for status in ("done", "failed", "diverged"):
         assert counts[status] == str(sum(s["status"] == status for s in expected)), status
     assert int(counts["diverged"]) > 0                 # σ = 0.1 without normalisation diverges
     assert str(partial / "0") in page and str(partial / "1") in page
-    assert "runs 34, done" in r.stdout and "unfinished 1, corrupt 1" in r.stdout
+    assert "runs 25, done" in r.stdout and "unfinished 1, corrupt 1" in r.stdout
 
 
 # ---------------------------------------------------------------------------------------------

@@ -340,3 +340,20 @@ def test_a_history_evaluation_equals_the_full_one(state, precision):
         tol = 1e-12 if precision == "float64" else 1e-5
         for k in ("loss", "acc", "kl", "pred_dist", "spread"):
             assert torch.allclose(getattr(whole, k), getattr(ref, k), rtol=tol, atol=tol), k
+
+
+def test_the_kernel_arguments_travel_in_structs_checked_against_the_library(kernel):
+    """The ctypes.Structures mirror fused.c's argument structs field by field: a loaded library reports the
+    same names, offsets and size, and a struct with two fields swapped (same type, same size) is refused."""
+    import ctypes
+
+    lib = fused.library()
+    for args, which in ((fused.TrainArgs, "train"), (fused.EvalArgs, "eval")):
+        fused._check_layout(lib, args, which)
+        fields = list(args._fields_)
+        i, j = [k for k, (name, _) in enumerate(fields) if name in ("V", "a")] or [0, 1]
+        fields[i], fields[j] = fields[j], fields[i]
+        swapped = type("Swapped", (ctypes.Structure,), {"_fields_": fields})
+        with pytest.raises(RuntimeError, match="layout"):
+            fused._check_layout(lib, swapped, which)
+    assert f"#define RW_ABI {fused.ABI} " in fused.SOURCE.read_text() and lib.rw_abi() == fused.ABI

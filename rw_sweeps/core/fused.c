@@ -28,6 +28,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,9 +40,36 @@
 #define RW_AVX512 0
 #endif
 
-#define RW_ABI 8
+#define RW_ABI 9 /* fused.py reads this number from here: the one definition */
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
+
+/* The arguments of rw_train_f64/f32 and rw_eval_f64/f32, one struct each, named field by field. Each list is
+   written once, here: it makes the struct and the names and offsets that rw_*_args_layout reports, against
+   which fused.py checks its ctypes.Structure before the first call (a library whose layout differs is
+   refused, never called). Pointers to REAL (the pass's dtype) are void *. */
+#define RW_TRAIN_ARGS(X)                                                                                      \
+    X(int64_t, R) X(int64_t, n) X(int64_t, L) X(int64_t, K) X(int64_t, T)                                      \
+    X(const uint8_t *, tok) X(const uint8_t *, y)         /* (R, n, L), (R, n) tokens, 0 ≤ s < K */            \
+    X(void *, V) X(void *, a) X(void *, c)                /* (R, K, K), (R, K), (R, L+1): updated in place */  \
+    X(const void *, lr) X(const void *, eps) X(const void *, w)                                               \
+    X(double, kappa) X(double, pp) X(double, nu_tok) X(double, nu_pos) X(double, nu_q)                       \
+    X(void *, loss)                                       /* (R, T): training loss before each step */         \
+    X(int32_t *, bad_step)                                /* (R,): first non-finite step, else −1 */           \
+    X(const void *, masks)                                /* rw_masks of all runs, or NULL */                  \
+    X(int32_t, nthreads) X(int32_t, impl)                 /* impl: 0 the fastest available, 1 generic */
+#define RW_EVAL_ARGS(X)                                                                                       \
+    X(int64_t, R) X(int64_t, n) X(int64_t, L) X(int64_t, K)                                                    \
+    X(const uint8_t *, tok) X(const uint8_t *, y) X(const void *, P)                                          \
+    X(const void *, V) X(const void *, a) X(const void *, c) X(const void *, eps)                             \
+    X(double, nu_tok) X(double, nu_pos) X(double, nu_q)                                                       \
+    X(void *, loss) X(void *, acc) X(void *, kl) X(void *, pred_dist) X(void *, attention) X(void *, spread)   \
+    X(void *, h_example) X(void *, h_var)                                                                     \
+    X(const void *, masks) X(const uint8_t *, tokT) X(int32_t, full) X(const void *, PB) X(int32_t, S)        \
+    X(int32_t, nthreads) X(int32_t, impl)
+#define RW_FIELD(type, name) type name;
+typedef struct { RW_TRAIN_ARGS(RW_FIELD) } rw_train_args;
+typedef struct { RW_EVAL_ARGS(RW_FIELD) } rw_eval_args;
 
 /* RW_ONLY=64 or 32 compiles one dtype (the build runs both at once, one per core, and links them) */
 #if !defined(RW_ONLY) || RW_ONLY == 64
@@ -54,6 +82,16 @@ int rw_mvec(void) {
     return 0;
 #endif
 }
+#define RW_NAME(type, name) #name " "
+#define RW_TRAIN_OFF(type, name) (int64_t)offsetof(rw_train_args, name),
+#define RW_EVAL_OFF(type, name) (int64_t)offsetof(rw_eval_args, name),
+static const int64_t rw_train_offsets[] = {RW_TRAIN_ARGS(RW_TRAIN_OFF) (int64_t)sizeof(rw_train_args)};
+static const int64_t rw_eval_offsets[] = {RW_EVAL_ARGS(RW_EVAL_OFF) (int64_t)sizeof(rw_eval_args)};
+/* The fields' names (space-separated), and their offsets followed by the struct's size. */
+const char *rw_train_args_names(void) { return RW_TRAIN_ARGS(RW_NAME); }
+const int64_t *rw_train_args_layout(void) { return rw_train_offsets; }
+const char *rw_eval_args_names(void) { return RW_EVAL_ARGS(RW_NAME); }
+const int64_t *rw_eval_args_layout(void) { return rw_eval_offsets; }
 #endif
 
 /* ---- a parallel-for over runs: nthreads − 1 helper threads plus the caller, dynamic scheduling ---- */
@@ -1201,17 +1239,18 @@ int SFX(rw_masks)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok
 /* ============================================ entry points ============================================ */
 
 /* impl: 0 = the fastest available, 1 = generic. Returns 0 on success, 2 on bad arguments, 1 on failure. */
-int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const uint8_t *tok, const uint8_t *y,
-                  REAL *V, REAL *a, REAL *c, const REAL *lr, const REAL *eps, const REAL *w, double kappa,
-                  double pp, double nu_tok, double nu_pos, double nu_q, REAL *loss, int32_t *bad_step,
-                  const void *masks, int nthreads, int impl) {
+int SFX(rw_train)(const rw_train_args *A) {
+    const int64_t R = A->R, n = A->n, L = A->L, K = A->K, T = A->T;
+    int32_t *bad_step = A->bad_step;
+    const int nthreads = A->nthreads, impl = A->impl;
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127 || T < 0) return 2;
     if (R == 0 || T == 0) {
         for (int64_t r = 0; r < R; r++) bad_step[r] = -1;
         return 0;
     }
-    SFX(tctx) x = {R, n, L, K, T, tok, y, V, a, c, lr, eps, w, (REAL)kappa, (REAL)pp, (REAL)nu_tok,
-                   (REAL)nu_pos, (REAL)nu_q, loss, bad_step, masks};
+    SFX(tctx) x = {R, n, L, K, T, A->tok, A->y, (REAL *)A->V, (REAL *)A->a, (REAL *)A->c, (const REAL *)A->lr,
+                   (const REAL *)A->eps, (const REAL *)A->w, (REAL)A->kappa, (REAL)A->pp, (REAL)A->nu_tok,
+                   (REAL)A->nu_pos, (REAL)A->nu_q, (REAL *)A->loss, bad_step, A->masks};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(train_avx_fns)[K], &x, R, SFX(train_avx_scratch)(n, L, K), nthreads);
@@ -1220,15 +1259,16 @@ int SFX(rw_train)(int64_t R, int64_t n, int64_t L, int64_t K, int64_t T, const u
     return parallel_runs(SFX(train_generic), &x, R, SFX(train_generic_scratch)(n, L, K), nthreads);
 }
 
-int SFX(rw_eval)(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, const uint8_t *y, const REAL *P,
-                 const REAL *V, const REAL *a, const REAL *c, const REAL *eps, double nu_tok, double nu_pos,
-                 double nu_q, REAL *loss, REAL *acc, REAL *kl, REAL *pred_dist, REAL *attention, REAL *spread,
-                 REAL *h_example, REAL *h_var, const void *masks, const uint8_t *tokT, int full, const REAL *PB, int S,
-                 int nthreads, int impl) {
+int SFX(rw_eval)(const rw_eval_args *A) {
+    const int64_t R = A->R, n = A->n, L = A->L, K = A->K;
+    const int nthreads = A->nthreads, impl = A->impl;
     if (R < 0 || n < 1 || L < 1 || K < 1 || K > 127) return 2;
     if (R == 0) return 0;
-    SFX(ectx) x = {R, n, L, K, tok, y, P, V, a, c, eps, (REAL)nu_tok, (REAL)nu_pos, (REAL)nu_q,
-                   loss, acc, kl, pred_dist, attention, spread, h_example, h_var, masks, tokT, full, PB, S};
+    SFX(ectx) x = {R, n, L, K, A->tok, A->y, (const REAL *)A->P, (const REAL *)A->V, (const REAL *)A->a,
+                   (const REAL *)A->c, (const REAL *)A->eps, (REAL)A->nu_tok, (REAL)A->nu_pos, (REAL)A->nu_q,
+                   (REAL *)A->loss, (REAL *)A->acc, (REAL *)A->kl, (REAL *)A->pred_dist, (REAL *)A->attention,
+                   (REAL *)A->spread, (REAL *)A->h_example, (REAL *)A->h_var, A->masks, A->tokT, A->full,
+                   (const REAL *)A->PB, A->S};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(eval_avx_fns)[K], &x, R, SFX(eval_avx_scratch)(n, L, K), nthreads);

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import platform
 import shutil
 import subprocess
@@ -37,7 +38,7 @@ from .model import Geometry
 
 SOURCE = Path(__file__).with_name("fused.c")
 CC = os.environ.get("CC", "gcc")  # the compiler; tests point it somewhere absent to check the fallback
-ABI = 8  # must match RW_ABI in fused.c
+ABI = int(re.search(r"#define RW_ABI (\d+)", SOURCE.read_text()).group(1))  # fused.c's, its one definition
 BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno"]
 # Build attempts per variant, best first: native ISA with glibc's vector log (libmvec), native ISA, and a
 # portable build with no ISA extensions at all (plain C paths only).
@@ -163,15 +164,49 @@ def _private(path: Path) -> bool:
     return not (path.is_symlink())
 
 
+_I64, _I32, _DBL, _PTR = ctypes.c_int64, ctypes.c_int32, ctypes.c_double, ctypes.c_void_p
+
+
+class TrainArgs(ctypes.Structure):
+    """rw_train's arguments: fused.c's rw_train_args, field by field (checked against the library's own
+    layout when it is loaded: `_check_layout`)."""
+    _fields_ = [*((k, _I64) for k in ("R", "n", "L", "K", "T")), ("tok", _PTR), ("y", _PTR),
+                *((k, _PTR) for k in ("V", "a", "c", "lr", "eps", "w")),
+                *((k, _DBL) for k in ("kappa", "pp", "nu_tok", "nu_pos", "nu_q")),
+                ("loss", _PTR), ("bad_step", _PTR), ("masks", _PTR), ("nthreads", _I32), ("impl", _I32)]
+
+
+class EvalArgs(ctypes.Structure):
+    """rw_eval's arguments: fused.c's rw_eval_args, field by field (checked as TrainArgs is)."""
+    _fields_ = [*((k, _I64) for k in ("R", "n", "L", "K")),
+                *((k, _PTR) for k in ("tok", "y", "P", "V", "a", "c", "eps")),
+                *((k, _DBL) for k in ("nu_tok", "nu_pos", "nu_q")),
+                *((k, _PTR) for k in ("loss", "acc", "kl", "pred_dist", "attention", "spread", "h_example",
+                                      "h_var", "masks", "tokT")),
+                ("full", _I32), ("PB", _PTR), ("S", _I32), ("nthreads", _I32), ("impl", _I32)]
+
+
+def _check_layout(lib: ctypes.CDLL, args: type, which: str) -> None:
+    """The library's struct has these fields, in this order, at these offsets, and this size; else the
+    library is refused (RuntimeError), so that no call can put a value in another field's place."""
+    names = getattr(lib, f"rw_{which}_args_names")().decode().split()
+    layout = getattr(lib, f"rw_{which}_args_layout")()
+    offsets = [layout[i] for i in range(len(names) + 1)]
+    mine = [name for name, _ in args._fields_]
+    if names != mine or offsets != [getattr(args, k).offset for k in mine] + [ctypes.sizeof(args)]:
+        raise RuntimeError(f"rw_{which}_args layout of the library differs from fused.py's {args.__name__}")
+
+
 def _declare(lib: ctypes.CDLL) -> None:
-    i64, i32, dbl, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_double, ctypes.c_void_p
+    i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    for which in ("train", "eval"):
+        getattr(lib, f"rw_{which}_args_names").restype = ctypes.c_char_p
+        getattr(lib, f"rw_{which}_args_layout").restype = ctypes.POINTER(ctypes.c_int64)
     for sfx in ("f64", "f32"):
         f = getattr(lib, f"rw_train_{sfx}")
-        f.argtypes = [i64] * 5 + [vp] * 8 + [dbl] * 5 + [vp, vp, vp, i32, i32]
-        f.restype = i32
+        f.argtypes, f.restype = [ctypes.POINTER(TrainArgs)], i32
         f = getattr(lib, f"rw_eval_{sfx}")
-        f.argtypes = [i64] * 4 + [vp] * 7 + [dbl] * 3 + [vp] * 8 + [vp, vp, i32, vp, i32, i32, i32]
-        f.restype = i32
+        f.argtypes, f.restype = [ctypes.POINTER(EvalArgs)], i32
         f = getattr(lib, f"rw_masks_bytes_{sfx}")
         f.argtypes, f.restype = [i64] * 3, i64
         f = getattr(lib, f"rw_masks_{sfx}")
@@ -198,6 +233,8 @@ def library(variant: Optional[str] = None) -> Optional[ctypes.CDLL]:
                     _declare(lib)
                     if lib.rw_abi() != ABI:
                         raise RuntimeError(f"ABI {lib.rw_abi()} != {ABI}")
+                    _check_layout(lib, TrainArgs, "train")
+                    _check_layout(lib, EvalArgs, "eval")
                     break
                 except Exception as exc:  # noqa: BLE001 - try the next, more portable build
                     errors.append(f"{flags}: {exc}")
@@ -427,9 +464,11 @@ def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: 
     # a call of a few steps reuses cached masks; a long call builds them per run, in cache, for all its steps
     masks = _masks(lib, data.tokens, tok, K, dtype) if steps <= 2 else None
     with torch.no_grad():
-        rc = fn(R, n, L, K, steps, _ptr(tok), _ptr(y), _ptr(V), _ptr(a), _ptr(c), _ptr(lr_), _ptr(eps_), _ptr(w_),
-                float(geo.kappa), float(geo.pp), float(geo.nu_tok), float(geo.nu_pos), float(geo.nu_q), _ptr(loss),
-                _ptr(bad), _ptr(masks), _threads(R), 0)
+        rc = fn(ctypes.byref(TrainArgs(
+            R=R, n=n, L=L, K=K, T=steps, tok=_ptr(tok), y=_ptr(y), V=_ptr(V), a=_ptr(a), c=_ptr(c), lr=_ptr(lr_),
+            eps=_ptr(eps_), w=_ptr(w_), kappa=float(geo.kappa), pp=float(geo.pp), nu_tok=float(geo.nu_tok),
+            nu_pos=float(geo.nu_pos), nu_q=float(geo.nu_q), loss=_ptr(loss), bad_step=_ptr(bad), masks=_ptr(masks),
+            nthreads=_threads(R), impl=0)))
         if rc != 0:
             raise RuntimeError(f"fused kernel rw_train failed (code {rc})")
         if a is not state.a:
@@ -482,10 +521,12 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     lanes = 8 if dtype == torch.float64 else 16
     blocks = _by_block(data.tokens, tok, lanes) if masks is not None else None
     PB, S = _p_by_block(data.P_true, lanes, dtype) if masks is not None else (None, 0)
-    rc = fn(R, n, L, K, _ptr(tok), _ptr(y), _ptr(P), _ptr(Vc), _ptr(a), _ptr(c), _ptr(eps_), float(geo.nu_tok),
-            float(geo.nu_pos), float(geo.nu_q), _ptr(out["loss"]), _ptr(out["acc"]), _ptr(out["kl"]),
-            _ptr(out["pred_dist"]), _ptr(att), _ptr(out["spread"]), _ptr(hx), _ptr(hv), _ptr(masks), _ptr(blocks),
-            int(full), _ptr(PB), S, _threads(R), 0)
+    rc = fn(ctypes.byref(EvalArgs(
+        R=R, n=n, L=L, K=K, tok=_ptr(tok), y=_ptr(y), P=_ptr(P), V=_ptr(Vc), a=_ptr(a), c=_ptr(c), eps=_ptr(eps_),
+        nu_tok=float(geo.nu_tok), nu_pos=float(geo.nu_pos), nu_q=float(geo.nu_q), loss=_ptr(out["loss"]),
+        acc=_ptr(out["acc"]), kl=_ptr(out["kl"]), pred_dist=_ptr(out["pred_dist"]), attention=_ptr(att),
+        spread=_ptr(out["spread"]), h_example=_ptr(hx), h_var=_ptr(hv), masks=_ptr(masks), tokT=_ptr(blocks),
+        full=int(full), PB=_ptr(PB), S=S, nthreads=_threads(R), impl=0)))
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
     return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv,

@@ -11,8 +11,18 @@ Reads only the files of the results contract (README, "Results"); never imports 
     report.py   index.html (and optionally a wandb run of job_type "analysis")
     __main__.py python -m analysis SWEEP_DIR... --out OUT_DIR
 """
-from .load import config_keys, load_history, load_runs, load_snapshots
-from .phase import add_success, add_success_step, phase_diagram, phase_table, swept_keys
+import importlib
 
 __all__ = ["load_runs", "load_history", "load_snapshots", "config_keys", "add_success",
            "add_success_step", "phase_table", "phase_diagram", "swept_keys"]
+_HOME = {"load_runs": "load", "load_history": "load", "load_snapshots": "load", "config_keys": "load",
+         "add_success": "phase", "add_success_step": "phase", "phase_table": "phase", "phase_diagram": "phase",
+         "swept_keys": "phase"}
+
+
+def __getattr__(name: str):
+    """The package's functions, imported when first asked for: `analysis.callback`, which every launch
+    loads as a Hydra callback, does not pay for pandas and matplotlib until a sweep ends."""
+    if name in _HOME:
+        return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -245,3 +245,18 @@ def test_the_wheel_carries_the_configs(tmp_path):
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(next(tmp_path.glob("rw_sweeps-*.whl"))).read(entry).decode()
     assert "rw-launch = rw_sweeps.sweeps.app:cli" in text
+
+
+def test_the_planners_quick_parse_of_an_integer_override_is_hydras_own():
+    """`key=<int>` skips Hydra's parser only where the result is the same Override; all else goes to Hydra."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rw_sweeps.sweeps.planner import quick_override
+
+    parser = OverridesParser.create()
+    for line in ["seed=17", "seed=0", "seed=-3", "data.K=12", "a_b.c_d=4294967295"]:
+        quick, hydra = quick_override(line), parser.parse_overrides([line])[0]
+        assert quick == hydra and type(quick.value()) is type(hydra.value()) is int, line
+    for line in ["seed=007", "seed=1_000", "seed=+5", "data.p=0.5", "seed=1e3", "~seed", "+seed=1", "seed=1,2",
+                 "data=random_walk", "seed= 1", "seed=range(0,3)", "hydra/launcher=slurm"]:
+        assert quick_override(line) is None, line

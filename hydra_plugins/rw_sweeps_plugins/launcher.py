@@ -277,11 +277,17 @@ class RwLauncher(Launcher):
 
     @property
     def sweep_label(self) -> str:
-        return str(Path(str(self.config.hydra.sweep.dir)))  # as the sweeper's summary line prints it
+        """The sweep folder as the sweeper's summary line prints it (resolved once: `${now:…}` and all)."""
+        if getattr(self, "_label", None) is None:
+            self._label = str(Path(str(self.config.hydra.sweep.dir)))
+        return self._label
 
     @property
     def sweep_dir(self) -> Path:
-        return Path(self.sweep_label).absolute()
+        label = self.sweep_label
+        if getattr(self, "_sweep_dir", (None,))[0] != label:
+            self._sweep_dir = (label, Path(label).absolute())
+        return self._sweep_dir[1]
 
     def batch_function(self) -> Optional[Callable]:
         from rw_sweeps.sweeps.app import batch_function
@@ -428,13 +434,22 @@ class RwLauncher(Launcher):
         if self.record is None:
             self.record = status.new_record(self.sweep_label, self.params["backend"], detached=self.params["detach"])
         rec = self.record
-        rec["runs"] += [self._name(s) for s in specs]
-        rec["skipped"] += [self._name(s) for s in done]
-        rec["stale"].update({self._name(s): fp for s in todo if (fp := status.fingerprint(Path(s.output_dir)))})
+        names = {id(s): self._name(s) for s in specs}
+        rec["runs"] += [names[id(s)] for s in specs]
+        rec["skipped"] += [names[id(s)] for s in done]
+        try:  # only a folder that is there can hold an old summary: one listing, not a stat per run
+            present = set(os.listdir(self.sweep_dir))
+        except OSError:
+            present = set()
+        rec["stale"].update({names[id(s)]: fp for s in todo if names[id(s)].split("/")[0] in present
+                             and (fp := status.fingerprint(s.output_dir))})
         return rec
 
     def _name(self, spec) -> str:
         """A run's folder relative to the sweep folder (how .rw_sweep.json names it)."""
+        root = str(self.sweep_dir) + os.sep
+        if spec.output_dir.startswith(root) and os.sep + "." not in spec.output_dir[len(root) - 1:]:
+            return spec.output_dir[len(root):].replace(os.sep, "/")  # the common case, without a path object
         return Path(os.path.relpath(spec.output_dir, self.sweep_dir)).as_posix()
 
     # ---------------------------------------------------------------------------------------- dispatch

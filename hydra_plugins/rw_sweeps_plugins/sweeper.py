@@ -80,7 +80,7 @@ class RwSweeper(basic_sweeper()):
                     from rw_sweeps.core.resources import problems
 
                     # runs that cannot work here fail now, in one line, not after training (SLURM: in the job)
-                    problem = next((p for p in problems([s.cfg for s in specs]) if p is not None), None)
+                    problem = next((p for p in problems([s.cfg for s in specs], [s.shape for s in specs]) if p is not None), None)
                     if problem is not None:
                         raise problem
             except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job

@@ -23,6 +23,7 @@ auto); `init=zero` has no σ, so `init=zero init.sigma=…` is refused rather th
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import math
@@ -82,6 +83,7 @@ class DataConfig:
     n_train: int = 1000
     n_test: int = 1000
     PER_RUN: ClassVar[tuple] = ()  # keys whose values differ within one batch (the rest is the run's shape)
+    SEEDED: ClassVar[bool] = False  # do the family's rules depend on the run's seed (`with_seed`)?
 
     def validate(self, seed: int) -> None:
         """The family's own rules (ConfigError, one line)."""
@@ -270,7 +272,8 @@ class RunConfig:
             self.model = dataclasses.replace(self.model, normalize=where)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as plain data (what config.yaml holds): `dataclasses.asdict`'s result, ~5× faster."""
+        return _as_dict(self)
 
     @property
     def opt_acc(self) -> float | None:
@@ -283,6 +286,21 @@ def option_config(group: str, name: Optional[str] = None, **keys: Any):
     """The schema of option `name` of `group` (RunConfig()'s by default), with these keys
     (`option_config("optim", "adam", lr=0.01)`)."""
     return OPTIONS[group][name or _DEFAULTS[group]](**keys)
+
+
+@functools.lru_cache(maxsize=None)
+def _names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _as_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {k: _as_dict(getattr(obj, k)) for k in _names(type(obj))}
+    if isinstance(obj, (list, tuple)):
+        return [_as_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _as_dict(v) for k, v in obj.items()}
+    return obj
 
 
 def data_config(name: str = "random_walk", **keys: Any) -> DataConfig:
@@ -338,13 +356,20 @@ _TYPED: dict = {}  # (class, key, type, value) → the converted value: a grid r
 def typed(cls, name: str, value: Any, key: str) -> Any:
     """The value as OmegaConf converts it for field `name` of the schema `cls` (`p: 0` → 0.0), or a one-line
     ConfigError for a value of the wrong type."""
-    cache = isinstance(value, (str, int, float, bool)) or value is None
-    ck = (cls, name, type(value), value) if cache else None
+    scalar = isinstance(value, (str, int, float, bool)) or value is None
+    flat = isinstance(value, list) and all(isinstance(x, (str, int, float, bool)) for x in value)
+    cache = scalar or flat  # lists of scalars (snapshot_steps, tags) by their items and the items' types
+    ck = (cls, name, type(value), value) if scalar else (cls, name, list, tuple((type(x), x) for x in value)) \
+        if flat else None
     if cache and ck in _TYPED:
-        return _TYPED[ck]
+        out = _TYPED[ck]
+        return list(out) if flat else out  # a list of its own: a config may be changed in place
     from omegaconf import OmegaConf
     from omegaconf.errors import ValidationError
 
+    plain = _plain(cls, name, value)
+    if plain is not _NOT_PLAIN:
+        return plain
     node = _node(cls)
     if name == "normalize" and isinstance(value, bool):  # the key's old type: a config from before
         value = NORMALIZE_ALIASES[value]
@@ -355,8 +380,29 @@ def typed(cls, name: str, value: Any, key: str) -> Any:
     out = node[name]
     out = OmegaConf.to_container(out) if OmegaConf.is_config(out) else out
     if cache:
-        _TYPED[ck] = out
+        _TYPED[ck] = list(out) if flat else out
     return out
+
+
+_NOT_PLAIN = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _hint(cls, name: str):
+    import typing
+
+    return typing.get_type_hints(cls).get(name)
+
+
+def _plain(cls, name: str, value: Any) -> Any:
+    """OmegaConf's conversion where it is the identity or int → float (an int for an int field, a number for
+    a float field, a string for a string field, a bool for a bool field), without a node; else _NOT_PLAIN."""
+    hint, kind = _hint(cls, name), type(value)
+    if hint is int and kind is int or hint is str and kind is str or hint is bool and kind is bool:
+        return value
+    if hint is float and kind in (int, float):
+        return float(value)
+    return _NOT_PLAIN
 
 
 _RULES = {int: "must be an integer", float: "must be a number", bool: "must be true or false", str: "must be a string"}
@@ -490,8 +536,7 @@ def validate(c: RunConfig) -> RunConfig:
                                                if isinstance(o, AdamConfig))):
         if not math.isfinite(val):
             raise ConfigError(key, val, "must be a finite number")
-    if not 0 <= c.seed <= SEED_MAX:
-        raise ConfigError("seed", c.seed, f"must be in [0, {SEED_MAX}] (2³² − 1)")
+    _check_seed(c.seed)
     if isinstance(i, GaussianInit):
         choice("init.draw", i.draw, ("compact", "dense"))
     choice("model.normalize", mo.normalize, NORMALIZE)
@@ -543,6 +588,24 @@ def validate(c: RunConfig) -> RunConfig:
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise ConfigError("snapshot_steps", c.snapshot_steps, "must be a list of integers >= 0")
     return c
+
+
+def _check_seed(seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError("seed", seed, "must be an integer")
+    if not 0 <= seed <= SEED_MAX:
+        raise ConfigError("seed", seed, f"must be in [0, {SEED_MAX}] (2³² − 1)")
+
+
+def with_seed(cfg: RunConfig, seed: int) -> RunConfig:
+    """A validated config with another seed, validated as `validate` would: the seed's own rule, and the data
+    family's rules again where they depend on the seed (`DataConfig.SEEDED`: a graph drawn from it)."""
+    _check_seed(seed)
+    out = copy.copy(cfg)  # the same option objects (never changed in place), another seed
+    out.seed = seed
+    if type(cfg.data).SEEDED:
+        out.data.validate(seed)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ Hydra's errors

@@ -99,14 +99,15 @@ def check(cfg: RunConfig) -> None:
                           f"{free / 2**30:.1f} GB free on {device} here")
 
 
-def problems(cfgs: list[RunConfig]) -> list[ConfigError | None]:
-    """`check` for every run, asked once per shape (and init: the dense draw counts): the error, or None."""
-    from .training import shape_key
+def problems(cfgs: list[RunConfig], shapes: list | None = None) -> list[ConfigError | None]:
+    """`check` for every run, asked once per shape (and init: the dense draw counts): the error, or None.
+    `shapes`: the runs' `shape_key`s, where the caller has them."""
+    from .config import shape_key
 
     seen: dict = {}
     out = []
-    for cfg in cfgs:
-        key = (cfg.init.name, shape_key(cfg))
+    for i, cfg in enumerate(cfgs):
+        key = (cfg.init.name, cfg.init.draw, shapes[i] if shapes is not None else shape_key(cfg))
         if key not in seen:
             try:
                 check(cfg)

@@ -153,6 +153,11 @@ def save_checkpoint(run_dir: Path, blob: dict) -> None:
     write_with(Path(run_dir) / CHECKPOINT, lambda fh: torch.save(blob, fh))
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    """Is there anything at the checkpoint's name (one stat; `load_checkpoint` judges what it is)?"""
+    return os.path.lexists(Path(run_dir) / CHECKPOINT)
+
+
 def load_checkpoint(cfg: dict, run_dir: Path) -> dict | None:
     """A run's checkpoint if it exists and belongs to this config (`same_run`), else None. It is read with
     `weights_only=True` (tensors and plain containers only: a pickle that would run code is refused) and

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from hydra.core.utils import JobReturn, JobStatus, env_override
 
 from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir
 from .hydra_adapter import observes_jobs, yaml_str_representer
-from .planner import Spec
+from .planner import Spec, replaced
 from rw_sweeps.core.yamltext import Templates
 
 class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
@@ -60,22 +61,13 @@ class YamlTemplates:
             self._of[key] = (base, Templates(to_yaml))
         doc = {wrap: base} if wrap else base
         for dotted, value in changes.items():
-            doc = _replaced(doc, ([wrap] if wrap else []) + dotted.split("."), value)
+            doc = replaced(doc, ([wrap] if wrap else []) + dotted.split("."), value)
         return self._of[key][1].text(doc)
 
     def text_list(self, items: list) -> str:
         if ("list", None) not in self._of:
             self._of[("list", None)] = ({}, Templates(to_yaml))
         return self._of[("list", None)][1].text_list(items)
-
-
-def _replaced(node: dict, path: list, value: Any) -> dict:
-    """A copy of the dict with the value at `path` replaced (the dicts along the path are copied)."""
-    if path[0] not in node:
-        raise KeyError(".".join(path))
-    out = dict(node)
-    out[path[0]] = _replaced(node[path[0]], path[1:], value) if len(path) > 1 else value
-    return out
 
 
 class LazyJobReturn(JobReturn):
@@ -146,12 +138,18 @@ class Chunk:
             if self.job_id is not None:
                 s.set_hydra("job.id", self.job_id)
         results: list = [None] * len(specs)
+        # Unobserved, the `.hydra/` files are written on a thread while the chunk trains (a chunk of 4,096
+        # runs writes 12,288 files): its folders are made first, so a folder that cannot be made fails its
+        # run before anything trains, as its own job would.
+        background = not observed and not self.finished and len(specs) > 1
         with env_override(env):
             started = []
             for i, s in enumerate(specs):
                 try:  # a run whose folder cannot be written fails alone, as its own job would
                     if not self.finished:
-                        self._begin(s, yaml_of)
+                        self._folders(s)
+                        if not background:
+                            self._files(s, yaml_of)
                 except Exception as exc:  # noqa: BLE001
                     results[i] = (exc, [f"failed: {s.output_dir}: {type(exc).__name__}: {exc}"])
                     continue
@@ -160,8 +158,12 @@ class Chunk:
                     with _job_context(configs[i], s):
                         callbacks.on_job_start(config=configs[i], task_function=self.task_function)
                 started.append(i)
+            writer = _FilesWriter(self, [specs[i] for i in started], yaml_of) if background else None
             for i, res in zip(started, self.batch([specs[i] for i in started]) if started else []):
                 results[i] = res
+            for k, exc in (writer.join() if writer is not None else {}).items():
+                i = started[k]
+                results[i] = (exc, [f"failed: {specs[i].output_dir}: {type(exc).__name__}: {exc}"])
         returns = []
         for i, (s, (value, lines)) in enumerate(zip(specs, results)):
             ret = LazyJobReturn(s, overrides=list(s.overrides), working_dir=s.output_dir, task_name=s.name)
@@ -179,13 +181,19 @@ class Chunk:
             returns.append(ret)
         return returns
 
-    def _begin(self, s: Spec, yaml_of: YamlTemplates) -> None:
-        """The job's folder and `.hydra/` files, as run_job makes them (before the task is called)."""
-        out = ensure_dir(Path(s.output_dir))  # a run folder or `.hydra` planted as a link fails that run
+    def _folders(self, s: Spec) -> None:
+        """The job's folder and its `.hydra/`, as run_job makes them (a folder planted as a link fails it)."""
+        out = ensure_dir(Path(s.output_dir))
+        sub = s.base_hydra.get("output_subdir")
+        if sub is not None:
+            ensure_dir(out / sub)
+
+    def _files(self, s: Spec, yaml_of: YamlTemplates) -> None:
+        """The job's `.hydra/` files, as run_job writes them."""
         sub = s.base_hydra.get("output_subdir")
         if sub is None:
             return
-        ensure_dir(out / sub)
+        out = Path(s.output_dir)
         task = yaml_of.text(s.base_task, s.task_changes) if s.base_task is not None else to_yaml(s.task)
         _write(out / sub / "config.yaml", task)
         if not self.lean:
@@ -199,6 +207,27 @@ class Chunk:
         if file_fmt is not None and not self.lean and not self.finished:
             text = "".join(file_fmt.format(_record(line)) + "\n" for line in lines)
             append_text(Path(s.output_dir) / f"{s.name}.log", text)
+
+
+class _FilesWriter:
+    """Writes the `.hydra/` files of a chunk's runs on a thread; `join` waits and returns the errors, by index."""
+
+    def __init__(self, chunk: Chunk, specs: list, yaml_of: YamlTemplates):
+        self.errors: dict[int, BaseException] = {}
+        self.thread = threading.Thread(target=self._run, args=(chunk, specs, yaml_of), name="rw-envelopes",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, chunk: Chunk, specs: list, yaml_of: YamlTemplates) -> None:
+        for k, s in enumerate(specs):
+            try:
+                chunk._files(s, yaml_of)
+            except Exception as exc:  # noqa: BLE001 - that run fails alone
+                self.errors[k] = exc
+
+    def join(self) -> dict[int, BaseException]:
+        self.thread.join()
+        return self.errors
 
 
 def _record(msg: str) -> logging.LogRecord:

@@ -19,6 +19,9 @@ from typing import Any, Optional
 from rw_sweeps.core.resources import bytes_per_run
 
 CPU_CHUNK_GB = 2.0  # a chunk's budget on a CPU when memory_gb is null
+# A chunk's runs on a CPU when max_runs_per_job is null: a chunk's envelopes and data are made before it
+# trains, so the first chunk of a 100,000-run grid starts as soon as a 4,096-run grid's, and memory is bounded.
+CPU_MAX_RUNS = 4096
 SLURM_GPU_PLAN_GB = 16.0  # packed_slurm with GPUs, memory_gb null: chunks planned for a 16 GB share of a GPU
 GPU_FREE_SHARE = 0.8  # of a GPU's free memory, a chunk plans to use (the rest: CUDA, the allocator's slack)
 GB = 2**30
@@ -44,7 +47,8 @@ def _groups(specs: list) -> list[list]:
 
     out: dict = {}
     for s in specs:
-        out.setdefault((shape_key(s.cfg), env_set_of(s)), []).append(s)
+        shape = getattr(s, "shape", None) or shape_key(s.cfg)  # the planner's, computed once per composition
+        out.setdefault((shape, env_set_of(s)), []).append(s)
     return list(out.values())
 
 
@@ -167,14 +171,15 @@ def plan(todo: list, p: dict[str, Any], pack: bool) -> Plan:
     if backend == "local_gpus":  # without a GPU: the CPU, one process (the 2 GB CPU budget unless memory_gb)
         budgets = (gpu_budgets_gb(p["memory_gb"]) if gpus else None) or \
             [p["memory_gb"] or CPU_CHUNK_GB] * max(1, len(gpus))
-        per_device = plan_devices(todo, budgets, max_runs)
+        per_device = plan_devices(todo, budgets, max_runs or (None if gpus else CPU_MAX_RUNS))
         return Plan([job for device in per_device for job in device], per_device, True, where)
+    gpu = backend == "slurm" and asks_for_gpus(p)
     if p["memory_gb"] is not None:
         budget = p["memory_gb"]
-    elif backend == "slurm" and asks_for_gpus(p):
-        budget = SLURM_GPU_PLAN_GB
     else:
-        budget = CPU_CHUNK_GB
+        budget = SLURM_GPU_PLAN_GB if gpu else CPU_CHUNK_GB
+    if not gpu and not max_runs:
+        max_runs = CPU_MAX_RUNS
     return Plan(chunks(todo, budget, max_runs), None, True, where)
 
 

@@ -18,13 +18,14 @@ config, so runs keep their folders; only the refusal applies.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rw_sweeps.core import results
-from rw_sweeps.core.config import ConfigError, from_dict
+from rw_sweeps.core.config import ConfigError, RunConfig, from_dict
 
 
 class FolderTaken(ConfigError):
@@ -38,8 +39,27 @@ class Placement:
     done: dict = field(default_factory=dict)
 
 
-def _key(cfg: dict) -> str:
-    return json.dumps(results.identity(cfg), sort_keys=True, default=str)
+def _key(cfg: dict) -> tuple:
+    """What finds a run by its config: its seed, and the rest of its identity as canonical JSON."""
+    ident = results.identity(cfg)
+    return ident.pop("seed", None), json.dumps(ident, sort_keys=True, default=str)
+
+
+_KEYED = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "seed")
+
+
+def _spec_keys(specs: list) -> list[tuple]:
+    """`_key` of every spec's config, the JSON built once per set of shared option objects and values but the
+    seed (the planner gives every run of one composition and value set the same option objects)."""
+    memo: dict = {}
+    out = []
+    for s in specs:
+        c = s.cfg
+        m = tuple(id(getattr(c, k)) for k in _KEYED)  # alive in the specs: equal ids are the same objects
+        if m not in memo:
+            memo[m] = _key(c.to_dict())[1]
+        out.append((c.seed, memo[m]))
+    return out
 
 
 def _run_config(folder: Path) -> dict | None:
@@ -57,22 +77,28 @@ def _run_config(folder: Path) -> dict | None:
     return cfg
 
 
-def existing(sweep_dir: Path, extra: list[Path]) -> dict[Path, dict]:
-    """Every run folder of the sweep with a readable config: its direct subfolders and `extra` ones."""
-    folders: list[Path] = []
+def existing(sweep_dir: Path, extra: list[str]) -> dict[str, dict]:
+    """Every run folder of the sweep with a readable config, by path: its direct subfolders and `extra` ones."""
+    folders: list[str] = []
     try:
         with os.scandir(sweep_dir) as it:
-            folders = [Path(e.path) for e in it if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+            folders = [e.path for e in it if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
     except OSError:
         pass
     seen = set(folders)
-    folders += [f for f in extra if f not in seen and f.exists()]
+    root = str(sweep_dir)  # the sweep's direct subfolders were all seen above; a run elsewhere is looked up
+    folders += [f for f in extra if os.path.dirname(f) != root and f not in seen and os.path.exists(f)]
     out = {}
     for f in folders:
-        cfg = _run_config(f)
+        cfg = _run_config(Path(f))
         if cfg is not None:
             out[f] = cfg
     return out
+
+
+def _number(folder: str) -> tuple:
+    name = os.path.basename(folder)
+    return not name.isdigit(), int(name) if name.isdigit() else 0, name
 
 
 def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = False) -> Placement:
@@ -80,36 +106,37 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
     from .run import done_summary
 
     sweep_dir = Path(sweep_dir)
-    own = [Path(s.output_dir) for s in specs]
+    own = [s.output_dir for s in specs]  # absolute paths as strings: a grid of 100,000 runs builds no Path each
     found = existing(sweep_dir, own)
-    by_key: dict[str, list[Path]] = {}
+    by_key: dict[tuple, list[str]] = {}
     for folder, cfg in found.items():
         by_key.setdefault(_key(cfg), []).append(folder)
     for folders in by_key.values():  # a run's own folder first, then by number
-        folders.sort(key=lambda f: (not f.name.isdigit(), int(f.name) if f.name.isdigit() else 0, f.name))
-    claimed: dict[Path, int] = {}  # folder → the index of the run of this launch that it holds
-    matched: dict[int, Path] = {}
-    keys = [_key(s.cfg.to_dict()) for s in specs]
-    for i, s in enumerate(specs):  # runs already in the folder, wherever they are; their own folder first
+        folders.sort(key=_number)
+    claimed: dict[str, int] = {}  # folder → the index of the run of this launch that it holds
+    matched: dict[int, str] = {}
+    keys = _spec_keys(specs) if by_key else []
+    for i, s in enumerate(specs if by_key else []):  # runs already in the folder, wherever they are; own first
         options = by_key.get(keys[i], [])
         pick = own[i] if own[i] in options and own[i] not in claimed else next((f for f in options if f not in claimed), None)
         if pick is not None:
             claimed[pick], matched[i] = i, pick
     # a new run whose number's folder holds another run of this launch takes the lowest number that no
     # folder and no run staying in its own number's folder has
-    staying = {own[i] for i in range(len(specs)) if i not in matched and own[i] not in claimed}
-    used = {f.name for f in found} | {f.name for f in staying} | {f.name for f in claimed}
+    staying = {own[i] for i in range(len(specs)) if i not in matched and own[i] not in claimed} if claimed else set()
+    used = {os.path.basename(f) for f in (*found, *staying, *claimed)}
     fresh = 0
     out = Placement()
     conflicts = []
     for i, s in enumerate(specs):
         if i in matched:
             if matched[i] != own[i]:
-                num = int(matched[i].name) if default_subdir and matched[i].name.isdigit() else s.num
-                s.relocate(num, str(matched[i]))
+                name = os.path.basename(matched[i])
+                num = int(name) if default_subdir and name.isdigit() else s.num
+                s.relocate(num, matched[i])
         elif own[i] in claimed:  # its number's folder holds another run of this launch: the next free number
             if not default_subdir:
-                raise FolderTaken("hydra.sweep.subdir", own[i].name, f"two runs of this launch share {own[i]}")
+                raise FolderTaken("hydra.sweep.subdir", os.path.basename(own[i]), f"two runs of this launch share {own[i]}")
             while str(fresh) in used or os.path.lexists(sweep_dir / str(fresh)):
                 fresh += 1
             s.relocate(fresh, str(sweep_dir / str(fresh)))
@@ -123,9 +150,10 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                           f"({_difference(old, new)}){more}; add hydra.launcher.overwrite=true to train over it, "
                           f"or choose another hydra.sweep.dir")
     for i, s in enumerate(specs):
-        summary = done_summary(s.cfg, Path(s.output_dir), found.get(Path(s.output_dir)))
-        if summary is not None:
-            out.done[i] = summary
+        if s.output_dir in found:  # only a folder that holds this run's config can hold its finished results
+            summary = done_summary(s.cfg, Path(s.output_dir), found[s.output_dir])
+            if summary is not None:
+                out.done[i] = summary
     return out
 
 

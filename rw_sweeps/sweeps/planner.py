@@ -14,7 +14,9 @@ would have built.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Sequence
@@ -22,9 +24,10 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override, OverrideType
+from hydra.core.override_parser.types import Override, OverrideType, ValueType
 
-from rw_sweeps.core.config import ConfigError, RunConfig, convert, from_dict, one_line_errors
+from rw_sweeps.core.config import (ConfigError, RunConfig, convert, from_dict, one_line_errors, shape_key,
+                                   with_seed)
 
 
 @dataclass
@@ -33,12 +36,13 @@ class Spec:
 
     Jobs composed from one set of group choices share their composition's dicts (`base_task`,
     `base_hydra`, never mutated, pickled once per chunk) and hold only what differs (`*_changes`: dotted
-    key → value); `task` and `hydra` are the job's own, built from them.
+    key → value); `task` and `hydra` are the job's own, built from them when asked, so that a grid of
+    100,000 jobs holds 100,000 small dicts of changes, not 100,000 configs.
     """
     num: int
     overrides: list[str]
-    task: dict  # the composed task config, unresolved (what `.hydra/config.yaml` holds)
-    resolved: dict  # the same, resolved (what the task function sees)
+    own_task: dict | None  # a job Hydra composed itself: its task config, unresolved; else None (`task`)
+    own_resolved: dict | None  # the same, resolved (what the task function sees); else None (`resolved`)
     base_hydra: dict = field(repr=False, default_factory=dict)  # the composition's `hydra` node
     hydra_changes: dict = field(default_factory=dict)  # this job's own: overrides, job.num/id, output_dir…
     base_task: dict | None = field(repr=False, default=None)  # the composition's task config (None: `task`)
@@ -49,6 +53,17 @@ class Spec:
     template: Any = field(default=None, repr=False)  # key of the composed DictConfig it came from
     placed: dict | bool | None = None  # by the launcher (`rw_sweeps.sweeps.placement`): None not yet, False to train,
     # or the summary of the finished run its folder holds (read once per launch, passed on)
+    shape: tuple | None = None  # config.shape_key(cfg), computed once per composition and value set
+
+    @property
+    def task(self) -> dict:
+        """The composed task config, unresolved (what `.hydra/config.yaml` holds)."""
+        return self.own_task if self.own_task is not None else with_changes(self.base_task, self.task_changes)
+
+    @property
+    def resolved(self) -> dict:
+        """The task config, resolved (what the task function sees)."""
+        return self.own_resolved if self.own_resolved is not None else self.task
 
     @cached_property
     def hydra(self) -> dict:
@@ -74,12 +89,43 @@ class Spec:
         self.set_hydra("runtime.output_dir", output_dir)
 
 
+_INT_CHANGE = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)=(0|-?[1-9][0-9]*)")
+
+
+def quick_override(line: str, loader=None) -> Override | None:
+    """`key=<decimal integer>` (a grid's `seed=17`) as the Override Hydra's grammar makes of it, without the
+    ANTLR parser (~0.5 ms a string, once per run of a seed axis); None for anything else, which Hydra
+    parses. tests/test_hydra_citizen.py holds it equal to Hydra's own parse."""
+    m = _INT_CHANGE.fullmatch(line)
+    if m is None:
+        return None
+    return Override(type=OverrideType.CHANGE, key_or_group=m.group(1), value_type=ValueType.ELEMENT,
+                    _value=int(m.group(2)), package=None, input_line=line, config_loader=loader)
+
+
 def _has_interpolation(node: Any) -> bool:
     if isinstance(node, dict):
         return any(_has_interpolation(v) for v in node.values())
     if isinstance(node, list):
         return any(_has_interpolation(v) for v in node)
     return isinstance(node, str) and "${" in node
+
+
+def with_changes(base: dict, changes: dict) -> dict:
+    """A copy of `base` with the dotted keys of `changes` set (only the dicts along each path are copied)."""
+    out = base
+    for dotted, value in changes.items():
+        out = replaced(out, dotted.split("."), value)
+    return out if changes else _copy(base)
+
+
+def replaced(node: dict, path: list, value: Any) -> dict:
+    """A copy of the dict with the value at `path` replaced (the dicts along the path are copied)."""
+    if path[0] not in node:
+        raise KeyError(".".join(path))
+    out = dict(node)
+    out[path[0]] = replaced(node[path[0]], path[1:], value) if len(path) > 1 else value
+    return out
 
 
 def set_key(d: dict, dotted: str, value: Any) -> None:
@@ -120,6 +166,7 @@ class Planner:
         self._templates: dict[tuple, tuple[DictConfig, dict | None, dict]] = {}
         self._parsed: dict[str, Override] = {}  # grids repeat their override strings: parse each once
         self._group_keys: dict[str, bool] = {}
+        self._kinds: dict[tuple, tuple] = {}  # a job's overrides but its seed → what they make of it (`_kind`)
         sweep = primary.hydra.sweep
         self.sweep_dir = os.path.abspath(str(sweep.dir))
         self.subdir = OmegaConf.to_container(sweep, resolve=False)["subdir"]
@@ -153,43 +200,80 @@ class Planner:
         return self._templates[key]
 
     def _parse(self, overrides: list[str]) -> list[Override]:
-        if any(s not in self._parsed for s in overrides):
-            self._parsed.update(zip(overrides, self.parser.parse_overrides(overrides)))
+        new = [s for s in overrides if s not in self._parsed]
+        if new:
+            quick = {s: o for s in new if (o := quick_override(s, self.loader)) is not None}
+            self._parsed.update(quick)
+            rest = [s for s in new if s not in quick]
+            if rest:
+                self._parsed.update(zip(rest, self.parser.parse_overrides(rest)))
         return [self._parsed[s] for s in overrides]
 
     def spec(self, overrides: Sequence[str], num: int) -> Spec:
         overrides = list(overrides)
+        # A grid repeats every override but those of its swept keys. What a job's overrides other than an
+        # integer seed make of it (its composition, its converted values, its validated config and shape) is
+        # worked out once per distinct set of them; a seed axis then costs a copy of the config per job.
+        seed_line = next((s for s in overrides if s.startswith("seed=")), None)
+        seed = _INT_CHANGE.fullmatch(seed_line) if seed_line is not None else None
+        sig = tuple(s for s in overrides if s is not seed_line) if seed else tuple(overrides)
+        if sig not in self._kinds:
+            if len(self._kinds) > 4096:  # a grid of many distinct values: no cache grows without bound
+                self._kinds.clear()
+            self._kinds[sig] = self._kind([s for s in overrides if s is not seed_line] if seed else overrides, num)
+        key, base, hydra, values, conv, cfg, shape, dirname = self._kinds[sig]
+        if base is not None:
+            changes = {o.key_or_group: conv[o.input_line] for o in values}
+            if seed:
+                changes["seed"] = convert(base, "seed", int(seed.group(2)))
+            spec = Spec(num, overrides, None, None, hydra, {
+                "overrides.task": overrides, "job.override_dirname": dirname(seed_line if seed else None),
+                "job.num": num, "job.id": str(num)}, base, changes, template=key)
+            spec.cfg = with_seed(cfg, changes["seed"]) if seed else copy.copy(cfg)
+            spec.shape = shape
+        else:  # Hydra composes this job itself; `${hydra:...}` resolves against its own node
+            from hydra.core.hydra_config import HydraConfig
+
+            template = self.compose(overrides, num)
+            HydraConfig.instance().set_config(template)
+            full = OmegaConf.to_container(template, resolve=False, enum_to_str=True)
+            hydra = full.pop("hydra")
+            task_keys = [k for k in template if k != "hydra"]
+            resolved = OmegaConf.to_container(OmegaConf.masked_copy(template, task_keys), resolve=True)
+            spec = Spec(num, overrides, full, resolved, hydra, template=template)
+            spec.cfg = from_dict(spec.resolved, complete=True)
+            spec.shape = shape_key(spec.cfg)
+        spec.output_dir = self.output_dir(spec)
+        spec.sweep_dir = self.sweep_dir
+        spec.set_hydra("runtime.output_dir", spec.output_dir)
+        return spec
+
+    def _kind(self, overrides: list[str], num: int) -> tuple:
+        """What these overrides (a job's, but its integer seed) make of a job: (composition key, its task dict,
+        its hydra node, the value overrides, their converted values, the validated config, its shape, and
+        the job's override_dirname given its seed line), or base None where Hydra must compose the job
+        itself (`+`/`~` overrides, sweeps inside a job, interpolations)."""
         parsed = self._parse(overrides)
         is_template = [self._is_template_key(o) for o in parsed]
         key = tuple(s for s, t in zip(overrides, is_template) if t)
         values = [o for o, t in zip(parsed, is_template) if not t]
         simple = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in values)
-        template, base, hydra = self._template(key, overrides, num)
-        if simple and base is not None:
-            task = _copy(base)
-            changes = {o.key_or_group: convert(base, o.key_or_group, o.value()) for o in values}
-            for k, v in changes.items():
-                set_key(task, k, v)
-            spec = Spec(num, overrides, task, task, hydra, {
-                "overrides.task": list(overrides), "job.override_dirname": override_dirname(parsed, hydra["job"]),
-                "job.num": num, "job.id": str(num)}, base, changes, template=key)
-        else:  # Hydra composes this job itself; `${hydra:...}` resolves against its own node
-            from hydra.core.hydra_config import HydraConfig
+        _, base, hydra = self._template(key, overrides, num)
+        if not simple or base is None:
+            return key, None, hydra, values, None, None, None, None
+        conv = {o.input_line: convert(base, o.key_or_group, o.value()) for o in values}
+        cfg = from_dict(with_changes(base, {o.key_or_group: conv[o.input_line] for o in values}), complete=True)
+        conf = hydra["job"]["config"]["override_dirname"]
+        excluded = set(conf.get("exclude_keys") or [])
+        kept = sorted(o.input_line for o in parsed if o.key_or_group not in excluded)
+        item_sep, kv_sep = str(conf["item_sep"]), str(conf["kv_sep"])
 
-            template = self.compose(overrides, num)
-            key = None
-            HydraConfig.instance().set_config(template)
-            full = OmegaConf.to_container(template, resolve=False, enum_to_str=True)
-            hydra = full.pop("hydra")
-            task = full
-            task_keys = [k for k in template if k != "hydra"]
-            resolved = OmegaConf.to_container(OmegaConf.masked_copy(template, task_keys), resolve=True)
-            spec = Spec(num, overrides, task, resolved, hydra, template=template)
-        spec.output_dir = self.output_dir(spec)
-        spec.sweep_dir = self.sweep_dir
-        spec.set_hydra("runtime.output_dir", spec.output_dir)
-        spec.cfg = from_dict(spec.resolved, complete=True)
-        return spec
+        def dirname(seed_line: str | None) -> str:
+            """hydra.job.override_dirname, exactly as Hydra's config loader computes it."""
+            lines = kept if seed_line is None or "seed" in excluded else sorted([*kept, seed_line])
+            return item_sep.join(lines).replace("=", kv_sep)
+
+        return key, base, hydra, values, conv, cfg, shape_key(cfg), dirname
 
     def output_dir(self, spec: Spec) -> str:
         if self.subdir == "${hydra.job.num}":  # the default, without building a config

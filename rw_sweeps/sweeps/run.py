@@ -31,7 +31,8 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     if len({shape_key(c) for c in cfgs}) > 1:
         raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.core.training.shape_key first")
     t0 = time.time()
-    resumed = [results.load_checkpoint(c.to_dict(), d) for c, d in zip(cfgs, run_dirs)]
+    resumed = [results.load_checkpoint(c.to_dict(), d) if results.has_checkpoint(d) else None
+               for c, d in zip(cfgs, run_dirs)]
     for d, b in zip(run_dirs, resumed):
         if b is not None:
             print(f"resuming {d} from its checkpoint at step {b['state']['step']}", flush=True)

@@ -44,7 +44,7 @@ def summary_line(label: str, counts: Counter) -> str:
 def fingerprint(run_dir: Path) -> list | None:
     """Identifies one written summary.json (files are replaced, never rewritten: a new write is a new inode)."""
     try:
-        st = (Path(run_dir) / results.SUMMARY).stat()
+        st = os.stat(os.path.join(run_dir, results.SUMMARY))
     except OSError:
         return None
     return [st.st_ino, st.st_mtime_ns]

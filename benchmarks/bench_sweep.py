@@ -2,6 +2,8 @@
 
     python benchmarks/bench_sweep.py            # everything (~5–8 min on a 2-core laptop)
     python benchmarks/bench_sweep.py --quick    # one baseline run, no 10,000-run grid
+    python benchmarks/bench_sweep.py --streaming    # first training line and memory: 100,000 vs 1,000 runs
+    python benchmarks/bench_sweep.py --against ../old-checkout   # the 10,000-run grid, side by side
 
 Baseline: `python -m rw_sweeps.core.oracle` in a fresh process per run: the literal dense eq. 2.1 with autograd
 (X̃ ∈ R^{n×(K+M)×N}, W ∈ R^{(K+M)²}), as a straightforward implementation would run a sweep.
@@ -190,11 +192,78 @@ def breakdown(tmp: Path) -> dict:
     return out
 
 
+TINY = ["data.K=4", "data.N=9", "model.M=16", "data.n_train=4", "data.n_test=4", "optim.steps=1", "wandb.mode=disabled"]
+
+
+def first_line(tree: Path, runs: int) -> tuple[float, float]:
+    """Seconds from process start to the first `training …` line of a `seed=range(0,runs)` grid of tiny runs,
+    and the launcher's peak RSS (VmHWM) at that moment in MB; the process is then stopped."""
+    import signal
+
+    sweep = Path(tempfile.mkdtemp(prefix=f"rw-stream-{runs}-")) / "s"
+    t = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "launch.py", "-m", f"seed=range(0,{runs})", *TINY, f"hydra.sweep.dir={sweep}"],
+                         cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wall, peak = float("nan"), float("nan")
+    for line in p.stdout:
+        if line.startswith("training "):
+            wall = time.perf_counter() - t
+            with open(f"/proc/{p.pid}/status") as fh:
+                peak = next(int(x.split()[1]) for x in fh if x.startswith("VmHWM")) / 1024
+            break
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    shutil.rmtree(sweep.parent, ignore_errors=True)
+    return wall, peak
+
+
+def streaming(reps: int = 3) -> dict:
+    """The first training line and the launcher's memory of a 100,000-run grid against a 1,000-run grid,
+    measured side by side (alternating), medians of `reps`."""
+    small, big = [], []
+    for _ in range(reps):
+        small.append(first_line(ROOT, 1000))
+        big.append(first_line(ROOT, 100000))
+    med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
+    return {"t_1k": med(small, 0), "t_100k": med(big, 0), "mb_1k": med(small, 1), "mb_100k": med(big, 1)}
+
+
+def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[float, float]:
+    """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` (another checkout of the project,
+    e.g. the commit before a change) side by side: (this tree's seconds, the other's)."""
+    ours, theirs = [], []
+    for _ in range(reps):
+        for root, out in ((ROOT, ours), (tree, theirs)):
+            sweep = Path(tempfile.mkdtemp(prefix="rw-grid-")) / "s"
+            t = time.perf_counter()
+            r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})",
+                                f"hydra.sweep.dir={sweep}"], cwd=root, capture_output=True, text=True,
+                               env={**os.environ, "CI": "1"})
+            out.append(time.perf_counter() - t)
+            if r.returncode != 0:
+                raise SystemExit(f"{root}/launch.py failed:\n{r.stderr[-2000:]}")
+            shutil.rmtree(sweep.parent, ignore_errors=True)
+    return statistics.median(ours), statistics.median(theirs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one baseline run, no 10,000-run grid")
     ap.add_argument("--baseline-runs", type=int, default=3)
+    ap.add_argument("--streaming", action="store_true", help="only the streaming ratios (100,000 against 1,000 runs)")
+    ap.add_argument("--against", type=Path, help="another checkout: the 10,000-run grid end to end, side by side")
     args = ap.parse_args()
+    if args.streaming or args.against:
+        if args.streaming:
+            s = streaming()
+            print(f"streaming (tiny runs, medians of 3, side by side): first training line {s['t_1k']:.1f} s (1,000 runs) "
+                  f"→ {s['t_100k']:.1f} s (100,000 runs) = {s['t_100k'] / s['t_1k']:.2f}× (bound 3×); launcher peak "
+                  f"RSS {s['mb_1k']:.0f} MB → {s['mb_100k']:.0f} MB = {s['mb_100k'] / s['mb_1k']:.2f}× (bound 2×)")
+        if args.against:
+            ours, theirs = grid_against(args.against)
+            print(f"10,000-run §5 grid end to end: {ours:.1f} s here, {theirs:.1f} s in {args.against} "
+                  f"= {ours / theirs:.2f}× its time")
+        return
     import torch
 
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-"))

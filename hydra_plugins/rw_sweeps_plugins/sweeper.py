@@ -13,6 +13,7 @@ The sweep's analysis run is not the sweeper's: `conf/config.yaml` attaches it as
 """
 
 import logging
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -83,6 +84,9 @@ class RwSweeper(basic_sweeper()):
                     problem = next((p for p in problems([s.cfg for s in specs], [s.shape for s in specs]) if p is not None), None)
                     if problem is not None:
                         raise problem
+                    here = os.getpid()
+                    for s in specs:  # checked once: the packed task does not ask again in this process
+                        s.checked_in = here
             except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
                 print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
                 sys.exit(2)  # before any job: nothing to report to on_multirun_end

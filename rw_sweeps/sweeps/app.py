@@ -29,6 +29,12 @@ class RunFailed(CompactHydraException):
     """The run ended `failed` (its summary says why): the job's status is FAILED, as for any task that raises."""
 
 
+class _Prechecked:
+    """The single run the pre-check composed, validated and resource-checked in this process: (its resolved
+    config, its RunConfig). `train` takes it for the same config rather than doing all of it again."""
+    run: Optional[tuple] = None
+
+
 class _Outcome:
     """Whether any run of this process failed: the exit status, set once Hydra is done (after
     `on_multirun_end`), never by `sys.exit` inside a sweep."""
@@ -69,27 +75,35 @@ def train(cfg: DictConfig) -> Any:
     """One run of eq. 2.1 (or F.1) for the composed config; returns its summary (or its objective)."""
     from hydra.core.hydra_config import HydraConfig
 
-    from . import run
     from rw_sweeps.core.resources import check
 
+    from . import run
+
     hc = HydraConfig.get()
-    rc = from_dict(OmegaConf.to_container(cfg, resolve=True), complete=True)
-    try:
-        check(rc)  # its device is visible here and it fits in memory
-    except ConfigError as exc:
-        if hc.mode.name == "RUN":
-            raise  # the pre-check said it already, before anything was written
-        summary = run.failed_summary(rc, Path(hc.runtime.output_dir), str(exc))
-        value, lines = _finish(rc, summary)
-        for line in lines:
-            log.info(line)
-        note_failed()
-        raise value
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    known = _Prechecked.run
+    if hc.mode.name == "RUN" and known is not None and known[0] == resolved:
+        rc = known[1]  # the pre-check composed, validated and resource-checked this very config
+    else:
+        rc = from_dict(resolved, complete=True)
+        try:
+            check(rc)  # its device is visible here and it fits in memory
+        except ConfigError as exc:
+            if hc.mode.name == "RUN":
+                raise  # the pre-check said it already, before anything was written
+            summary = run.failed_summary(rc, Path(hc.runtime.output_dir), str(exc))
+            value, lines = _finish(rc, summary)
+            for line in lines:
+                log.info(line)
+            note_failed()
+            raise value
     if rc.wandb.group is None:
-        rc.wandb.group = wandb_group(hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir)
+        group = wandb_group(hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir)
+        rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
     summary = run.execute([rc], [Path(hc.runtime.output_dir)])[0]
     if hc.mode.name == "RUN":  # a single run ends here: its wandb run first (a multirun's launcher waits)
         from . import tracking
+
         tracking.wait()
     value, lines = _finish(rc, summary)
     for line in lines:
@@ -120,8 +134,11 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
         valid.append((i, rc))
     todo = []
     # its device is visible here and a run fits in memory; if not, the folder says why, as for any run
-    # that failed where it ran
-    for (i, rc), problem in zip(valid, problems([rc for _, rc in valid])):
+    # that failed where it ran (the rw sweeper checked the specs of this process already: not again)
+    here = os.getpid()
+    unchecked = [(i, rc) for i, rc in valid if getattr(specs[i], "checked_in", None) != here]
+    found = dict(zip((i for i, _ in unchecked), problems([rc for _, rc in unchecked])))
+    for (i, rc), problem in ((v, found.get(v[0])) for v in valid):
         if problem is not None:
             out[i] = _finish(rc, run.failed_summary(rc, Path(specs[i].output_dir), str(problem)))
             continue
@@ -129,7 +146,8 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
             group = wandb_group(specs[i].sweep_dir)  # resolved, `${now:…}` and all
             rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
         todo.append((i, rc))
-    summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo])
+    placed = all(getattr(specs[i], "placed", None) is False for i, _ in todo)  # done-checked by placement
+    summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo], done_checked=placed)
     for (i, rc), summary in zip(todo, summaries):
         out[i] = _finish(rc, summary)
     if any(isinstance(v, BaseException) for v, _ in out):
@@ -194,10 +212,12 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
 
                 HydraConfig.instance().set_config(cfg)
                 task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-                rc = from_dict(OmegaConf.to_container(task, resolve=True), complete=True)
+                resolved = OmegaConf.to_container(task, resolve=True)
+                rc = from_dict(resolved, complete=True)
                 check(rc)
                 check_run_folder(Path(str(cfg.hydra.run.dir)).absolute(), rc.to_dict(),
                                  bool(OmegaConf.select(cfg, "hydra.launcher.overwrite", default=False)))
+                _Prechecked.run = (resolved, rc)
     finally:
         GlobalHydra.instance().clear()
 

@@ -54,6 +54,7 @@ class Spec:
     placed: dict | bool | None = None  # by the launcher (`rw_sweeps.sweeps.placement`): None not yet, False to train,
     # or the summary of the finished run its folder holds (read once per launch, passed on)
     shape: tuple | None = None  # config.shape_key(cfg), computed once per composition and value set
+    checked_in: int | None = None  # the process whose resource check found it can run (the rw sweeper's)
 
     @property
     def task(self) -> dict:

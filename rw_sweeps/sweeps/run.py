@@ -98,12 +98,14 @@ def done_summary(c: RunConfig, run_dir: Path, config: dict | None = None) -> dic
     return s if results.same_run(config, c.to_dict()) and results.complete(run_dir) else None
 
 
-def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
+def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
+            done_checked: bool = False) -> list[dict]:
     """run_batch for the runs not already done: a re-run sweep skips every run whose folder holds a
-    `done` summary for the same config, and trains the rest (resume after a crash or a kill)."""
+    `done` summary for the same config, and trains the rest (resume after a crash or a kill).
+    `done_checked`: the caller found none of them done already (the launcher's placement, this launch)."""
     todo, out = [], {}
     for i, (c, d) in enumerate(zip(cfgs, run_dirs)):
-        s = done_summary(c, d)
+        s = None if done_checked else done_summary(c, d)
         if s is not None:
             out[i] = {**s, "skipped": True}
         else:

@@ -23,6 +23,14 @@ class WandbAnalysis(Callback):
     def __init__(self) -> None:
         self._warming: threading.Thread | None = None
 
+    def __getstate__(self) -> dict:
+        """Hydra's context travels to submitit and SLURM jobs pickled, callbacks and all: not the warm-up thread."""
+        return {k: v for k, v in self.__dict__.items() if k != "_warming"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._warming = None
+
     @staticmethod
     def _settings(config: DictConfig) -> dict | None:
         """The sweep's wandb settings when it has an analysis run to log, else None."""

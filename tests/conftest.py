@@ -55,6 +55,23 @@ def wait_until(predicate, timeout: float, what: str, poll: float = 0.05):
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used so far (user + system, /proc/PID/stat): it grows only while the process
+    runs, so waiting for it is waiting for work done, however loaded the machine is."""
+    import os
+
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_work(pid: int, seconds: float, timeout: float = 300, what: str = "the process to work") -> None:
+    """Wait until a process has used `seconds` more CPU time than now (not wall time: a loaded machine only
+    makes the wait longer, never the work shorter)."""
+    start = cpu_seconds(pid)
+    wait_until(lambda: cpu_seconds(pid) - start >= seconds, timeout, what)
+
+
 _PER_STEP: list[float] = []
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from rw_sweeps.core import fused
 from rw_sweeps.sweeps import lock
-from .conftest import launch, start_launch, wait_until
+from .conftest import launch, start_launch, wait_for_work, wait_until
 from .test_config import checked
 from .test_slurm import cluster, record, sacct  # noqa: F401 - cluster: the SLURM fixture
 
@@ -138,7 +138,8 @@ def _interrupt(tmp_path: Path, sig: int, extra: list[str]) -> tuple[Path, subpro
     while "training" not in line:
         line = p.stdout.readline()
         assert line, p.stderr.read()
-    time.sleep(0.5)
+    # half a CPU second of training is hundreds of steps of this shape, on a loaded machine as on an idle one
+    wait_for_work(p.pid, 0.5, what="the runs to take steps")
     p.send_signal(sig)
     return sweep, p, args
 

@@ -200,10 +200,11 @@ def test_a_lock_that_cannot_be_read_is_reported_in_one_line_and_not_taken_over(t
     assert not (sweep / "multirun.yaml").exists()
 
 
-def test_a_young_empty_lock_counts_as_held(tmp_path):
+def test_a_young_empty_lock_counts_as_held(tmp_path, monkeypatch):
     sweep = tmp_path / "S"
     sweep.mkdir()
     (sweep / lock.LOCK).write_text("")  # its writer is between creating and filling it (an older version)
+    monkeypatch.setattr(lock, "YOUNG_S", 1e9)  # young however long this machine takes to get to the next line
     with pytest.raises(lock.SweepLocked, match="being locked by another launch"):
         lock.acquire(sweep)
     assert (sweep / lock.LOCK).read_text() == ""
@@ -496,3 +497,25 @@ def test_unpacked_jobs_refuse_a_planted_link_before_hydra_writes_through_it(tmp_
     assert victim.read_text() == "precious\n"
     assert r.returncode == 1 and summaries(sweep)["0"]["status"] == "done"
     assert "symbolic link" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_packed_job_trusts_placements_done_check_only_in_the_process_that_placed(tmp_path):
+    """A SLURM job requeued after some of its runs finished must not train them again: the packed task skips
+    its own done check only for specs placed in its own process, and asks the folders otherwise."""
+    from rw_sweeps.sweeps.app import train_batch
+    from rw_sweeps.sweeps.planner import Spec
+
+    cfg = validate(RunConfig(data=data_config(K=5, N=13, p=0.7, n_train=32, n_test=32), model=ModelConfig(M=40),
+                             optim=OptimConfig(steps=3), wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
+    folder = tmp_path / "0"
+    first = run.execute([cfg], [folder])[0]
+    assert first["status"] == "done"
+    before = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+
+    def spec(placed_in: int) -> Spec:  # placed by a launcher: not done then
+        return Spec(0, [], {}, {}, {"job": {"name": "launch"}}, output_dir=str(folder), sweep_dir=str(tmp_path),
+                    cfg=cfg, placed=False, placed_in=placed_in)
+
+    (value, lines), = train_batch([spec(os.getpid() + 1)])  # another process placed it: the folder is asked
+    assert value["skipped"] is True and value["test_acc"] == first["test_acc"]
+    assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # nothing trained or rewritten

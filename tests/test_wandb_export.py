@@ -144,3 +144,22 @@ def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     r = launch("-m", "seed=0,1", *TINY, "wandb.mode=offline", "wandb.analysis=false", f"hydra.sweep.dir={off}")
     assert r.returncode == 0, r.stderr
     assert not (off / "wandb_analysis").exists()
+
+
+def test_the_analysis_callback_travels_pickled_to_a_job_while_it_warms_up(tmp_path):
+    """Hydra's context (callbacks included) is pickled into every submitit/SLURM job: the callback, whose
+    warm-up thread runs in the launching process, must pickle, and arrive without that thread."""
+    import pickle
+
+    from omegaconf import OmegaConf
+
+    from analysis.callback import WandbAnalysis
+
+    cb = WandbAnalysis()
+    cfg = OmegaConf.create({"wandb": {"mode": "offline", "analysis": True, "group": None},
+                            "hydra": {"sweep": {"dir": str(tmp_path / "s")}, "launcher": {}}})
+    cb.on_multirun_start(cfg)
+    assert cb._warming is not None
+    again = pickle.loads(pickle.dumps(cb))
+    assert isinstance(again, WandbAnalysis) and again._warming is None
+    cb._warming.join()

@@ -380,8 +380,9 @@ class RwLauncher(Launcher):
         except placement.FolderTaken as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             sys.exit(2)
+        here = os.getpid()
         for i, s in enumerate(specs):
-            s.placed = found.done.get(i, False)
+            s.placed, s.placed_in = found.done.get(i, False), here
         return set(found.done)
 
     def _launch_jobs(self, job_overrides, initial_job_idx) -> Optional[Sequence[JobReturn]]:

@@ -146,7 +146,10 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
             group = wandb_group(specs[i].sweep_dir)  # resolved, `${now:…}` and all
             rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
         todo.append((i, rc))
-    placed = all(getattr(specs[i], "placed", None) is False for i, _ in todo)  # done-checked by placement
+    # done-checked by placement in this very process (a SLURM job, requeued after some of its runs finished,
+    # asks their folders again)
+    placed = all(getattr(specs[i], "placed", None) is False and getattr(specs[i], "placed_in", None) == here
+                 for i, _ in todo)
     summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo], done_checked=placed)
     for (i, rc), summary in zip(todo, summaries):
         out[i] = _finish(rc, summary)

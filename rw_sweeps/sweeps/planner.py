@@ -55,6 +55,7 @@ class Spec:
     # or the summary of the finished run its folder holds (read once per launch, passed on)
     shape: tuple | None = None  # config.shape_key(cfg), computed once per composition and value set
     checked_in: int | None = None  # the process whose resource check found it can run (the rw sweeper's)
+    placed_in: int | None = None  # the process whose placement found it not done (a requeued job asks again)
 
     @property
     def task(self) -> dict:

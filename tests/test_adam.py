@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rw_sweeps.core import adam, model, oracle, results, training
+from rw_sweeps.core import adam, config, model, oracle, results, training
 from rw_sweeps.sweeps import run
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core.config import (AdamConfig, ConfigError, FfnModelConfig, GaussianInit, InitConfig, ModelConfig,
@@ -125,7 +125,7 @@ def test_a_batch_of_adam_runs_equals_each_run_alone(tmp_path):
             dict(seed=1, init=GaussianInit("gaussian", 0.05), optim=opt(lr=0.003, beta1=0.8, beta2=0.99, adam_eps=1e-6)),
             dict(seed=2, init=GaussianInit("gaussian", 0.02), optim=opt(lr=0.02, beta1=0.0, reduction="sum"))]
     cs = [cfg(model=ModelConfig(M=64, normalize="whole"), **r) for r in runs]  # one shape: normalize fixed
-    assert len({training.shape_key(c) for c in cs}) == 1
+    assert len({config.shape_key(c) for c in cs}) == 1
     together = run.run_batch(cs, [tmp_path / f"b{i}" for i in range(3)])
     alone = [run.run_batch([c], [tmp_path / f"a{i}"])[0] for i, c in enumerate(cs)]
     for i, (x, y) in enumerate(zip(together, alone)):

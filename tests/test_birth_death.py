@@ -2,16 +2,11 @@
 and zero-init GD reaching its optimum from the command line."""
 from __future__ import annotations
 
-import math
-
-import numpy as np
-import torch
-
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core.config import data_config
 
 from .conftest import launch, summaries
-from .test_chains import _engine_equals_oracle
+from .test_chains import _engine_equals_oracle, assert_draws_follow_pi
 
 
 def test_its_pi_steps_up_with_p_and_is_held_at_the_ends():
@@ -23,15 +18,8 @@ def test_its_pi_steps_up_with_p_and_is_held_at_the_ends():
 
 def test_its_sampler_draws_from_its_pi():
     d = data_config("birth_death", K=5, N=41, p=0.35, n_train=4000, n_test=10)
-    P = d.transition()
     train, _ = data_mod.make(d, 3)
-    s = torch.cat([train.tokens, train.y[:, None]], 1).numpy()
-    counts = np.zeros((d.K, d.K))
-    np.add.at(counts, (s[:, :-1].ravel(), s[:, 1:].ravel()), 1)
-    rows = counts.sum(1, keepdims=True)
-    assert (np.abs(counts / rows - P) <= 5 * np.sqrt(P * (1 - P) / rows) + 1e-12).all()
-    assert (counts[P == 0] == 0).all()
-    assert torch.equal(train.P_true, torch.from_numpy(P[train.tokens[:, -1].numpy()]))
+    assert_draws_follow_pi(d, train)
 
 
 def test_the_engine_equals_the_literal_model_on_it(tmp_path):

@@ -17,9 +17,9 @@ import torch
 import yaml
 
 from rw_sweeps.core import data as data_mod
-from rw_sweeps.core import fused, markov, model, oracle, training
+from rw_sweeps.core import config, fused, markov, model, oracle, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, data_config
+from rw_sweeps.core.config import GaussianInit, ModelConfig, OptimConfig, data_config
 
 from .conftest import launch, summaries
 from .test_engine import cfg
@@ -43,13 +43,10 @@ def test_each_family_has_its_pi():
     assert data_config(name="qa_majority", K=19, N=17).transition() is None
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_sampler_matches_pi(family):
-    """Transition counts over 4000 sequences of 41 states (160 000 steps) within 5 standard errors of Π;
-    P_true is Π's row of x_{N−1}; s_1 is uniform; the draw is a function of the seed alone."""
-    d = data_config(N=41, n_train=4000, n_test=10, **FAMILIES[family])
+def assert_draws_follow_pi(d, train) -> np.ndarray:
+    """The training set's transition counts within 5 standard errors of the family's Π, a zero of Π never
+    drawn, and P_true Π's row of x_{N−1}; returns the sequences (n, N)."""
     P = d.transition()
-    train, test = data_mod.make(d, 3)
     s = torch.cat([train.tokens, train.y[:, None]], 1).numpy()
     counts = np.zeros((d.K, d.K))
     np.add.at(counts, (s[:, :-1].ravel(), s[:, 1:].ravel()), 1)
@@ -57,9 +54,19 @@ def test_sampler_matches_pi(family):
     se = np.sqrt(P * (1 - P) / rows)
     assert (np.abs(counts / rows - P) <= 5 * se + 1e-12).all(), (counts / rows, P)
     assert (counts[P == 0] == 0).all()  # a zero of Π is never drawn
+    assert torch.equal(train.P_true, torch.from_numpy(P[train.tokens[:, -1].numpy()]))
+    return s
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_sampler_matches_pi(family):
+    """Transition counts over 4000 sequences of 41 states (160 000 steps) within 5 standard errors of Π;
+    P_true is Π's row of x_{N−1}; s_1 is uniform; the draw is a function of the seed alone."""
+    d = data_config(N=41, n_train=4000, n_test=10, **FAMILIES[family])
+    train, test = data_mod.make(d, 3)
+    s = assert_draws_follow_pi(d, train)
     first = np.bincount(s[:, 0], minlength=d.K) / len(s)
     assert np.abs(first - 1 / d.K).max() < 5 * math.sqrt(1 / d.K / len(s))
-    assert torch.equal(train.P_true, torch.from_numpy(P[train.tokens[:, -1].numpy()]))
     again = data_mod.make(d, 3)
     assert torch.equal(again[0].tokens, train.tokens) and torch.equal(again[1].y, test.y)
     assert not torch.equal(data_mod.make(d, 4)[0].tokens, train.tokens)
@@ -479,7 +486,7 @@ def test_make_batches_and_prefetch_equal_make_beyond_first_order():
         for r, c in enumerate(batch):
             a, b = data_mod.make(c.data, c.seed)
             assert torch.equal(tr.tokens[r], a.tokens) and torch.equal(te.P_true[r], b.P_true), c.data
-    assert training.shape_key(cfgs[0]) != training.shape_key(cfgs[2])
+    assert config.shape_key(cfgs[0]) != config.shape_key(cfgs[2])
 
 
 def test_parent_positions_are_the_last_k_for_an_order_k_chain(tmp_path):

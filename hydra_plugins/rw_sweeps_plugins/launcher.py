@@ -315,7 +315,7 @@ class RwLauncher(Launcher):
 
     def launch_specs(self, specs: list, twin: Callable, planner) -> Optional[Sequence[JobReturn]]:
         """The project's jobs, already planned by `planner` (the rw sweeper passes its validated specs)."""
-        from rw_sweeps.sweeps import packing, run, status
+        from rw_sweeps.sweeps import packing, status
         from rw_sweeps.sweeps.hydra_job import Chunk
 
         self._reset_logging()

@@ -63,7 +63,6 @@ class RwSweeper(basic_sweeper()):
 
     def sweep(self, arguments: List[str]) -> Any:
         from rw_sweeps.sweeps.app import batch_function, note_failed
-        from rw_sweeps.core.config import ConfigError
         from rw_sweeps.sweeps.status import summary_line
         from rw_sweeps.sweeps.planner import Planner
 

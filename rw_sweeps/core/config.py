@@ -331,7 +331,7 @@ def shape_key(cfg: RunConfig) -> tuple:
 def data_key(cfg: RunConfig) -> tuple:
     """What a run's data are a function of: its seed and every key of its data family."""
     d = cfg.data
-    return (cfg.seed, type(d).__name__, *(_frozen(getattr(d, f.name)) for f in dataclasses.fields(d)))
+    return (cfg.seed, type(d).__name__, *(_frozen(getattr(d, k)) for k in _names(type(d))))
 
 
 # ------------------------------------------------------------------------------------------ building
@@ -411,7 +411,7 @@ _RULES = {int: "must be an integer", float: "must be a number", bool: "must be t
 def _type_rule(cls, name: str, e: BaseException) -> str:
     import typing
 
-    hint = typing.get_type_hints(cls).get(name)
+    hint = _hint(cls, name)
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     optional = type(None) in typing.get_args(hint)
     base = args[0] if optional and args else hint
@@ -441,7 +441,7 @@ _DEFAULTS = {"data": "random_walk", "model": "transformer", "init": "zero", "opt
 
 
 def allowed(cls) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(cls))
+    return ", ".join(_names(cls))
 
 
 def _describe(cls, prefix: str) -> str:

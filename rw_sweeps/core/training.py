@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from . import data as data_mod
-from . import adam, engine, fused, markov, model, results
-from .config import RunConfig, shape_key
+from . import adam, engine, fused, model, results
+from .config import RunConfig
 from .metrics import EVALUATED, LAST
 
 BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken

@@ -41,7 +41,7 @@ def chunk_sizes(n: int, per_run: int, budget_bytes: float, max_runs: Optional[in
 
 def _groups(specs: list) -> list[list]:
     """The runs that may share a chunk: one shape and one env_set, in first-seen order."""
-    from rw_sweeps.core.training import shape_key
+    from rw_sweeps.core.config import shape_key
 
     from .hydra_job import env_set_of
 

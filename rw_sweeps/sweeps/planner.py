@@ -14,7 +14,6 @@ would have built.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import re
 from dataclasses import dataclass, field

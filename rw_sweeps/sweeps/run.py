@@ -17,9 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from rw_sweeps.core import results, training
-from rw_sweeps.core.config import RunConfig
+from rw_sweeps.core.config import RunConfig, shape_key
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core.training import Record, shape_key
+from rw_sweeps.core.training import Record
 
 from . import tracking
 
@@ -29,7 +29,7 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     if not cfgs:
         return []
     if len({shape_key(c) for c in cfgs}) > 1:
-        raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.core.training.shape_key first")
+        raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.core.config.shape_key first")
     t0 = time.time()
     resumed = [results.load_checkpoint(c.to_dict(), d) if results.has_checkpoint(d) else None
                for c, d in zip(cfgs, run_dirs)]

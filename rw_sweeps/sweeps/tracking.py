@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 import queue
-import shutil
 import sys
 import threading
 from pathlib import Path

@@ -18,6 +18,8 @@ import multiprocessing as mp
 import sys
 from pathlib import Path
 
+from rw_sweeps.core.errors import one_line
+
 
 def run_folders(sweep: Path) -> list[Path]:
     """The sweep's run folders (numbered job folders, or any sub-folder holding a run's config.yaml), in

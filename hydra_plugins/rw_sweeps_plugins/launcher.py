@@ -217,14 +217,16 @@ class GpuJob:
         if job_id is not None:
             Singleton.set_state(self.singleton_state)
             setup_globals()
-        from rw_sweeps.core import training
+        from rw_sweeps.core import trainer
         out: List[Any] = []
         for i, job in enumerate(self.chunks):
             if job_id is not None:
                 job.chunk.job_id = job_id
             if i + 1 < len(self.chunks):  # the next chunk's data are drawn on the host while this one trains
                 try:
-                    training.prefetch([s.cfg for s in self.chunks[i + 1].chunk.specs if getattr(s, "cfg", None)])
+                    nxt = [s.cfg for s in self.chunks[i + 1].chunk.specs if getattr(s, "cfg", None)]
+                    if nxt:
+                        trainer.of(nxt[0]).prefetch(nxt)
                 except Exception:  # noqa: BLE001 - only an optimisation: the chunk draws its own data
                     pass
             try:

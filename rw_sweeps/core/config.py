@@ -82,8 +82,14 @@ class DataConfig:
     N: int = 97  # sequence length, counting the target: N − 1 observed tokens
     n_train: int = 1000
     n_test: int = 1000
+    # what is predicted: last (x_N from x_1 … x_{N−1}, the paper's task) | all (x_{t+1} from x_1 … x_t at every
+    # position t, the next-token objective of nanoGPT-style training; model=gpt only)
+    target: str = "last"
+    online: bool = False  # true: a fresh batch of data.batch sequences every step (model=gpt); false: the fixed training set
+    batch: int = 16  # sequences per step when online (the fixed test set stays n_test sequences)
     PER_RUN: ClassVar[tuple] = ()  # keys whose values differ within one batch (the rest is the run's shape)
     SEEDED: ClassVar[bool] = False  # do the family's rules depend on the run's seed (`with_seed`)?
+    TARGETS: ClassVar[tuple] = ("last", "all")  # the data.target values it serves (`laws` for all)
 
     def validate(self, seed: int) -> None:
         """The family's own rules (ConfigError, one line)."""
@@ -92,6 +98,40 @@ class DataConfig:
         """Π as a K×K numpy array (row i: the law of the next state given state i), None if the data are not
         a first-order chain; `seed` (the run's) matters only where the chain is drawn from it."""
         return None
+
+    def laws(self, seq, seed: int):
+        """For target=all: (n, N−1, K) numpy, row t the law of s_{t+2} given s_1 … s_{t+1} of each sequence
+        `seq` (n, N) (0-based: position t predicts seq[:, t + 1]); None where the family has no such law
+        (the QA tasks). Default: the first-order chain, Π[s_t]."""
+        import numpy as np
+
+        Pi = self.transition(seed)
+        return None if Pi is None else np.asarray(Pi, np.float64)[seq[:, :-1]]
+
+    def stationary(self, seed: int):
+        """The law the unigram baseline predicts (K,), or None: the in-context unigram strategy instead. For a
+        first-order chain, the long-run law of states from the uniform start, (1/T) Σ_{t<T} u Πᵗ (T = 4096):
+        the stationary law where it is unique, and the well-defined average where it is not."""
+        from .markov import long_run_law
+
+        Pi = self.transition(seed)
+        return None if Pi is None else long_run_law(Pi)
+
+    @property
+    def smoothing(self) -> float:
+        """α of the in-context strategies (n_k + α) / (n + Kα): 1 (Laplace), or the family's Dirichlet α."""
+        return 1.0
+
+    def draw_many(self, datas: list, n: int, gens: list, seeds: list) -> list:
+        """`draw` for many runs of this family (online batches, one generator each), each exactly its own
+        `draw`: where the family's sampler is this class's first-order chain (`DataConfig.draw`, not
+        overridden), one loop over positions for all runs (`data.chains_many`); else run by run."""
+        if type(self).draw is DataConfig.draw:
+            from .data import chains_many
+
+            return chains_many([d.transition(s) for d, s in zip(datas, seeds)], self.N, n, gens,
+                               starts=[d.initial_law(s) for d, s in zip(datas, seeds)])
+        return [d.draw(n, g, s) for d, g, s in zip(datas, gens, seeds)]
 
     def first_order_pi(self, seed: int):
         """The Π that V is compared with (v_pi_cosine) and that the trap's classes come from."""
@@ -111,7 +151,11 @@ class DataConfig:
         """n sequences (`rw_sweeps.core.data.Split`) from the generator; default: the first-order chain Π."""
         from .data import chains
 
-        return chains(self.transition(seed), self.N, n, gen)
+        return chains(self.transition(seed), self.N, n, gen, start=self.initial_law(seed))
+
+    def initial_law(self, seed: int):
+        """The law of s_1 (K,), or None: uniform (drawn as the circle draws it)."""
+        return None
 
     def draw_into(self, gen, seed: int, tokens, y, P_true) -> None:
         """`draw` written into a stacked batch's numpy views (a family with a faster path overrides it)."""
@@ -127,9 +171,25 @@ class DataConfig:
 
 
 # ------------------------------------------------------------------------------------------ models
+@dataclass
+class ModelBase:
+    """What every model option has: its name, and the training loop that trains it (`TRAINER`, a module of
+    `rw_sweeps.core` with `train`, `summary`, `prefetch` and `run_bytes`: `rw_sweeps.core.trainer`)."""
+    name: str = MISSING
+    PER_RUN: ClassVar[tuple] = ()
+    TRAINER: ClassVar[str] = ""
+
+    def resolved(self, init: "InitConfig") -> "ModelBase":
+        """The model with what depends on the init resolved (model.normalize=auto); a copy where it changes."""
+        return self
+
+    def validate(self, c: "RunConfig") -> None:
+        """The model's own rules, given the whole run (ConfigError, one line)."""
+
+
 @option("model")
 @dataclass
-class ModelConfig:
+class ModelConfig(ModelBase):
     """eq. 2.1: f(X) = V X S(X̃ᵀ W x̃_N), X̃ = [X; P]."""
     name: str = "transformer"
     M: int = 1000  # positional-embedding dimension
@@ -143,6 +203,38 @@ class ModelConfig:
     pos_scale: float = 1.0
     gram: str = "exact"  # exact: p_iᵀp_j = ‖p‖²·1[i=j] | numeric: P Pᵀ as rounded (fragility studies, §8.9)
     PER_RUN: ClassVar[tuple] = ()
+    TRAINER: ClassVar[str] = "rw_sweeps.core.training"
+
+    def resolved(self, init: "InitConfig") -> "ModelConfig":
+        return resolve_normalize(self, init)
+
+    def validate(self, c: "RunConfig") -> None:
+        d = c.data
+        choice("model.normalize", self.normalize, NORMALIZE)
+        if self.is_ffn:
+            choice("model.ffn", self.ffn, ("after", "before"))
+        choice("model.pos", self.pos, ("sine",))
+        choice("model.pos_denom", self.pos_denom, ("M", "M+1"))
+        choice("model.gram", self.gram, ("exact", "numeric"))
+        if not math.isfinite(self.pos_scale) or not self.pos_scale > 0:
+            raise ConfigError("model.pos_scale", self.pos_scale, "must be a finite number > 0")
+        if self.M < d.N:
+            raise ConfigError("model.M", self.M, f"must be >= data.N ({d.N}): the N positional embeddings must be orthogonal")
+        if self.pos_denom == "M" and self.M == d.N:
+            raise ConfigError("model.M", self.M, f"must be > data.N ({d.N}) with model.pos_denom=M (p_M = 0)")
+        if self.is_ffn and self.m < 1:
+            raise ConfigError("model.m", self.m, "must be an integer >= 1")
+        if d.target != "last":
+            raise ConfigError("data.target", d.target, f"model={self.name} predicts x_N only; allowed: last "
+                              "(model=gpt trains on every position)")
+        if d.online:
+            raise ConfigError("data.online", d.online, f"model={self.name} trains full-batch on the fixed training "
+                              "set; allowed: false (model=gpt draws fresh batches)")
+        if type(c.optim) not in (OptimConfig, AdamConfig):
+            raise ConfigError("optim", c.optim.name, f"model={self.name}'s engine trains with gd or adam; "
+                              "allowed: gd, adam (model=gpt takes every optimiser)")
+        if type(c.init) not in (InitConfig, GaussianInit):
+            raise ConfigError("init", c.init.name, f"model={self.name} starts from zero or gaussian; allowed: zero, gaussian")
 
     @property
     def is_ffn(self) -> bool:
@@ -198,8 +290,22 @@ class GaussianInit(InitConfig):
     sigma: float = 0.01
     # how W is drawn (A and V are drawn the same either way): compact (default) draws a = (W x̂_N)[:K] and
     # c_j = p_jᵀ(W x̂_N)[K:] directly, the same distribution as the dense draw, not the same sample |
-    # dense: the literal (K+M)² W, so the oracle tests and any dense implementation compare run for run
+    # dense: the literal (K+M)² W, so the oracle tests and any dense implementation compare run for run.
+    # model=gpt draws every parameter literally under either
     draw: str = "compact"
+
+
+@option("init")
+@dataclass
+class Gpt2Init(InitConfig):
+    """GPT-2's initialisation (model=gpt): every weight matrix and embedding N(0, std²), the residual
+    projections (attention output, MLP output) N(0, std²/(2·n_layer)), biases 0, LayerNorm gains 1."""
+    name: str = "gpt2"
+    std: float = 0.02  # the weights' standard deviation
+
+    @property
+    def sigma(self) -> float:
+        return self.std
 
 
 # ------------------------------------------------------------------------------------------ optimisers
@@ -226,6 +332,40 @@ class AdamConfig(OptimConfig):
     PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "beta1", "beta2", "adam_eps")
 
 
+SCHEDULES = ("constant", "cosine")
+
+
+@dataclass
+class _Scheduled:
+    """The keys of a learning-rate schedule and of gradient clipping (model=gpt's optimisers)."""
+    # constant: lr at every step | cosine: lr·(1 + cos(π·t'/T'))/2 after the warm-up (t' steps of the T' after it)
+    schedule: str = "constant"
+    warmup: float = 0.0  # fraction of optim.steps over which lr rises linearly from lr/warmup-steps to lr (0: none)
+    clip: float = 0.0  # the largest gradient norm, all parameters of a run together (0: no clipping)
+
+
+@option("optim")
+@dataclass
+class SgdConfig(_Scheduled, OptimConfig):
+    """Stochastic gradient descent (model=gpt): torch.optim.SGD's rule with momentum, no dampening or
+    Nesterov, on the batch of each step (the fixed training set, or a fresh batch with data.online)."""
+    name: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.0  # μ: b ← μ·b + g, θ ← θ − lr·b
+    PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "momentum")
+
+
+@option("optim")
+@dataclass
+class AdamWConfig(_Scheduled, AdamConfig):
+    """AdamW (model=gpt): torch.optim.AdamW's rule, decoupled weight decay on the weight matrices and
+    embeddings (not on biases or LayerNorm gains, as nanoGPT groups them)."""
+    name: str = "adamw"
+    lr: float = 2e-3
+    weight_decay: float = 0.01  # λ: θ ← θ − lr·λ·θ before the Adam step
+    PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "beta1", "beta2", "adam_eps", "weight_decay")
+
+
 # ------------------------------------------------------------------------------------------ the run
 @dataclass
 class WandbConfig:
@@ -236,6 +376,14 @@ class WandbConfig:
     granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
     per_run_limit: int = 32  # auto: per-run wandb runs for batches up to this size
     analysis: bool = True  # a finished sweep logs its phase diagrams and runs table (one job_type=analysis run)
+
+
+def resolve_normalize(model, init):
+    """model.normalize=auto → whole with a Gaussian init, none otherwise (the paper's protocol); a copy."""
+    where = NORMALIZE_ALIASES.get(model.normalize, model.normalize)
+    if where == "auto":
+        where = "whole" if isinstance(init, GaussianInit) else "none"
+    return model if where == model.normalize else dataclasses.replace(model, normalize=where)
 
 
 def _default_data() -> DataConfig:
@@ -253,7 +401,7 @@ class RunConfig:
     experiment: Optional[str] = None  # set by the experiment presets, recorded with the results
     objective: Optional[str] = None  # a numeric summary field (e.g. test_acc): the task returns it (Optuna)
     data: DataConfig = field(default_factory=_default_data)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelBase = field(default_factory=lambda: OPTIONS["model"]["transformer"]())
     init: InitConfig = field(default_factory=InitConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -263,13 +411,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         # model.normalize=auto is the paper's protocol, which depends on the init: resolved here, once, so
-        # that the run's config, its shape and its summary all say what was trained (a copy: a ModelConfig
+        # that the run's config, its shape and its summary all say what was trained (a copy: a model config
         # passed in by the caller is never changed)
-        where = NORMALIZE_ALIASES.get(self.model.normalize, self.model.normalize)
-        if where == "auto":
-            where = "whole" if isinstance(self.init, GaussianInit) else "none"
-        if where != self.model.normalize:
-            self.model = dataclasses.replace(self.model, normalize=where)
+        self.model = self.model.resolved(self.init)
 
     def to_dict(self) -> dict:
         """The config as plain data (what config.yaml holds): `dataclasses.asdict`'s result, ~5× faster."""
@@ -486,10 +630,21 @@ LEGACY_DEFAULTS = {
 }
 
 
+# Keys added to a schema since, per (group, option; None: every option): a run folder from before holds
+# none of them, and was trained as their defaults say (x_N predicted from the fixed training set, s_1 uniform).
+ADDED_DEFAULTS = {("data", None): {"target": "last", "online": False, "batch": 16},
+                  ("data", "binary_chain"): {"start": "uniform"}}
+
+
 def canonical(d: dict) -> dict:
     """A config dict as the current schemas state it: the legacy keys of `LEGACY_DEFAULTS` dropped where
-    the run's option has no such key (a copy; anything else is left for `from_dict` to judge)."""
+    the run's option has no such key, the keys of `ADDED_DEFAULTS` filled in where they are missing (a copy;
+    anything else is left for `from_dict` to judge)."""
     out = dict(d)
+    for (group, name), added in ADDED_DEFAULTS.items():
+        node = out.get(group)
+        if isinstance(node, dict) and name in (None, node.get("name")) and any(k not in node for k in added):
+            out[group] = {**node, **{k: v for k, v in added.items() if k not in node}}
     for group, legacy in LEGACY_DEFAULTS.items():
         node = out.get(group)
         if not isinstance(node, dict) or node.get("name", _DEFAULTS[group]) not in OPTIONS[group]:
@@ -529,45 +684,33 @@ def convert(task: dict, dotted: str, value: Any) -> Any:
 # ------------------------------------------------------------------------------------------ validation
 def validate(c: RunConfig) -> RunConfig:
     """Every rule the engine relies on that OmegaConf cannot state, each failing with the dotted key, the
-    value and what is allowed."""
+    value and what is allowed. The model's own rules are its schema's (`ModelBase.validate`)."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
-    for key, val in (("model.pos_scale", mo.pos_scale), ("init.sigma", i.sigma), ("optim.lr", o.lr),
-                     ("optim.eps", o.eps), *((f"optim.{k}", getattr(o, k)) for k in ("beta1", "beta2", "adam_eps")
-                                               if isinstance(o, AdamConfig))):
+    for key, val in (("init.sigma", i.sigma), ("optim.lr", o.lr), ("optim.eps", o.eps),
+                     *((f"optim.{k}", getattr(o, k)) for k in ("beta1", "beta2", "adam_eps", "weight_decay",
+                                                               "momentum", "warmup", "clip") if hasattr(o, k))):
         if not math.isfinite(val):
             raise ConfigError(key, val, "must be a finite number")
     _check_seed(c.seed)
     if isinstance(i, GaussianInit):
         choice("init.draw", i.draw, ("compact", "dense"))
-    choice("model.normalize", mo.normalize, NORMALIZE)
-    if mo.is_ffn:
-        choice("model.ffn", mo.ffn, ("after", "before"))
     choice("optim.reduction", o.reduction, ("mean", "sum"))
     choice("precision", c.precision, ("float64", "float32"))
-    choice("model.pos", mo.pos, ("sine",))
-    choice("model.pos_denom", mo.pos_denom, ("M", "M+1"))
-    choice("model.gram", mo.gram, ("exact", "numeric"))
     if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isdigit())):
         raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
     choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
     choice("wandb.granularity", c.wandb.granularity, ("auto", "run", "job"))
     if d.N < 2:
         raise ConfigError("data.N", d.N, "must be >= 2")
+    choice("data.target", d.target, ("last", "all"))
     d.validate(c.seed)
-    for key, val in (("data.n_train", d.n_train), ("data.n_test", d.n_test), ("optim.steps", o.steps),
-                     ("eval_every", c.eval_every)):
+    for key, val in (("data.n_train", d.n_train), ("data.n_test", d.n_test), ("data.batch", d.batch),
+                     ("optim.steps", o.steps), ("eval_every", c.eval_every)):
         if val < 1:
             raise ConfigError(key, val, "must be >= 1")
     if c.checkpoint_every < 0:
         raise ConfigError("checkpoint_every", c.checkpoint_every, "must be >= 0 (0 disables checkpoints)")
-    if mo.M < d.N:
-        raise ConfigError("model.M", mo.M, f"must be >= data.N ({d.N}): the N positional embeddings must be orthogonal")
-    if mo.pos_denom == "M" and mo.M == d.N:
-        raise ConfigError("model.M", mo.M, f"must be > data.N ({d.N}) with model.pos_denom=M (p_M = 0)")
-    if not mo.pos_scale > 0:
-        raise ConfigError("model.pos_scale", mo.pos_scale, "must be > 0")
-    if mo.is_ffn and mo.m < 1:
-        raise ConfigError("model.m", mo.m, "must be an integer >= 1")
+    mo.validate(c)
     if i.sigma < 0:
         raise ConfigError("init.sigma", i.sigma, "must be >= 0 (σ = 0 is zero init)")
     if not o.lr > 0:
@@ -580,6 +723,15 @@ def validate(c: RunConfig) -> RunConfig:
                 raise ConfigError(key, val, "must be in [0, 1)")
         if not o.adam_eps > 0:
             raise ConfigError("optim.adam_eps", o.adam_eps, "must be > 0")
+    if isinstance(o, _Scheduled):
+        choice("optim.schedule", o.schedule, SCHEDULES)
+        if not 0 <= o.warmup < 1:
+            raise ConfigError("optim.warmup", o.warmup, "must be in [0, 1) (a fraction of optim.steps)")
+        if o.clip < 0:
+            raise ConfigError("optim.clip", o.clip, "must be >= 0 (0: no clipping)")
+    for key in ("weight_decay", "momentum"):
+        if hasattr(o, key) and not 0 <= getattr(o, key) < (1 if key == "momentum" else math.inf):
+            raise ConfigError(f"optim.{key}", getattr(o, key), "must be in [0, 1)" if key == "momentum" else "must be >= 0")
     from .metrics import OBJECTIVES
 
     if c.objective is not None and c.objective not in OBJECTIVES:
@@ -701,12 +853,13 @@ def register() -> None:
 
     node = OmegaConf.structured(RunConfig)
     node.data = OmegaConf.structured(DataConfig)
-    node.model = OmegaConf.structured(ModelConfig)
+    node.model = OmegaConf.structured(ModelBase)
     node.init = OmegaConf.structured(InitConfig)
     node.optim = OmegaConf.structured(OptimConfig)
     ConfigStore.instance().store(name="run_schema", node=node, provider="rw_sweeps")
 
 
 from . import families  # noqa: E402,F401 - every data family declares itself (`@option("data")`)
+from .gpt import schema as _gpt_schema  # noqa: E402,F401 - model=gpt declares itself (`@option("model")`)
 
 register()

@@ -168,13 +168,23 @@ def _cumulative_rows(P: np.ndarray) -> np.ndarray:
     return F
 
 
-def chains(P: np.ndarray, N: int, n: int, gen: torch.Generator, dtype=torch.float64) -> Split:
+def _first(K: int, n: int, gen: torch.Generator, start) -> torch.Tensor:
+    """s_1 (n, 1): Unif([K]) as the circle draws it (randint(K, (n, 1))), or from the law `start` (K,) by one
+    float64 uniform each."""
+    if start is None:
+        return torch.randint(K, (n, 1), generator=gen)
+    u0 = torch.rand(n, 1, generator=gen, dtype=torch.float64).numpy()
+    F = _cumulative_rows(np.asarray(start, np.float64)[None, :])[0]
+    return torch.from_numpy((u0 >= F).sum(1, keepdims=True).astype(np.int64))
+
+
+def chains(P: np.ndarray, N: int, n: int, gen: torch.Generator, dtype=torch.float64, start=None) -> Split:
     """n sequences of a first-order chain with transition matrix P (K×K, row-stochastic): s_1 ~ Unif([K])
-    as the circle draws it (randint(K, (n, 1))), then one float64 uniform per step, s_{k+1} = the first j
+    as the circle draws it (randint(K, (n, 1))) or from the law `start`, then one float64 uniform per step, s_{k+1} = the first j
     whose cumulative row F_{s_k, j} exceeds it; vectorised over the sequences, a loop over the N − 1 steps."""
     P = np.ascontiguousarray(P, np.float64)
     K = P.shape[0]
-    s1 = torch.randint(K, (n, 1), generator=gen)
+    s1 = _first(K, n, gen, start)
     u = torch.rand(n, N - 1, generator=gen, dtype=torch.float64).numpy()
     F = _cumulative(P.tobytes(), K)
     s = np.empty((n, N), np.int64)
@@ -184,6 +194,27 @@ def chains(P: np.ndarray, N: int, n: int, gen: torch.Generator, dtype=torch.floa
     tokens, y = torch.from_numpy(s[:, :-1].copy()), torch.from_numpy(s[:, -1].copy())
     # P(y | context) = Π[s_{N−1}]: the Markov property, as for the circle
     return Split(tokens, y, torch.from_numpy(P[s[:, -2]]).to(dtype))
+
+
+def chains_many(Ps: list, N: int, n: int, gens: list, dtype=torch.float64, starts=None) -> list[Split]:
+    """`chains(Ps[r], N, n, gens[r], start=starts[r])` for every run r, from the same draws in the same
+    order (so the same sequences), with one loop over the N − 1 steps for all runs at once."""
+    R = len(Ps)
+    if R == 0:
+        return []
+    K = np.asarray(Ps[0]).shape[0]
+    s = np.empty((R, n, N), np.int64)
+    u = np.empty((R, n, N - 1))
+    for r, gen in enumerate(gens):
+        s[r, :, 0] = _first(K, n, gen, None if starts is None else starts[r]).numpy()[:, 0]
+        u[r] = torch.rand(n, N - 1, generator=gen, dtype=torch.float64).numpy()
+    Pc = [np.ascontiguousarray(P, np.float64) for P in Ps]
+    F = np.stack([_cumulative(P.tobytes(), K) for P in Pc])  # (R, K, K − 1)
+    runs = np.arange(R)[:, None]
+    for k in range(N - 1):
+        s[:, :, k + 1] = (u[:, :, k, None] >= F[runs, s[:, :, k]]).sum(-1)
+    return [Split(torch.from_numpy(s[r, :, :-1].copy()), torch.from_numpy(s[r, :, -1].copy()),
+                  torch.from_numpy(Pc[r][s[r, :, -2]]).to(dtype)) for r in range(R)]
 
 
 @functools.lru_cache(maxsize=8)

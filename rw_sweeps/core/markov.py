@@ -94,3 +94,26 @@ def posterior_predictive(tokens: np.ndarray, K: int, alpha: float) -> np.ndarray
     rows = np.broadcast_to(np.arange(n)[:, None], from_s.shape)
     counts = np.bincount((rows * K + tokens[:, 1:])[from_s], minlength=n * K).reshape(n, K).astype(np.float64)
     return (counts + alpha) / (counts.sum(1, keepdims=True) + K * alpha)
+
+
+LONG_RUN_T = 4096
+
+
+@functools.lru_cache(maxsize=256)
+def _long_run(Pi_bytes: bytes, K: int) -> np.ndarray:
+    P = np.frombuffer(Pi_bytes, np.float64).reshape(K, K)
+    u = np.full(K, 1.0 / K)
+    total = np.zeros(K)
+    for _ in range(LONG_RUN_T):
+        total += u
+        u = u @ P
+    out = total / LONG_RUN_T
+    out.flags.writeable = False
+    return out
+
+
+def long_run_law(Pi) -> np.ndarray:
+    """(1/T) Σ_{t<T} u Πᵗ from the uniform u (T = LONG_RUN_T): the stationary law of an ergodic chain (to
+    O(1/T) for a periodic one), and the long-run share of each state from a uniform start for any chain."""
+    P = np.ascontiguousarray(Pi, np.float64)
+    return _long_run(P.tobytes(), len(P))

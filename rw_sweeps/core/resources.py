@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import os
 
-from .config import ConfigError, RunConfig
+from . import trainer
+from .config import ConfigError, ModelConfig, RunConfig
 
 
 def bytes_per_run(c: RunConfig) -> int:
     """Peak memory of one run inside a batch on the PyTorch path (int64 tokens, the (n, N−1) gather and
     scatter temporaries, a dozen (n, K) tensors); measured within ~20 % at the §5 shape. The packing rule
-    (`rw_sweeps.sweeps.packing`) sizes chunks with it."""
+    (`rw_sweeps.sweeps.packing`) sizes chunks with it. Another model's trainer estimates its own."""
+    if not isinstance(c.model, ModelConfig):
+        return trainer.of(c).run_bytes(c)[0]
     n, L, K = c.data.n_train + c.data.n_test, c.data.N - 1, c.data.K
     item = 8 if c.precision == "float64" else 4
     width = max(K, getattr(c.model, "m", None) or 0)
@@ -23,6 +26,8 @@ def run_bytes(cfg: RunConfig) -> tuple[int, str]:
     """Peak bytes of one run, and the key that drives it: the batched data and state (as
     bytes_per_run), the K×K matrices (Π, V, Πᵀ), and for init=gaussian the draw of W: the dense
     (K+M)² float64 with init.draw=dense, only the N×M positions (gram=numeric) with the compact draw."""
+    if not isinstance(cfg.model, ModelConfig):
+        return trainer.of(cfg).run_bytes(cfg)
     d, m = cfg.data, cfg.model
     gaussian = cfg.init.name == "gaussian"
     dense_W = (d.K + m.M) ** 2 * 8 if gaussian and cfg.init.draw == "dense" else 0
@@ -93,8 +98,9 @@ def check(cfg: RunConfig) -> None:
     need, key = run_bytes(cfg)
     free = available_bytes(device)
     if free is not None and need > free:
-        value = {"model.M": cfg.model.M, "data.n_train": cfg.data.n_train, "data.n_test": cfg.data.n_test,
-                 "data.K": cfg.data.K}[key]
+        value = {"model.M": getattr(cfg.model, "M", None), "data.n_train": cfg.data.n_train,
+                 "data.n_test": cfg.data.n_test, "data.K": cfg.data.K, "data.N": cfg.data.N,
+                 "data.batch": cfg.data.batch}[key]
         raise ConfigError(key, value, f"one run needs ~{need / 2**30:.1f} GB (estimate), more than the "
                           f"{free / 2**30:.1f} GB free on {device} here")
 

@@ -16,7 +16,7 @@ import traceback
 from functools import lru_cache
 from pathlib import Path
 
-from rw_sweeps.core import results, training
+from rw_sweeps.core import results, trainer, training
 from rw_sweeps.core.config import RunConfig, shape_key
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.training import Record
@@ -40,7 +40,7 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     if len(set(step)) > 1:  # runs checkpointed at different steps continue as separate batches
         return _per_group(cfgs, run_dirs, step, progress)
     try:
-        records = training.train(cfgs, [Path(d) for d in run_dirs], progress, resumed if all(resumed) else None)
+        records = trainer.of(cfgs[0]).train(cfgs, [Path(d) for d in run_dirs], progress, resumed if all(resumed) else None)
     except Exception as exc:  # noqa: BLE001 - isolate the culprit, never lose the others
         if len(cfgs) > 1:
             return [s for c, d in zip(cfgs, run_dirs) for s in run_batch([c], [d], progress=False)]
@@ -49,7 +49,7 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     wall = (time.time() - t0) / len(cfgs)
     entries, written = [], []
     for rec in records:  # run by run, its summary right after its own files: a full disk keeps every run that fit
-        summary = {**training.summary(rec, wall), **provenance()}
+        summary = {**trainer.of(rec.cfg).summary(rec, wall), **provenance()}
         cfg_dict = rec.cfg.to_dict()
         entry = {"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"], "history": rec.history,
                  "summary": summary}
@@ -79,7 +79,8 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
 def failed_summary(cfg: RunConfig, run_dir: Path, error: str) -> dict:
     """A run that could not start where it ran (its device is not there, it cannot fit): written `failed`
     with the reason, so that the folder, the source of truth, says why."""
-    summary = {**training.summary(Record(cfg, Path(run_dir), status="failed", error=error), 0.0), **provenance()}
+    summary = {**trainer.of(cfg).summary(Record(cfg, Path(run_dir), status="failed", error=error), 0.0),
+               **provenance()}
     try:
         results.write_config(run_dir, cfg.to_dict())
         results.write_summary(run_dir, summary)
@@ -160,6 +161,11 @@ def run_line(summary: dict) -> str:
     if s["status"] != "done":
         return f"{s['status']}: {what} init={s['init']} seed={s['seed']}: {s['error']}"
     fmt = lambda x: "null" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
+    if "unigram_loss" in s:  # model=gpt: its loss beside the data family's two baselines
+        return (f"done: {what} K={s['K']} N={s['N']} model={s['model']} n_layer={s['n_layer']} init={s['init']} "
+                f"seed={s['seed']} steps={s['steps']} test_loss={fmt(s['test_loss'])} opt_loss={fmt(s['opt_loss'])} "
+                f"unigram_loss={fmt(s['unigram_loss'])} relative_loss={fmt(s['relative_loss'])} "
+                f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])}")
     return (f"done: {what} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
             f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
             f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={s['symmetry_break_step']}")

@@ -22,6 +22,16 @@ class IclMarkov(DataConfig):
         if self.K < 2:
             raise ConfigError("data.K", self.K, "must be >= 2 for data=icl_markov")
 
+    @property
+    def smoothing(self) -> float:
+        return self.alpha
+
+    def laws(self, seq, seed: int):
+        """The posterior predictive at every position: the in-context bigram strategy with α."""
+        from ..gpt.strategies import in_context
+
+        return in_context(seq, self.K, self.alpha, "all")[1]
+
     def draw(self, n: int, gen, seed: int):
         from ..data import icl_markov
 

@@ -48,6 +48,25 @@ class KthOrder(DataConfig):
     def context(self) -> int:
         return self.order
 
+    @property
+    def smoothing(self) -> float:
+        return self.alpha
+
+    def laws(self, seq, seed: int):
+        """T's row of the last k states at every position (uniform while fewer than k are observed: the first
+        k states are drawn uniformly)."""
+        from ..data import _kth_law
+
+        T, _ = _kth_law(self.K, self.order, float(self.alpha), seed)
+        n, N = seq.shape
+        out = np.full((n, N - 1, self.K), 1.0 / self.K)
+        ctx = np.zeros(n, np.int64)
+        for t in range(N - 1):  # position t predicts s_{t+1}; its context s_{t−k+1} … s_t
+            ctx = (ctx * self.K + seq[:, t]) % (self.K ** self.order)
+            if t + 1 >= self.order:
+                out[:, t] = T[ctx]
+        return out
+
     def draw(self, n: int, gen, seed: int):
         from ..data import kth_order  # T is fixed per run: drawn from the run's seed on its own stream
 

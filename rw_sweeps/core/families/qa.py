@@ -3,11 +3,14 @@ fixed by the task, and the answer is deterministic (OPT = 1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..config import ConfigError, DataConfig, option
 
 
 class _QA(DataConfig):
+    TARGETS: ClassVar[tuple] = ("last",)  # one question, answered at the end
+
     def validate(self, seed: int) -> None:
         fixed = type(self)()
         for key in ("K", "N"):

@@ -1,0 +1,203 @@
+"""The batched forward pass of model=gpt and its initial parameters: R runs of one shape at once.
+
+Every parameter carries a leading run dimension (`params[name]`: (R, …)), and every operation is batched
+over it (einsum, bmm), so run r's outputs are a function of run r's parameters and data only: a packed run
+is the same run alone (to rounding: the batched kernels may order their sums differently), and a
+non-finite run never touches another. Matrices act on row vectors, x ↦ x·M (M: (d_in, d_out)), but for the
+merged attention, which keeps eq. 2.1's orientation (logit x̂_jᵀ W x̂_i, value V x_j).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..model import init_generator
+from .schema import GptConfig
+
+LN_EPS = 1e-5  # torch.nn.LayerNorm's default
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter: its name, its shape (without the run dimension) and its role, which decides its
+    initialisation and whether AdamW decays it."""
+    name: str
+    shape: tuple
+    role: str  # matrix | residual (a projection into the stream: GPT-2 scales its init) | embed | gain | bias
+
+    @property
+    def decayed(self) -> bool:
+        return self.role in ("matrix", "residual", "embed")
+
+
+def length(cfg: GptConfig, N: int) -> int:
+    """Positions the model reads: the N − 1 observed tokens, and the blank query with query=blank."""
+    return N if cfg.query == "blank" else N - 1
+
+
+def params_of(cfg: GptConfig, K: int, N: int) -> list[Param]:
+    """The parameters in the order a Gaussian init draws them (`init_params`): for eq. 2.1's one layer, V
+    then W, as `rw_sweeps.core.model.init_dense` draws them."""
+    D, H, T = cfg.width(K), cfg.n_head, length(cfg, N)
+    out = []
+    if cfg.embed == "learned":
+        out.append(Param("wte", (K, D), "embed"))
+        if cfg.pos == "learned":
+            out.append(Param("wpe", (T, D), "embed"))
+    for l in range(cfg.n_layer):
+        h = f"h{l}."
+        if cfg.norm == "layer":
+            out += [Param(h + "ln1.w", (D,), "gain")] + ([Param(h + "ln1.b", (D,), "bias")] if cfg.bias else [])
+        if cfg.attention == "merged":
+            out += [Param(h + "V", (H, K, K), "matrix"), Param(h + "W", (H, D, D), "matrix")]
+        else:
+            for m in ("q", "k", "v"):
+                out.append(Param(h + m, (D, D), "matrix"))
+            out.append(Param(h + "o", (D, D), "residual"))
+            if cfg.bias:
+                out += [Param(h + m + ".b", (D,), "bias") for m in ("q", "k", "v", "o")]
+        if cfg.mlp:
+            if cfg.norm == "layer":
+                out += [Param(h + "ln2.w", (D,), "gain")] + ([Param(h + "ln2.b", (D,), "bias")] if cfg.bias else [])
+            out += [Param(h + "fc", (D, cfg.mlp * D), "matrix"), Param(h + "proj", (cfg.mlp * D, D), "residual")]
+            if cfg.bias:
+                out += [Param(h + "fc.b", (cfg.mlp * D,), "bias"), Param(h + "proj.b", (D,), "bias")]
+    if cfg.norm == "layer":
+        out += [Param("lnf.w", (D,), "gain")] + ([Param("lnf.b", (D,), "bias")] if cfg.bias else [])
+    if cfg.readout == "softmax" and not (cfg.tie and cfg.embed == "learned"):
+        out.append(Param("lm_head", (K, D), "matrix"))
+    return out
+
+
+def init_params(cfgs: list, K: int, N: int, dtype) -> dict:
+    """Every run's initial parameters, stacked (R, …): init=zero (weights 0, LayerNorm gains 1), gaussian
+    (every weight N(0, σ²), drawn in `params_of`'s order from the run's init stream, as eq. 2.1's dense draw)
+    or gpt2 (N(0, std²), residual projections N(0, std²/(2·n_layer)), biases 0, gains 1)."""
+    spec = params_of(cfgs[0].model, K, N)
+    per_run = []
+    for cfg in cfgs:
+        gen = init_generator(cfg.seed)
+        theta = {}
+        for p in spec:
+            if p.role == "gain":
+                theta[p.name] = torch.ones(p.shape, dtype=torch.float64)
+            elif p.role == "bias" or cfg.init.name == "zero":
+                theta[p.name] = torch.zeros(p.shape, dtype=torch.float64)
+            else:
+                std = cfg.init.sigma
+                if cfg.init.name == "gpt2" and p.role == "residual":
+                    std = std / math.sqrt(2 * cfg.model.n_layer)
+                theta[p.name] = std * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        per_run.append(theta)
+    return {p.name: torch.stack([t[p.name] for t in per_run]).to(dtype) for p in spec}
+
+
+def sine_positions(cfg: GptConfig, T: int, dtype) -> torch.Tensor:
+    """The paper's p_i (T, M): [p_i]_j = pos_scale·sin(π i j / M), i = 1..T, j = 1..M."""
+    i = torch.arange(1, T + 1, dtype=torch.float64)[:, None]
+    j = torch.arange(1, cfg.M + 1, dtype=torch.float64)[None, :]
+    return (cfg.pos_scale * torch.sin(math.pi * i * j / cfg.M)).to(dtype)
+
+
+def vaswani_positions(T: int, D: int, dtype) -> torch.Tensor:
+    """Vaswani et al.'s sinusoidal table (T, D): sin and cos of position / 10000^(2k/D) in alternate columns."""
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    k = torch.arange(0, D, 2, dtype=torch.float64)
+    angle = pos / torch.pow(10000.0, k / D)
+    out = torch.zeros(T, D, dtype=torch.float64)
+    out[:, 0::2] = torch.sin(angle)
+    out[:, 1::2] = torch.cos(angle)[:, : D // 2]
+    return out.to(dtype)
+
+
+def embed(params: dict, tokens: torch.Tensor, cfg: GptConfig, K: int) -> torch.Tensor:
+    """The stream at the input (R, B, T, D). tokens (R, B, T) with the blank query as K (query=blank)."""
+    R, B, T = tokens.shape
+    dtype = next(iter(params.values())).dtype if params else torch.float64
+    onehot = F.one_hot(tokens.long(), K + 1)[..., :K].to(dtype)  # the blank's token part is 0
+    if cfg.embed == "fixed":
+        P = sine_positions(cfg, T, dtype).to(tokens.device)
+        return torch.cat([onehot, P.expand(R, B, T, cfg.M)], -1)
+    h = torch.einsum("rbtk,rkd->rbtd", onehot, params["wte"])
+    if cfg.pos == "learned":
+        h = h + params["wpe"][:, None, :T]
+    elif cfg.pos == "sinusoidal":
+        h = h + vaswani_positions(T, cfg.d_model, dtype).to(tokens.device)
+    return h
+
+
+def layer_norm(x: torch.Tensor, params: dict, name: str) -> torch.Tensor:
+    """LayerNorm over the last dimension with run r's gain (and bias), torch.nn.LayerNorm's arithmetic."""
+    mu = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    y = (x - mu) / torch.sqrt(var + LN_EPS)
+    y = y * params[name + ".w"][:, None, None, :]
+    b = params.get(name + ".b")
+    return y + b[:, None, None, :] if b is not None else y
+
+
+def _linear(x: torch.Tensor, params: dict, name: str) -> torch.Tensor:
+    y = torch.einsum("rbtd,rde->rbte", x, params[name])
+    b = params.get(name + ".b")
+    return y + b[:, None, None, :] if b is not None else y
+
+
+def _causal(logits: torch.Tensor, start: int) -> torch.Tensor:
+    """Softmax over keys j ≤ i for queries i = start … (logits (…, Tq, T))."""
+    Tq, T = logits.shape[-2:]
+    i = torch.arange(start, start + Tq, device=logits.device)[:, None]
+    j = torch.arange(T, device=logits.device)[None, :]
+    return torch.softmax(logits.masked_fill(j > i, float("-inf")), -1)
+
+
+def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, start: int):
+    """One block's attention for the queries start … T − 1 over every key: (output to add to the stream,
+    S (R, B, H, Tq, T))."""
+    h = f"h{l}."
+    R, B, T, D = a.shape
+    Hn = cfg.n_head
+    if cfg.attention == "merged":
+        an = a / a.norm(dim=-1, keepdim=True) if cfg.normalize == "whole" else a
+        u = torch.einsum("rbid,rhed->rbhie", an[:, :, start:], params[h + "W"])  # W x̂_i
+        S = _causal(torch.einsum("rbjd,rbhid->rbhij", an, u), start)
+        value = torch.einsum("rbjk,rhlk->rbhjl", a[..., :K], params[h + "V"])  # V x_j on the token part
+        out = torch.einsum("rbhij,rbhjl->rbil", S, value)
+        return F.pad(out, (0, D - K)), S
+    dh = D // Hn
+    q = _linear(a[:, :, start:], params, h + "q").view(R, B, T - start, Hn, dh)
+    k = _linear(a, params, h + "k").view(R, B, T, Hn, dh)
+    v = _linear(a, params, h + "v").view(R, B, T, Hn, dh)
+    S = _causal(torch.einsum("rbihd,rbjhd->rbhij", q, k) / math.sqrt(dh), start)
+    y = torch.einsum("rbhij,rbjhd->rbihd", S, v).reshape(R, B, T - start, D)
+    return _linear(y, params, h + "o"), S
+
+
+def forward(params: dict, tokens: torch.Tensor, cfg: GptConfig, K: int, read: str,
+            attention_maps: bool = False):
+    """The model's output at the positions read (`read`: last → (R, B, 1, K), all → (R, B, T, K)): logits
+    (readout=softmax) or f (readout=linear); and, with `attention_maps`, every block's S. The last block
+    computes only the positions read (its other positions reach no output)."""
+    x = embed(params, tokens, cfg, K)
+    T = x.shape[2]
+    maps = []
+    for l in range(cfg.n_layer):
+        start = T - 1 if read == "last" and l == cfg.n_layer - 1 else 0
+        a = layer_norm(x, params, f"h{l}.ln1") if cfg.norm == "layer" else x
+        out, S = attention(a, params, cfg, K, l, start)
+        x = x[:, :, start:] + out if cfg.residual else out
+        if cfg.mlp:
+            b = layer_norm(x, params, f"h{l}.ln2") if cfg.norm == "layer" else x
+            x = x + _linear(F.gelu(_linear(b, params, f"h{l}.fc")), params, f"h{l}.proj")
+        if attention_maps:
+            maps.append(S)
+    if read == "last":
+        x = x[:, :, -1:]
+    if cfg.norm == "layer":
+        x = layer_norm(x, params, "lnf")
+    if cfg.readout == "linear":
+        return x[..., :K], maps
+    U = params["wte"] if cfg.tie and cfg.embed == "learned" else params["lm_head"]
+    return torch.einsum("rbtd,rkd->rbtk", x, U), maps

@@ -1,0 +1,349 @@
+"""model=gpt's training loop: R runs of one shape from their configs to their records, by autograd.
+
+data (the fixed training set, or with data.online a fresh batch per step from the run's step stream) →
+initial parameters (or a checkpoint) → for t = 0 … T: the loss and gradients at θ_t, an evaluation of the
+fixed test set every `eval_every` steps, the update → records. Evaluation, snapshots and checkpoints sit on
+absolute steps, and the batch of step t is a function of (seed, t) only, so a resumed run equals an
+uninterrupted one bit for bit. A run whose loss or gradients stop being finite is `diverged` at that step,
+its parameters frozen, while the others go on.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import data as data_mod
+from .. import results
+from ..config import RunConfig
+from ..metrics import GPT_EVALUATED, GPT_LAST
+from ..training import Record, _SaveOnSignal, _Ticker, device_of, parent_positions
+from . import model, strategies
+from .optim import Optimiser
+
+STEP_STREAM = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # (seed, t) ↦ the generator seed of step t's batch
+SNAPSHOT_MAP_MAX_T = 64  # snapshots keep whole mean attention maps up to this many positions (else the read row)
+
+
+def step_seed(seed: int, t: int) -> int:
+    """The seed of the online batch of step t of a run: a mix of (seed, t) that is never a run's own data
+    seed s for t ≥ 0 in practice (an odd multiplier and an offset), so the test set is not a training batch."""
+    a, b = STEP_STREAM
+    return (seed * a + (t + 1) * b) % 2**63
+
+
+def _inputs(tokens: torch.Tensor, cfg: RunConfig) -> torch.Tensor:
+    """The model's input positions: s_1 … s_{N−1}, and the blank query (token K) with model.query=blank."""
+    if cfg.model.query == "blank":
+        blank = torch.full_like(tokens[..., :1], cfg.data.K)
+        return torch.cat([tokens, blank], -1)
+    return tokens
+
+
+def _targets(tokens: torch.Tensor, y: torch.Tensor, target: str) -> torch.Tensor:
+    """(R, n, P) the tokens predicted at the positions read."""
+    return y[..., None] if target == "last" else torch.cat([tokens[..., 1:], y[..., None]], -1)
+
+
+class Batch:
+    """Inputs and targets of R runs (R, n, ·) on the device."""
+
+    def __init__(self, tokens: torch.Tensor, y: torch.Tensor, cfg: RunConfig, device):
+        self.x = _inputs(tokens, cfg).to(device)
+        self.y = _targets(tokens, y, cfg.data.target).to(device)
+
+
+class TestSet(Batch):
+    """The fixed test set with everything an evaluation compares the model with (R, n, P, K each)."""
+
+    def __init__(self, split: data_mod.Split, cfgs: list[RunConfig], dtype, device):
+        super().__init__(split.tokens, split.y, cfgs[0], device)
+        d0 = cfgs[0].data
+        K, target = d0.K, d0.target
+        seq = torch.cat([split.tokens, split.y[..., None]], -1).numpy()
+        law, uni, bi, base = [], [], [], []
+        for r, cfg in enumerate(cfgs):
+            law.append(strategies.laws(cfg.data, seq[r], cfg.seed, split.P_true[r].double().numpy()))
+            u, b = strategies.in_context(seq[r], K, cfg.data.smoothing, target)
+            uni.append(u)
+            bi.append(b)
+            pi = cfg.data.stationary(cfg.seed)
+            base.append(u if pi is None else np.broadcast_to(pi, u.shape))
+        as_t = lambda xs: torch.from_numpy(np.stack(xs)).to(device, dtype)  # noqa: E731
+        self.P_true, self.unigram, self.bigram, self.baseline = as_t(law), as_t(uni), as_t(bi), as_t(base)
+        self.parents = [cfg.data.context for cfg in cfgs][0]
+        self.prev = _previous(self.x if cfgs[0].model.query == "none" else self.x[..., :-1])
+
+
+def _previous(x: torch.Tensor) -> torch.Tensor:
+    """(R, n, T): for each position i the last j < i with x_j = x_i, or −1 (the induction score's anchor)."""
+    T = x.shape[-1]
+    same = (x[..., :, None] == x[..., None, :]) & torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-1)
+    idx = torch.arange(T, device=x.device)
+    return torch.where(same.any(-1), (same * idx).amax(-1), torch.full_like(x, -1, dtype=torch.int64))
+
+
+def _objective(out: torch.Tensor, y: torch.Tensor, cfg: RunConfig, eps: torch.Tensor) -> torch.Tensor:
+    """(R, n, P) the loss at every position read: cross-entropy, or −log(f_y + ε) (readout=linear)."""
+    if cfg.model.readout == "linear":
+        return -torch.log(out.gather(-1, y[..., None])[..., 0] + eps[:, None, None])
+    return -torch.log_softmax(out, -1).gather(-1, y[..., None])[..., 0]
+
+
+def _predicted(out: torch.Tensor, cfg: RunConfig) -> torch.Tensor:
+    """The model's predictive law: softmax, or f clipped to a tiny positive value and normalised (as
+    model=transformer's KL reads f)."""
+    if cfg.model.readout == "linear":
+        q = out.clamp_min(torch.finfo(out.dtype).tiny)
+        return q / q.sum(-1, keepdim=True)
+    return torch.softmax(out, -1)
+
+
+TIE = 64  # outputs within TIE units of rounding (of the largest |output|) of the maximum are tied
+
+
+def first_max(out: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dimension, ties → the smallest label (Def. 2.1), where outputs within rounding
+    of the maximum (TIE·machine epsilon·max|out|) are tied: the exact engine's ties (at the symmetric point,
+    every label of a histogram's maximum) stay ties here, whatever order the sums were taken in."""
+    top = out.amax(-1, keepdim=True)
+    tol = TIE * torch.finfo(out.dtype).eps * out.abs().amax(-1, keepdim=True)
+    return (out >= top - tol).to(torch.int8).argmax(-1)
+
+
+def _kl(P: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Mean over sequences and positions of KL(P ‖ q) (R,)."""
+    tiny = torch.finfo(q.dtype).tiny
+    return torch.where(P > 0, P * (torch.log(P.clamp_min(tiny)) - torch.log(q.clamp_min(tiny))), 0.0).sum(-1).mean((1, 2))
+
+
+def _loss_of(law: torch.Tensor, y: torch.Tensor, cfg: RunConfig, eps: torch.Tensor) -> torch.Tensor:
+    """The objective (R,) of a predictor that outputs `law` (R, n, P, K): its log as logits, or f = law."""
+    out = law if cfg.model.readout == "linear" else torch.log(law.clamp_min(torch.finfo(law.dtype).tiny))
+    return _objective(out, y, cfg, eps).mean((1, 2))
+
+
+def train_loss(params: dict, batch: Batch, cfg: RunConfig, eps: torch.Tensor) -> torch.Tensor:
+    """(R,) the training objective: per sequence the mean over its positions read, then the mean (or sum,
+    optim.reduction=sum) over the batch."""
+    out, _ = model.forward(params, batch.x, cfg.model, cfg.data.K, cfg.data.target)
+    per_seq = _objective(out, batch.y, cfg, eps).mean(-1)
+    return per_seq.mean(1) if cfg.optim.reduction == "mean" else per_seq.sum(1)
+
+
+def evaluate(params: dict, test: TestSet, cfg: RunConfig, eps: torch.Tensor, snapshot: bool) -> tuple[dict, dict | None]:
+    """The metrics of a history row on the test set ({name: (R,) tensor or (R, L, H) for the per-layer
+    attention scores}), and at a snapshot step the mean attention maps."""
+    out, maps = model.forward(params, test.x, cfg.model, cfg.data.K, cfg.data.target, attention_maps=True)
+    q = _predicted(out, cfg)
+    row = {"test_loss": _objective(out, test.y, cfg, eps).mean((1, 2)),
+           "test_acc": (first_max(out) == test.y).to(out.dtype).mean((1, 2)),
+           "test_kl": _kl(test.P_true, q),
+           "kl_uniform": _kl(torch.full_like(q, 1.0 / q.shape[-1]), q),
+           "kl_unigram": _kl(test.unigram, q), "kl_bigram": _kl(test.bigram, q)}
+    parent, induction = [], []
+    T = test.x.shape[-1]
+    k = test.parents
+    read_rows = T - 1 if cfg.data.target == "last" else None  # query indices of the positions read
+    tokens_T = test.prev.shape[-1]
+    for S in maps:  # (R, n, H, Tq, T): queries T − Tq … T − 1
+        Tq = S.shape[-2]
+        rows = S[..., -1:, :] if read_rows is not None else S
+        first = T - rows.shape[-2]
+        qi = torch.arange(first, T, device=S.device)
+        # the parents of the query at position i: the k tokens it predicts from, s_{t−k+1} … s_t, with t = i
+        # (query=none) or t = i − 1 (the blank query at i = N − 1)
+        t = qi - (1 if cfg.model.query == "blank" else 0)
+        offs = torch.arange(k, device=S.device)
+        par = (t[:, None] - offs[None, :])
+        mask = torch.zeros(len(qi), T, dtype=S.dtype, device=S.device)
+        mask.scatter_(1, par.clamp_min(0), (par >= 0).to(S.dtype))
+        parent.append((rows * mask).sum(-1).mean((1, 3)))  # (R, H)
+        # induction: from a token position i to the position after x_i's previous occurrence
+        qs = torch.arange(T - Tq, T, device=S.device)
+        tok = qs < tokens_T
+        if bool(tok.any()):
+            prev = test.prev[..., qs[tok]]  # (R, n, Tq')
+            has = prev >= 0
+            w = S[..., tok, :].gather(-1, (prev + 1).clamp_min(0)[:, :, None, :, None].expand(
+                -1, -1, S.shape[2], -1, 1))[..., 0]  # (R, n, H, Tq')
+            hm = has[:, :, None, :].to(S.dtype)
+            induction.append((w * hm).sum((1, 3)) / hm.sum((1, 3)).clamp_min(1))
+        else:
+            induction.append(torch.full(parent[-1].shape, float("nan"), dtype=S.dtype, device=S.device))
+    row["parent_attention"] = parent[0].mean(1)
+    row["attn_parent"] = torch.stack(parent, 1)
+    row["induction"] = torch.stack(induction, 1)
+    snap = None
+    if snapshot:
+        snap = {"attention": [S[..., -1, :].mean(1) for S in maps],
+                "maps": [S.mean(1) for S in maps] if T <= SNAPSHOT_MAP_MAX_T else None}
+    return row, snap
+
+
+def _finite_grads(loss: torch.Tensor, grads: dict) -> torch.Tensor:
+    ok = torch.isfinite(loss)
+    for g in grads.values():
+        ok = ok & torch.isfinite(g.reshape(g.shape[0], -1)).all(1)
+    return ok
+
+
+def _batch_of(cfgs: list[RunConfig], t: int, device) -> Batch:
+    """The online batch of step t: data.batch sequences per run from its step stream (`step_seed`)."""
+    d0 = cfgs[0].data
+    gens = [torch.Generator().manual_seed(step_seed(c.seed, t)) for c in cfgs]
+    splits = d0.draw_many([c.data for c in cfgs], d0.batch, gens, [c.seed for c in cfgs])
+    return Batch(torch.stack([s.tokens for s in splits]), torch.stack([s.y for s in splits]), cfgs[0], device)
+
+
+def _sets(cfgs: list[RunConfig], dtype, device) -> tuple[Batch | None, TestSet]:
+    """The fixed training set (None with data.online) and the test set. Offline both are `make`'s (train then
+    test from the run's seed); online the test set is the first n_test draws of the run's seed."""
+    d0 = cfgs[0].data
+    if d0.online:
+        gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
+        s = d0.draw_many([c.data for c in cfgs], d0.n_test, gens, [c.seed for c in cfgs])
+        test = data_mod.Split(torch.stack([x.tokens for x in s]), torch.stack([x.y for x in s]),
+                              torch.stack([x.P_true for x in s]))
+        return None, TestSet(test, cfgs, dtype, device)
+    train_split, test_split = data_mod.make_batches(cfgs)
+    return Batch(train_split.tokens, train_split.y, cfgs[0], device), TestSet(test_split, cfgs, dtype, device)
+
+
+def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
+          resumed: list[dict] | None = None) -> list[Record]:
+    """Train R runs of one shape (optionally from their checkpoints) and return their records."""
+    c0 = cfgs[0]
+    dtype, dev = getattr(torch, c0.precision), device_of(c0)
+    K, N, T = c0.data.K, c0.data.N, c0.optim.steps
+    train_set, test = _sets(cfgs, dtype, dev)
+    recs = [Record(cfg, Path(d)) for cfg, d in zip(cfgs, run_dirs)]
+    opt_acc = test.P_true.double().amax(-1).mean((1, 2)).tolist()
+    eps = torch.tensor([c.optim.eps for c in cfgs], dtype=dtype, device=dev)
+    baselines = {"opt_loss": _loss_of(test.P_true, test.y, c0, eps), "unigram_loss": _loss_of(test.baseline, test.y, c0, eps)}
+    spec = model.params_of(c0.model, K, N)
+    params = {k: v.to(dev) for k, v in model.init_params(cfgs, K, N, dtype).items()}
+    opt = Optimiser(cfgs, params, {p.name: p.decayed for p in spec}, dtype, dev)
+    start = 0
+    dead = torch.full((len(cfgs),), T + 1, dtype=torch.int64, device=dev)  # the step a run diverged at
+    if resumed:
+        start = int(resumed[0]["state"]["step"])
+        params = {k: torch.stack([b["state"]["params"][k] for b in resumed]).to(dev, dtype) for k in params}
+        opt.state = {k: (torch.stack([b["state"]["opt"][k] for b in resumed]).to(dev) if k != "t"
+                         else resumed[0]["state"]["opt"]["t"].clone()) for k in opt.state}
+        for r, (rec, b) in enumerate(zip(recs, resumed)):
+            rec.history, rec.snapshots, rec.status, rec.error = b["history"], b["snapshots"], b["status"], b["error"]
+            rec.steps = b["steps"]
+            if rec.status != "done":
+                dead[r] = -1
+    for rec, a in zip(recs, opt_acc):
+        rec.opt_acc = a
+    snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
+    ticker = _Ticker(len(cfgs), start, T) if progress is not False else None
+    stop = _SaveOnSignal()
+    with stop:
+        for t in range(start, T + 1):
+            batch = train_set if train_set is not None else _batch_of(cfgs, t, dev)
+            live_params = {k: v.detach().requires_grad_(t < T) for k, v in params.items()}
+            with torch.set_grad_enabled(t < T):
+                loss = train_loss(live_params, batch, c0, eps)
+                grads = dict(zip(live_params, torch.autograd.grad(loss.sum(), list(live_params.values())))) \
+                    if t < T else {}
+            ok = _finite_grads(loss, grads)
+            dead = torch.where((dead > T) & ~ok, torch.full_like(dead, t), dead)
+            if t % c0.eval_every == 0 or t == T:
+                with torch.no_grad():
+                    row, snap = evaluate(params, test, c0, eps, t in snap_steps)
+                _record(recs, t, loss, row, baselines, snap, dead)
+            if t < T:
+                opt.step(params, grads, dead > T, t)
+                for rec, d in zip(recs, dead.tolist()):
+                    if rec.status == "done" and d > T:
+                        rec.steps = t + 1
+                if (c0.checkpoint_every and (t + 1) % c0.checkpoint_every == 0) or stop.pending:
+                    _close(recs, dead, T)
+                    for r, rec in enumerate(recs):
+                        results.save_checkpoint(rec.run_dir, checkpoint(rec, params, opt, r, t + 1))
+                    stop.deliver()
+                if ticker is not None:
+                    ticker(t + 1)
+    _close(recs, dead, T)
+    return recs
+
+
+def _close(recs: list[Record], dead: torch.Tensor, T: int) -> None:
+    for rec, d in zip(recs, dead.tolist()):
+        if 0 <= d <= T and rec.status == "done":
+            rec.status, rec.steps = "diverged", d
+            rec.error = f"non-finite loss or gradients at step {d}"
+
+
+def _record(recs, t, loss, row, baselines, snap, dead) -> None:
+    """One history row per run still alive at t (a diverged run keeps its rows up to the step it diverged)."""
+    host = {k: v.detach().cpu().tolist() for k, v in row.items()}
+    base = {k: v.cpu().tolist() for k, v in baselines.items()}
+    losses, d = loss.detach().cpu().tolist(), dead.cpu().tolist()
+    for r, rec in enumerate(recs):
+        if d[r] < t or rec.status != "done":
+            continue
+        item = {"step": t, "train_loss": losses[r], **{k: host[k][r] for k in GPT_EVALUATED if k in host},
+                "opt_loss": base["opt_loss"][r], "unigram_loss": base["unigram_loss"][r]}
+        rec.history.append(item)
+        if snap is not None:
+            rec.snapshots.append({"step": t, "attention": [a[r].cpu().tolist() for a in snap["attention"]],
+                                  "maps": [m[r].cpu().tolist() for m in snap["maps"]] if snap["maps"] else None})
+
+
+def checkpoint(rec: Record, params: dict, opt: Optimiser, r: int, step: int) -> dict:
+    """Everything needed to continue run r exactly: its parameters and optimiser state after `step` steps."""
+    state = {"step": step, "params": {k: v[r].detach().cpu().clone() for k, v in params.items()},
+             "opt": {k: (v[r].cpu().clone() if k != "t" else v.clone()) for k, v in opt.state.items()}}
+    return {"config": rec.cfg.to_dict(), "state": state, "history": rec.history, "snapshots": rec.snapshots,
+            "status": rec.status, "error": rec.error, "steps": rec.steps}
+
+
+def prefetch(cfgs: list[RunConfig]) -> None:
+    """Nothing to draw ahead: the data of a gpt batch are small next to its training."""
+
+
+def run_bytes(cfg: RunConfig) -> tuple[int, str]:
+    """Peak bytes of one run (estimate) and the key that drives it: the attention maps (n·H·T² per layer,
+    kept for the backward pass) and the stream's activations (n·T·width, a dozen per layer)."""
+    d, m = cfg.data, cfg.model
+    item = 8 if cfg.precision == "float64" else 4
+    n = max(d.batch if d.online else d.n_train, d.n_test)
+    T = model.length(m, d.N)
+    D = m.width(d.K)
+    attn = n * m.n_head * T * T * 4 * m.n_layer
+    stream = n * T * D * (12 + 4 * m.mlp) * m.n_layer + n * T * d.K * 12
+    params = sum(math.prod(p.shape) for p in model.params_of(m, d.K, d.N)) * 6
+    total = (attn + stream + params) * item + 4096
+    key = "data.N" if attn >= stream else "data.n_test" if d.n_test >= (d.batch if d.online else d.n_train) else \
+        ("data.batch" if d.online else "data.n_train")
+    return total, key
+
+
+def summary(rec: Record, wall: float) -> dict:
+    """summary.json of a gpt run: its last evaluation whose metrics are finite, the baselines, the outcome
+    and the run's keys. relative_loss = (test_loss − opt_loss)/(unigram_loss − opt_loss): 0 at the Bayes
+    loss, 1 at the unigram baseline (null where the two baselines coincide)."""
+    cfg = rec.cfg
+    last = next((row for row in reversed(rec.history)
+                 if all(isinstance(row.get(k), (int, float)) and math.isfinite(row[k]) for k in ("test_loss", "train_loss"))), {})
+    gap = None
+    if last and abs(last["unigram_loss"] - last["opt_loss"]) > 1e-12:
+        gap = (last["test_loss"] - last["opt_loss"]) / (last["unigram_loss"] - last["opt_loss"])
+    d, m = cfg.data, cfg.model
+    return {
+        "status": rec.status, "error": rec.error,
+        **{k: last.get(k) for k in GPT_LAST}, "relative_loss": gap, "eval_step": last.get("step"),
+        "opt_acc": rec.opt_acc, "steps": rec.steps, "wall_s": round(wall, 6),
+        "parent_positions": parent_positions(cfg),
+        "p": getattr(d, "p", None), "q": getattr(d, "q", None), "K": d.K, "N": d.N, "model": m.name,
+        "n_layer": m.n_layer, "n_head": m.n_head, "tie": m.tie, "target": d.target, "online": d.online,
+        "data": d.name, "init": cfg.init.name, "sigma": cfg.init.sigma, "lr": cfg.optim.lr, "optim": cfg.optim.name,
+        "eps": cfg.optim.eps, "seed": cfg.seed, "precision": cfg.precision, "run_id": results.run_id(rec.run_dir),
+    }
+

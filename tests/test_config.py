@@ -24,9 +24,9 @@ def composed(*overrides: str) -> RunConfig:
 def test_every_group_option_exists():
     assert GROUPS["data"] == ["binary_chain", "birth_death", "graph_walk", "icl_markov", "jump_walk", "kth_order", "lazy_walk",
                               "markov_matrix", "qa_majority", "qa_preference", "random_walk"]
-    assert GROUPS["model"] == ["transformer", "transformer_ffn"]
-    assert GROUPS["init"] == ["gaussian", "zero"]
-    assert GROUPS["optim"] == ["adam", "gd"]
+    assert GROUPS["model"] == ["gpt", "gpt_eq21", "transformer", "transformer_ffn"]
+    assert GROUPS["init"] == ["gaussian", "gpt2", "zero"]
+    assert GROUPS["optim"] == ["adam", "adamw", "gd", "sgd"]
     assert GROUPS["experiment"] == sorted([f"fig{i}" for i in (10, 4, 5, 6, 7, 8, 9)]
                                           + ["escape", "fig10_readings", "fig6_readings", "locking",
                                              "lazy", "makkuva_pq", "graphs", "kth_order", "icl"])
@@ -34,7 +34,8 @@ def test_every_group_option_exists():
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() if g != "experiment" for o in opts])
 def test_every_option_composes(group, option):
-    c = composed(f"{group}={option}")
+    # model=gpt's own init and optimisers compose with it (model=transformer refuses them in one line)
+    c = composed(f"{group}={option}", *(["model=gpt"] if option in ("gpt2", "adamw", "sgd") else []))
     assert getattr(c, group).name == option
 
 
@@ -106,7 +107,7 @@ BAD = [
     ("optim.steps=0", "optim.steps", ">= 1"), ("precision=float16", "precision", "float64"),
     ("data.K=3.5", "data.K", "integer"), ("model.normalize=maybe", "model.normalize", "must be one of none, whole, positional, token"),
     ("optim.reduction=max", "optim.reduction", "mean"), ("wandb.mode=loud", "wandb.mode", "offline"),
-    ("data.r=1", "data.r", "unknown key"), ("init=uniform", "init", "gaussian, zero"),
+    ("data.r=1", "data.r", "unknown key"), ("init=uniform", "init", "gaussian, gpt2, zero"),
     ("~data.p", "data.p", "cannot be removed"), ("+data.r=1", "data.r", "unknown key"),
     ("objective=foo", "objective", "test_acc"), ("seed=abc", "seed", "integer"),
     ("snapshot_steps=[a]", "snapshot_steps", "list of integers"), ("init=gaussian init.sigma=0 optim.lr=${init.sigma}", "optim.lr", "> 0"),
@@ -114,11 +115,11 @@ BAD = [
     ("init=gaussian init.draw=sparse", "init.draw", "compact, dense"),
     ("model.normalize=unit", "model.normalize", "none, whole, positional, token"),
     ("model.ffn=before", "model.ffn", "unknown key for model=transformer; allowed: name, M, normalize"), ("model=transformer_ffn model.ffn=inside", "model.ffn", "after, before"),
-    ("optim.name=sgd", "optim.name", "gd, adam"), ("optim=adam optim.beta1=1", "optim.beta1", "[0, 1)"),
+    ("optim.name=rmsprop", "optim.name", "gd, adam, sgd, adamw"), ("optim=adam optim.beta1=1", "optim.beta1", "[0, 1)"),
     ("optim=adam optim.beta2=-0.1", "optim.beta2", "[0, 1)"), ("optim=adam optim.adam_eps=0", "optim.adam_eps", "> 0"),
     # one schema per option: a key of another option is refused, naming the keys this one allows
-    ("data=random_walk data.q=0.3", "data.q", "unknown key for data=random_walk; allowed: name, K, N, n_train, n_test, p"),
-    ("data=binary_chain data.stay=0.2", "data.stay", "unknown key for data=binary_chain; allowed: name, K, N, n_train, n_test, p, q"),
+    ("data=random_walk data.q=0.3", "data.q", "unknown key for data=random_walk; allowed: name, K, N, n_train, n_test, target, online, batch, p"),
+    ("data=binary_chain data.stay=0.2", "data.stay", "unknown key for data=binary_chain; allowed: name, K, N, n_train, n_test, target, online, batch, p, q, start"),
     ("data=random_walk data.stay=0.7 data.order=3 data.graph=torus", "data.stay", "unknown key for data=random_walk"),
     ("init=zero init.sigma=0.1", "init.sigma", "unknown key for init=zero; allowed: name"),
     ("optim.beta1=0.5", "optim.beta1", "unknown key for optim=gd; allowed: name, lr, steps, eps, reduction"),

@@ -5,7 +5,7 @@ dataclass declared with `@option(group)` that holds only that option's keys, eve
 with its comment. `register()` stores `RunConfig` in Hydra's ConfigStore as `run_schema` (the first entry of
 `conf/config.yaml`'s defaults) and each option as `<group>/<name>_schema`, which the option's YAML file names
 in its defaults; the YAML files hold only deltas. A key of another option is then rejected in one line
-(`invalid config: data.q=0.3: unknown key for data=random_walk; allowed: name, K, N, n_train, n_test, p`).
+(`invalid config: data.q=0.3: unknown key for data=random_walk; allowed: name, K, N, n_train, n_test, target, online, batch, p`).
 
 Typing is OmegaConf's: Hydra composes against these schemas, and `from_dict` checks every value of a plain
 dict with OmegaConf's own conversion rules (`typed`), once per distinct value. What OmegaConf cannot state

@@ -101,3 +101,11 @@ class GptConfig(ModelBase):
                               f"{', '.join(d.TARGETS)}")
         if c.init.name not in ("zero", "gaussian", "gpt2"):
             raise ConfigError("init", c.init.name, "allowed for model=gpt: zero, gaussian, gpt2")
+
+
+@option("model")
+@dataclass
+class GptEq21Config(GptConfig):
+    """model=gpt under the switches of eq. 2.1 (`conf/model/gpt_eq21.yaml` holds them): the paper's model
+    through the generic path, named so that a run's summary says which it was."""
+    name: str = "gpt_eq21"

@@ -22,6 +22,7 @@ from . import claims                                      # noqa: E402
 from .escape import escape_figures                        # noqa: E402
 from .figures import paper_figures                       # noqa: E402
 from .locking import locking_figures                      # noqa: E402
+from .models import model_figures                          # noqa: E402
 from .load import load_runs                               # noqa: E402
 from .phase import (TOL, add_success, add_success_step,   # noqa: E402
                     phase_diagram, swept_keys)
@@ -114,6 +115,13 @@ def main(argv=None) -> int:
             else:
                 notes.append(f"no run{' of ' + family if family else ''} has a {metric}: "
                              "its phase diagram is left out.")
+    for name, caption, draw in model_figures(runs, notes):
+        try:
+            fig = draw()
+        except Exception as e:   # one odd run must not cost the rest of the report
+            notes.append(f"{name} not drawn: {type(e).__name__}: {e}")
+            continue
+        save(name, caption, fig, "Models: loss against the baselines, strategies, attention")
     if args.paper:
         for name, caption, draw in paper_figures(runs, notes):
             try:

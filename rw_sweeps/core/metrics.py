@@ -12,10 +12,10 @@ LAST = ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention", "v
 # model=gpt (rw_sweeps.core.gpt.training): its evaluation (attn_parent and induction per layer and head), a
 # history row (with the two baselines of the data family), and its summary's metrics.
 GPT_EVALUATED = ("test_loss", "test_acc", "test_kl", "kl_uniform", "kl_unigram", "kl_bigram", "parent_attention",
-                 "attn_parent", "induction")
+                 "attention_spread", "attn_parent", "induction")
 GPT_HISTORY = ("step", "train_loss", *GPT_EVALUATED, "opt_loss", "unigram_loss")
 GPT_LAST = ("test_acc", "test_loss", "train_loss", "test_kl", "opt_loss", "unigram_loss", "kl_uniform", "kl_unigram",
-            "kl_bigram", "parent_attention", "attn_parent", "induction")
+            "kl_bigram", "parent_attention", "attention_spread", "attn_parent", "induction")
 # Summary fields a task can return as its objective.
 OBJECTIVES = (*LAST, "symmetry_break_step", "steps", "wall_s", "opt_loss", "unigram_loss", "relative_loss",
               "kl_uniform", "kl_unigram", "kl_bigram")

@@ -165,7 +165,8 @@ def run_line(summary: dict) -> str:
         return (f"done: {what} K={s['K']} N={s['N']} model={s['model']} n_layer={s['n_layer']} init={s['init']} "
                 f"seed={s['seed']} steps={s['steps']} test_loss={fmt(s['test_loss'])} opt_loss={fmt(s['opt_loss'])} "
                 f"unigram_loss={fmt(s['unigram_loss'])} relative_loss={fmt(s['relative_loss'])} "
-                f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])}")
+                f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
+                f"break_step={s['symmetry_break_step']}")
     return (f"done: {what} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
             f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
             f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={s['symmetry_break_step']}")

@@ -92,7 +92,35 @@ def init_params(cfgs: list, K: int, N: int, dtype) -> dict:
                     std = std / math.sqrt(2 * cfg.model.n_layer)
                 theta[p.name] = std * torch.randn(p.shape, generator=gen, dtype=torch.float64)
         per_run.append(theta)
-    return {p.name: torch.stack([t[p.name] for t in per_run]).to(dtype) for p in spec}
+    out = {p.name: torch.stack([t[p.name] for t in per_run]) for p in spec}
+    m = cfgs[0].model
+    if m.embed == "fixed" and m.gram == "exact":
+        Q = _exact_basis(m, K, N)
+        for l in range(m.n_layer):
+            W = out[f"h{l}.W"]
+            if bool(W.any()):
+                out[f"h{l}.W"] = Q @ W @ Q.T
+    return {k: v.to(dtype) for k, v in out.items()}
+
+
+def _exact_basis(cfg: GptConfig, K: int, N: int) -> torch.Tensor:
+    """Q = diag(I_K, B), B orthogonal with B p_i = ‖p‖·e_i for the sine p_1 … p_N (to rounding): Q x̃_i is
+    x̃_i in the basis of `positions`, and W ↦ Q W Qᵀ keeps every logit x̃_jᵀ W x̃_i."""
+    P = sine_positions(cfg, N, torch.float64)
+    Phat = P / P.norm(dim=1, keepdim=True)
+    full, _ = torch.linalg.qr(Phat.T, mode="complete")  # (M, M): its last M − N columns complete the rows of P̂
+    B = torch.cat([Phat, full[:, N:].T])
+    Q = torch.eye(K + cfg.M, dtype=torch.float64)
+    Q[K:, K:] = B
+    return Q
+
+
+def positions(cfg: GptConfig, T: int, dtype) -> torch.Tensor:
+    """The positional part of x̃_i (T, M): the sine p_i (gram=numeric), or ‖p‖·e_i (gram=exact)."""
+    if cfg.gram == "numeric":
+        return sine_positions(cfg, T, dtype)
+    pp = cfg.pos_scale ** 2 * cfg.M / 2  # ‖p_i‖² = pos_scale²·Σ_j sin²(π i j / M) = pos_scale²·M/2
+    return (math.sqrt(pp) * torch.eye(T, cfg.M, dtype=torch.float64)).to(dtype)
 
 
 def sine_positions(cfg: GptConfig, T: int, dtype) -> torch.Tensor:
@@ -119,7 +147,7 @@ def embed(params: dict, tokens: torch.Tensor, cfg: GptConfig, K: int) -> torch.T
     dtype = next(iter(params.values())).dtype if params else torch.float64
     onehot = F.one_hot(tokens.long(), K + 1)[..., :K].to(dtype)  # the blank's token part is 0
     if cfg.embed == "fixed":
-        P = sine_positions(cfg, T, dtype).to(tokens.device)
+        P = positions(cfg, T, dtype).to(tokens.device)
         return torch.cat([onehot, P.expand(R, B, T, cfg.M)], -1)
     h = torch.einsum("rbtk,rkd->rbtd", onehot, params["wte"])
     if cfg.pos == "learned":

@@ -46,6 +46,10 @@ class GptConfig(ModelBase):
     query: str = "none"  # none: read at the last token | blank: append x̃_N = [0; p_N] and read there (eq. 2.1)
     M: int = 100  # the paper's positional dimension (embed=fixed)
     pos_scale: float = 1.0  # [p_i]_j = pos_scale·sin(π i j / M) (embed=fixed)
+    # embed=fixed: exact: the p_i in the orthogonal basis where p_i = ‖p‖·e_i, so p_iᵀp_j = ‖p‖²·1[i=j] exactly
+    # (Lemma E.5), a Gaussian W carried into it (the same logits, the same run as model=transformer's exact
+    # Gram) | numeric: the sine p_i as rounded, whose Gram's rounding breaks Theorem 4.1's symmetric point
+    gram: str = "exact"
     # inside the attention logits only (merged attention): none | whole: x̂ = x/‖x‖ per position | auto: whole
     # with init=gaussian, none otherwise (the paper's protocol, as for model=transformer)
     normalize: str = "auto"
@@ -68,6 +72,7 @@ class GptConfig(ModelBase):
         choice("model.readout", self.readout, ("softmax", "linear"))
         choice("model.query", self.query, ("none", "blank"))
         choice("model.normalize", self.normalize, ("none", "whole"))
+        choice("model.gram", self.gram, ("exact", "numeric"))
         for key in ("n_layer", "n_head"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"model.{key}", getattr(self, key), "must be an integer >= 1")
@@ -92,6 +97,8 @@ class GptConfig(ModelBase):
                     raise ConfigError(f"model.{key}", why, "needs model.embed=fixed (it reads the token part x_i)")
         if self.attention == "qkv" and self.width(K) % self.n_head:
             raise ConfigError("model.n_head", self.n_head, f"must divide the width ({self.width(K)}) with model.attention=qkv")
+        if self.embed == "fixed" and self.gram == "exact" and self.attention != "merged":
+            raise ConfigError("model.gram", self.gram, "exact applies to model.attention=merged; allowed: numeric")
         if self.normalize == "whole" and self.attention != "merged":
             raise ConfigError("model.normalize", self.normalize, "applies to model.attention=merged only; allowed: none")
         if self.query == "blank" and d.target == "all":

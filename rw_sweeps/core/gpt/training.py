@@ -19,7 +19,7 @@ from .. import data as data_mod
 from .. import results
 from ..config import RunConfig
 from ..metrics import GPT_EVALUATED, GPT_LAST
-from ..training import Record, _SaveOnSignal, _Ticker, device_of, parent_positions
+from ..training import BREAK_SPREAD, Record, _SaveOnSignal, _Ticker, device_of, parent_positions
 from . import model, strategies
 from .optim import Optimiser
 
@@ -173,6 +173,12 @@ def evaluate(params: dict, test: TestSet, cfg: RunConfig, eps: torch.Tensor, sna
             induction.append((w * hm).sum((1, 3)) / hm.sum((1, 3)).clamp_min(1))
         else:
             induction.append(torch.full(parent[-1].shape, float("nan"), dtype=S.dtype, device=S.device))
+    # the attention's departure from uniform at the last position read, largest over layers, heads and
+    # test sequences (what BREAK_SPREAD judges: Theorem 4.1's symmetric point has spread 0)
+    # over the token keys (the blank query's own column is not a token: model=transformer's spread likewise)
+    keys = slice(0, tokens_T)
+    row["attention_spread"] = torch.stack([(S[..., -1, keys].amax(-1) - S[..., -1, keys].amin(-1)).amax(2).amax(1)
+                                           for S in maps]).amax(0)
     row["parent_attention"] = parent[0].mean(1)
     row["attn_parent"] = torch.stack(parent, 1)
     row["induction"] = torch.stack(induction, 1)
@@ -330,6 +336,7 @@ def summary(rec: Record, wall: float) -> dict:
     and the run's keys. relative_loss = (test_loss − opt_loss)/(unigram_loss − opt_loss): 0 at the Bayes
     loss, 1 at the unigram baseline (null where the two baselines coincide)."""
     cfg = rec.cfg
+    broke = next((row["step"] for row in rec.history if row.get("attention_spread", 0) > BREAK_SPREAD), None)
     last = next((row for row in reversed(rec.history)
                  if all(isinstance(row.get(k), (int, float)) and math.isfinite(row[k]) for k in ("test_loss", "train_loss"))), {})
     gap = None
@@ -339,7 +346,7 @@ def summary(rec: Record, wall: float) -> dict:
     return {
         "status": rec.status, "error": rec.error,
         **{k: last.get(k) for k in GPT_LAST}, "relative_loss": gap, "eval_step": last.get("step"),
-        "opt_acc": rec.opt_acc, "steps": rec.steps, "wall_s": round(wall, 6),
+        "opt_acc": rec.opt_acc, "symmetry_break_step": broke, "steps": rec.steps, "wall_s": round(wall, 6),
         "parent_positions": parent_positions(cfg),
         "p": getattr(d, "p", None), "q": getattr(d, "q", None), "K": d.K, "N": d.N, "model": m.name,
         "n_layer": m.n_layer, "n_head": m.n_head, "tie": m.tie, "target": d.target, "online": d.online,

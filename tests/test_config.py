@@ -29,7 +29,8 @@ def test_every_group_option_exists():
     assert GROUPS["optim"] == ["adam", "adamw", "gd", "sgd"]
     assert GROUPS["experiment"] == sorted([f"fig{i}" for i in (10, 4, 5, 6, 7, 8, 9)]
                                           + ["escape", "fig10_readings", "fig6_readings", "locking",
-                                             "lazy", "makkuva_pq", "graphs", "kth_order", "icl"])
+                                             "lazy", "makkuva_pq", "graphs", "kth_order", "icl", "deep_trap",
+                                             "makkuva", "makkuva_small", "edelman_icl"])
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() if g != "experiment" for o in opts])

@@ -24,6 +24,7 @@ from . import model, strategies
 from .optim import Optimiser
 
 STEP_STREAM = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # (seed, t) ↦ the generator seed of step t's batch
+RELATIVE_MIN_GAP = 1e-3  # nats between unigram_loss and opt_loss below which relative_loss is null
 SNAPSHOT_MAP_MAX_T = 64  # snapshots keep whole mean attention maps up to this many positions (else the read row)
 
 
@@ -334,13 +335,14 @@ def run_bytes(cfg: RunConfig) -> tuple[int, str]:
 def summary(rec: Record, wall: float) -> dict:
     """summary.json of a gpt run: its last evaluation whose metrics are finite, the baselines, the outcome
     and the run's keys. relative_loss = (test_loss − opt_loss)/(unigram_loss − opt_loss): 0 at the Bayes
-    loss, 1 at the unigram baseline (null where the two baselines coincide)."""
+    loss, 1 at the unigram baseline (null where the baselines are within RELATIVE_MIN_GAP nats: p + q = 1 on
+    the binary chain, where the state tells nothing and the ratio would be sampling noise over noise)."""
     cfg = rec.cfg
     broke = next((row["step"] for row in rec.history if row.get("attention_spread", 0) > BREAK_SPREAD), None)
     last = next((row for row in reversed(rec.history)
                  if all(isinstance(row.get(k), (int, float)) and math.isfinite(row[k]) for k in ("test_loss", "train_loss"))), {})
     gap = None
-    if last and abs(last["unigram_loss"] - last["opt_loss"]) > 1e-12:
+    if last and abs(last["unigram_loss"] - last["opt_loss"]) > RELATIVE_MIN_GAP:
         gap = (last["test_loss"] - last["opt_loss"]) / (last["unigram_loss"] - last["opt_loss"])
     d, m = cfg.data, cfg.model
     return {

@@ -375,3 +375,42 @@ def test_wandb_gets_the_figures_in_an_analysis_run_of_the_sweeps_group(done_when
     assert wb["summary"]["runs_done"] == 8
     media = list(done_when_report.glob("wandb/offline-run-*/files/media/images/*.png"))
     assert len(media) == len(list(done_when_report.glob("*.png")))
+
+
+# ---------------------------------------------------------------------------------------------
+# model=gpt sweeps: the loss against both baselines, Edelman et al.'s three strategies, attention maps
+
+@pytest.fixture(scope="session")
+def gpt_sweep(tmp_path_factory):
+    return sweep(tmp_path_factory, "edelman_icl", "experiment=edelman_icl", "data.N=17", "data.batch=8",
+                 "data.n_test=32", "optim.steps=30", "eval_every=10", "seed=0", "wandb.mode=disabled")
+
+
+@pytest.fixture(scope="session")
+def gpt_report(gpt_sweep, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports") / "gpt"
+    r = analyse(gpt_sweep, "--out", out)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_the_strategy_curves_are_the_runs_own_kl_values(gpt_sweep):
+    from analysis.models import _strategy_kl
+
+    runs = load_runs(gpt_sweep)
+    settings = runs.sort_values("model.n_layer")
+    fig = _strategy_kl(runs, settings, ["model.n_layer"])
+    for ax, (_, run) in zip(fig.axes, settings.iterrows()):
+        lines = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
+        assert set(lines) == {"uniform", "unigram", "bigram"}
+        for name in lines:  # one seed: the curve's last point is the summary's value at the last step
+            assert np.isclose(lines[name][-1], run[f"kl_{name}"], rtol=1e-12)
+
+
+def test_the_browser_shows_the_model_figures(gpt_report, tmp_path):
+    dom = chromium_dom(gpt_report, tmp_path)
+    assert "<h2>Models: loss against the baselines, strategies, attention</h2>" in dom
+    for name in ("loss_curves", "strategy_kl", "attention_maps"):
+        assert f'src="{name}.png"' in dom, name
+    m = re.search(r"IMAGES (\d+)/(\d+)", dom)
+    assert int(m.group(1)) == int(m.group(2)) == len(list(gpt_report.glob("*.png")))

@@ -22,7 +22,7 @@ def composed(*overrides: str) -> RunConfig:
 
 
 def test_every_group_option_exists():
-    assert GROUPS["data"] == ["binary_chain", "birth_death", "graph_walk", "icl_markov", "jump_walk", "kth_order", "lazy_walk",
+    assert GROUPS["data"] == ["bayes_net", "binary_chain", "birth_death", "graph_walk", "icl_markov", "jump_walk", "kth_order", "lazy_walk",
                               "markov_matrix", "qa_majority", "qa_preference", "random_walk"]
     assert GROUPS["model"] == ["gpt", "gpt_eq21", "transformer", "transformer_ffn"]
     assert GROUPS["init"] == ["gaussian", "gpt2", "zero"]
@@ -30,7 +30,7 @@ def test_every_group_option_exists():
     assert GROUPS["experiment"] == sorted([f"fig{i}" for i in (10, 4, 5, 6, 7, 8, 9)]
                                           + ["escape", "fig10_readings", "fig6_readings", "locking",
                                              "lazy", "makkuva_pq", "graphs", "kth_order", "icl", "deep_trap",
-                                             "makkuva", "makkuva_small", "edelman_icl"])
+                                             "makkuva", "makkuva_small", "edelman_icl", "bayes_net"])
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() if g != "experiment" for o in opts])

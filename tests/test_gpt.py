@@ -204,7 +204,7 @@ def test_the_in_context_bigram_at_the_last_position_is_the_posterior_predictive(
 def test_online_batches_are_each_familys_own_sampler_run_by_run():
     """The stacked first-order sampler draws exactly what each run's own `draw` draws."""
     for family, keys in (("binary_chain", {"p": 0.3, "q": 0.1, "start": "stationary"}), ("lazy_walk", {}),
-                         ("icl_markov", {}), ("random_walk", {"p": 0.7})):
+                         ("icl_markov", {}), ("random_walk", {"p": 0.7}), ("bayes_net", {"in_context": True})):
         cfgs = [from_dict({"data": {"name": family, "N": 10, **keys}, "seed": s}) for s in (0, 5)]
         gens = lambda: [torch.Generator().manual_seed(7 + s) for s in range(2)]  # noqa: E731
         many = cfgs[0].data.draw_many([c.data for c in cfgs], 6, gens(), [0, 5])

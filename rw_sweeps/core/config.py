@@ -147,6 +147,17 @@ class DataConfig:
         """How many last states the next one depends on (the attention's parents)."""
         return 1
 
+    def parents_of(self, seed: int):
+        """The parents (1-based positions) of every position 1 … N: the `context` positions before it (a
+        Bayesian network overrides it with its DAG); None where the law is not a function of positions."""
+        k = self.context
+        return [list(range(max(1, i - k), i)) for i in range(1, self.N + 1)]
+
+    def parents(self, seed: int):
+        """y's parents (1-based positions), or None."""
+        of = self.parents_of(seed)
+        return None if of is None else of[-1]
+
     def draw(self, n: int, gen, seed: int):
         """n sequences (`rw_sweeps.core.data.Split`) from the generator; default: the first-order chain Π."""
         from .data import chains

@@ -523,13 +523,9 @@ def _final_lock(rec: Record) -> int | None:
 
 def parent_positions(cfg: RunConfig) -> list[int] | None:
     """The 1-based positions y depends on (paper notation, x_N the query): N−1 for every first-order family
-    and the in-context chains (whose posterior reads x_{N−1}), N−k … N−1 for an order-k chain, none for the
-    QA tasks (the answer depends on the whole sentence)."""
-    N = cfg.data.N
-    if cfg.data.name in ("qa_majority", "qa_preference"):
-        return None
-    k = cfg.data.context
-    return list(range(N - k, N))
+    and the in-context chains (whose posterior reads x_{N−1}), N−k … N−1 for an order-k chain, a Bayesian
+    network's `parent`, none for the QA tasks (the answer depends on the whole sentence)."""
+    return cfg.data.parents(cfg.seed)
 
 
 def _parents_attention(rec: Record, parents: list[int] | None) -> float | None:

@@ -18,6 +18,9 @@ class _QA(DataConfig):
                 raise ConfigError(f"data.{key}", getattr(self, key), f"must be {getattr(fixed, key)} for "
                                   f"data={self.name} (fixed by the task)")
 
+    def parents_of(self, seed: int):
+        return None  # the answer depends on the whole sentence
+
     @property
     def opt_acc(self) -> float:
         return 1.0

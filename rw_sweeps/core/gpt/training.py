@@ -74,8 +74,30 @@ class TestSet(Batch):
             base.append(u if pi is None else np.broadcast_to(pi, u.shape))
         as_t = lambda xs: torch.from_numpy(np.stack(xs)).to(device, dtype)  # noqa: E731
         self.P_true, self.unigram, self.bigram, self.baseline = as_t(law), as_t(uni), as_t(bi), as_t(base)
-        self.parents = [cfg.data.context for cfg in cfgs][0]
+        self.parent_mask = _parent_mask(cfgs, self.x.shape[-1], dtype, device)
         self.prev = _previous(self.x if cfgs[0].model.query == "none" else self.x[..., :-1])
+
+
+def _parent_mask(cfgs: list[RunConfig], T: int, dtype, device) -> torch.Tensor:
+    """(R, T, T): row i marks the keys that are parents of what the query at input position i predicts:
+    the token at 1-based position t + 2, t = i (query=none) or i − 1 (the blank query); all 0 for the QA
+    tasks. Runs with the same parents share one row block."""
+    shift = 1 if cfgs[0].model.query == "blank" else 0
+    blocks: dict = {}
+    out = []
+    for cfg in cfgs:
+        of = cfg.data.parents_of(cfg.seed)
+        key = None if of is None else tuple(map(tuple, of))
+        if key not in blocks:
+            m = np.zeros((T, T))
+            for i in range(T):
+                predicted = i - shift + 2  # 1-based
+                if of is not None and 2 <= predicted <= len(of):
+                    for j in of[predicted - 1]:
+                        m[i, j - 1] = 1.0
+            blocks[key] = torch.from_numpy(m)
+        out.append(blocks[key])
+    return torch.stack(out).to(device, dtype)
 
 
 def _previous(x: torch.Tensor) -> torch.Tensor:
@@ -146,22 +168,13 @@ def evaluate(params: dict, test: TestSet, cfg: RunConfig, eps: torch.Tensor, sna
            "kl_unigram": _kl(test.unigram, q), "kl_bigram": _kl(test.bigram, q)}
     parent, induction = [], []
     T = test.x.shape[-1]
-    k = test.parents
     read_rows = T - 1 if cfg.data.target == "last" else None  # query indices of the positions read
     tokens_T = test.prev.shape[-1]
     for S in maps:  # (R, n, H, Tq, T): queries T − Tq … T − 1
         Tq = S.shape[-2]
         rows = S[..., -1:, :] if read_rows is not None else S
         first = T - rows.shape[-2]
-        qi = torch.arange(first, T, device=S.device)
-        # the parents of the query at position i: the k tokens it predicts from, s_{t−k+1} … s_t, with t = i
-        # (query=none) or t = i − 1 (the blank query at i = N − 1)
-        t = qi - (1 if cfg.model.query == "blank" else 0)
-        offs = torch.arange(k, device=S.device)
-        par = (t[:, None] - offs[None, :])
-        mask = torch.zeros(len(qi), T, dtype=S.dtype, device=S.device)
-        mask.scatter_(1, par.clamp_min(0), (par >= 0).to(S.dtype))
-        parent.append((rows * mask).sum(-1).mean((1, 3)))  # (R, H)
+        parent.append((rows * test.parent_mask[:, None, None, first:]).sum(-1).mean((1, 3)))  # (R, H)
         # induction: from a token position i to the position after x_i's previous occurrence
         qs = torch.arange(T - Tq, T, device=S.device)
         tok = qs < tokens_T

@@ -73,3 +73,18 @@ def test_eq21_finds_a_parent_that_is_not_the_last_token():
             assert rec.snapshots[-1]["attention"][6] > 0.99  # position 7, 1-based
         else:
             assert last["parent_attention"] > 0.99
+
+
+def test_model_gpt_trains_on_a_bayes_net_through_the_front_door(tmp_path):
+    """The next-token objective at every position of the network, logged to its folder and to wandb."""
+    import json
+
+    from .conftest import launch
+
+    r = launch("model=gpt", "data=bayes_net", "data.target=all", "optim=adamw", "optim.lr=0.01", "optim.steps=20",
+               "data.n_train=64", "data.n_test=64", "eval_every=10", f"hydra.run.dir={tmp_path}")
+    assert r.returncode == 0, r.stderr
+    assert "wandb logging failed" not in r.stdout + r.stderr and list(tmp_path.glob("wandb/*/*.wandb"))
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "done" and s["parent_positions"] == net(0).parents(0)
+    assert s["opt_loss"] < s["unigram_loss"] and s["test_loss"] < s["unigram_loss"] + 0.1

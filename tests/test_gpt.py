@@ -232,6 +232,7 @@ def test_launch_trains_the_peers_objective_and_prints_its_baselines(tmp_path):
                "optim=adamw", "data.N=32", "optim.steps=30", "data.n_test=64", "eval_every=10",
                f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
+    assert "wandb logging failed" not in r.stdout + r.stderr and list(tmp_path.glob("wandb/*/*.wandb"))
     line = next(x for x in (r.stdout + r.stderr).splitlines() if "done:" in x)
     vals = {k: float(line.split(f"{k}=")[1].split()[0]) for k in ("test_loss", "opt_loss", "unigram_loss")}
     assert abs(vals["unigram_loss"] - math.log(2)) < 0.02  # π = (1/2, 1/2) for p = q

@@ -126,12 +126,21 @@ def _log_runs(entries: list[dict]) -> None:
         _log_job(entries)
 
 
+def run_name(cfg: dict) -> str:
+    """A run's wandb name: p (or the family where it has no p), the model where it is not eq. 2.1, the
+    init and the seed."""
+    d, m = cfg["data"], cfg.get("model") or {}
+    what = f"p={d['p']}" if "p" in d else f"data={d.get('name')}"
+    model = "" if m.get("name", "transformer") == "transformer" else f" {m['name']}"
+    return f"{what}{model} {cfg['init']['name']} seed={cfg['seed']}"
+
+
 def _log_one(e: dict) -> None:
     wandb = _wandb()
     cfg, w = e["cfg"], e["cfg"]["wandb"]
     if w["mode"] == "offline":
         _drop_partial(Path(e["run_dir"]) / "wandb", e["run_id"])
-    name = f"p={cfg['data']['p']} {cfg['init']['name']} seed={cfg['seed']}"
+    name = run_name(cfg)
     tags = list(w.get("tags") or []) + ([cfg["experiment"]] if cfg.get("experiment") else [])
     run = wandb.init(project=w["project"], group=w["group"], job_type="train", tags=tags, name=name,
                      id=e["run_id"], resume="allow", mode=w["mode"], dir=str(e["run_dir"]), config=cfg,

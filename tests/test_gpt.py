@@ -140,6 +140,14 @@ def test_batched_gpt_equals_a_plain_torch_nn_nanogpt_trained_by_torch_optim():
         assert losses[-1] != losses[0]
 
 
+def test_a_gaussian_init_gpt_trains_without_eq21_s_normalisation():
+    """normalize=auto is the paper's protocol for its merged attention only: a qkv gpt resolves it to none."""
+    cfg = composed("model=gpt", "init=gaussian", "init.sigma=0.02", "optim=adamw", "optim.steps=3")
+    assert cfg.model.normalize == "none" and composed("model=gpt_eq21", "init=gaussian").model.normalize == "whole"
+    rec = _train([cfg])[0]
+    assert rec.status == "done" and rec.history[-1]["train_loss"] < rec.history[0]["train_loss"]
+
+
 def test_a_packed_gpt_run_equals_the_same_run_alone():
     """Three runs of one shape (other seeds, learning rates) trained as one batch equal each alone to 1e-10."""
     cfgs = [composed(*GPT, f"seed={s}", f"optim.lr={lr}") for s, lr in ((0, 0.01), (1, 0.003), (2, 0.02))]

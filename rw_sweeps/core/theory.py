@@ -51,7 +51,7 @@ from torch.func import jvp
 
 from . import data as data_mod
 from . import engine, model, training
-from .config import GaussianInit, RunConfig, shape_key
+from .config import GaussianInit, ModelConfig, RunConfig, shape_key
 
 DTYPE = torch.float64  # the linearisation's precision, whatever the runs' (module docstring)
 MAX_ELEMENTS = 1 << 23  # R·n·(N − 1) of one batched trajectory or evaluation: bounds the memory of a chunk
@@ -254,6 +254,8 @@ def is_trap(cfg: RunConfig) -> bool:
 
 
 def _refused(cfg: RunConfig) -> Optional[str]:
+    if not isinstance(cfg.model, ModelConfig):
+        return f"model={cfg.model.name}: the escape theory linearises eq. 2.1's GD step (model=transformer)"
     if cfg.optim.name != "gd":
         return f"optim.name={cfg.optim.name}: the linearisation is of the GD step (eq. 2.3) only"
     if cfg.model.is_ffn:

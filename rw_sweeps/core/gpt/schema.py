@@ -15,6 +15,7 @@ the residual adds nothing to f).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
@@ -51,12 +52,14 @@ class GptConfig(ModelBase):
     # Gram) | numeric: the sine p_i as rounded, whose Gram's rounding breaks Theorem 4.1's symmetric point
     gram: str = "exact"
     # inside the attention logits only (merged attention): none | whole: x̂ = x/‖x‖ per position | auto: whole
-    # with init=gaussian, none otherwise (the paper's protocol, as for model=transformer)
+    # with init=gaussian and merged attention, none otherwise (the paper's protocol, as for model=transformer)
     normalize: str = "auto"
     PER_RUN: ClassVar[tuple] = ()
     TRAINER: ClassVar[str] = "rw_sweeps.core.gpt.training"
 
     def resolved(self, init) -> "GptConfig":
+        if self.attention != "merged" and self.normalize == "auto":
+            return dataclasses.replace(self, normalize="none")
         return resolve_normalize(self, init)
 
     def width(self, K: int) -> int:

@@ -115,31 +115,21 @@ def main(argv=None) -> int:
             else:
                 notes.append(f"no run{' of ' + family if family else ''} has a {metric}: "
                              "its phase diagram is left out.")
-    for name, caption, draw in model_figures(runs, notes):
-        try:
-            fig = draw()
-        except Exception as e:   # one odd run must not cost the rest of the report
-            notes.append(f"{name} not drawn: {type(e).__name__}: {e}")
-            continue
-        save(name, caption, fig, "Models: loss against the baselines, strategies, attention")
-    if args.paper:
-        for name, caption, draw in paper_figures(runs, notes):
+    def draw_all(made, section):
+        for name, caption, draw in made:
             try:
                 fig = draw()
             except Exception as e:   # one odd run must not cost the rest of the report
                 notes.append(f"{name} not drawn: {type(e).__name__}: {e}")
                 continue
-            save(name, caption, fig, "Paper figures")
+            save(name, caption, fig, section)
+
+    draw_all(model_figures(runs, notes), "Models: loss against the baselines, strategies, attention")
+    if args.paper:
+        draw_all(paper_figures(runs, notes), "Paper figures")
         figures += _reading_table(runs, out)
-        for section, make in (("Escape map (beyond the paper)", escape_figures),
-                              ("Wrong-position locking (beyond the paper)", locking_figures)):
-            for name, caption, draw in make(runs, notes):
-                try:
-                    fig = draw()
-                except Exception as e:
-                    notes.append(f"{name} not drawn: {type(e).__name__}: {e}")
-                    continue
-                save(name, caption, fig, section)
+        draw_all(escape_figures(runs, notes), "Escape map (beyond the paper)")
+        draw_all(locking_figures(runs, notes), "Wrong-position locking (beyond the paper)")
 
     table = runs.copy()
     table.attrs = {"config_keys": runs.attrs["config_keys"]}   # skipped stays in the report

@@ -246,3 +246,31 @@ def test_launch_trains_the_peers_objective_and_prints_its_baselines(tmp_path):
     assert abs(vals["unigram_loss"] - math.log(2)) < 0.02  # π = (1/2, 1/2) for p = q
     assert vals["opt_loss"] < vals["unigram_loss"] - 0.1
     assert vals["opt_loss"] - 0.02 < vals["test_loss"] < vals["unigram_loss"] + 0.05
+
+
+def test_an_interrupted_gpt_sweep_resumes_to_the_uninterrupted_files(tmp_path):
+    """Ctrl-C mid-training checkpoints both packed gpt runs (exit 130); the same command again resumes them,
+    and their history.jsonl equals that of the same sweep run without interruption, byte for byte."""
+    import signal
+
+    from .conftest import start_launch, wait_for_work, wait_until
+
+    args = ["-m", *GPT, "optim.steps=4000", "eval_every=500", "seed=0,1", "wandb.mode=disabled"]
+    whole = launch(*args, f"hydra.sweep.dir={tmp_path / 'whole'}")
+    assert whole.returncode == 0, whole.stderr
+    cut = [*args, f"hydra.sweep.dir={tmp_path / 'cut'}"]
+    p = start_launch(*cut)
+    line = wait_until(lambda: p.stdout.readline() if p.poll() is None else "gone", 120, "the training to start")
+    while "training" not in line:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+    wait_for_work(p.pid, 1.0, what="the runs to take steps")
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=120)
+    assert p.returncode == 130
+    steps = [torch.load(tmp_path / "cut" / n / "checkpoint.pt", weights_only=True)["state"]["step"] for n in "01"]
+    assert all(0 < s < 4000 for s in steps), steps
+    again = launch(*cut)
+    assert again.returncode == 0 and "from its checkpoint at step" in again.stdout, again.stderr
+    for n in "01":
+        assert (tmp_path / "cut" / n / "history.jsonl").read_bytes() == (tmp_path / "whole" / n / "history.jsonl").read_bytes()

@@ -25,43 +25,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rw_sweeps.core import trainer  # noqa: E402
-from rw_sweeps.core.config import from_dict  # noqa: E402
+from rw_sweeps.sweeps.planner import plan_overrides  # noqa: E402
 
 R = 256
 
 
-def overrides(N: int, steps: int, p: float, q: float, seed: int, device: str) -> list[str]:
-    return ["model=gpt", "data=binary_chain", f"data.p={p}", f"data.q={q}", "data.start=stationary",
-            f"data.N={N}", "data.target=all", "data.online=true", "data.batch=16", "data.n_test=16",
-            "optim=adamw", "optim.lr=0.002", "optim.beta2=0.95", "optim.weight_decay=0.001",
-            "optim.schedule=cosine", "optim.warmup=0.02", f"optim.steps={steps}", f"eval_every={steps}",
-            "init=gpt2", f"seed={seed}", f"device={device}", "wandb.mode=disabled"]
+def overrides(N: int, steps: int, device: str) -> list[str]:
+    """experiment=makkuva's model and optimiser at the shrunk length and step count, one run's keys."""
+    return ["model=gpt", "data=binary_chain", "data.start=stationary", f"data.N={N}", "data.target=all",
+            "data.online=true", "data.batch=16", "data.n_test=16", "optim=adamw", "optim.lr=0.002",
+            "optim.beta2=0.95", "optim.weight_decay=0.001", "optim.schedule=cosine", "optim.warmup=0.02",
+            f"optim.steps={steps}", f"eval_every={steps}", "init=gpt2", f"device={device}", "wandb.mode=disabled"]
 
 
-def config(args, r: int):
-    cells = [(p, q) for p in (0.2, 0.4, 0.6, 0.8) for q in (0.2, 0.4, 0.6, 0.8)]
-    p, q = cells[r % 16]
-    d = {}
-    for o in overrides(args.N, args.steps, p, q, r // 16, args.device):
-        key, value = o.split("=", 1)
-        if "." not in key and key in ("model", "data", "optim", "init"):
-            d.setdefault(key, {})["name"] = value
-            continue
-        node = d
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = {"true": True, "false": False}.get(value, _num(value))
-    return from_dict(d)
-
-
-def _num(v: str):
-    for kind in (int, float):
-        try:
-            return kind(v)
-        except ValueError:
-            pass
-    return v
+def grid(args) -> list:
+    """The 256 runs, planned as `launch.py -m` plans them: 16 (p, q) cells × 16 seeds."""
+    cells = ["data.p=0.2,0.4,0.6,0.8", "data.q=0.2,0.4,0.6,0.8", "seed=range(0,16)"]
+    return [spec.cfg for spec in plan_overrides([*overrides(args.N, args.steps, args.device), *cells])]
 
 
 def packed(cfgs) -> float:
@@ -84,14 +64,13 @@ def loop(cfgs) -> list[float]:
     return out
 
 
-def processes(args, n: int) -> list[float]:
+def processes(args, cfgs) -> list[float]:
+    """One `python launch.py` per run, as a user (or a peer's script) runs it."""
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(n):
-            cells = [(p, q) for p in (0.2, 0.4, 0.6, 0.8) for q in (0.2, 0.4, 0.6, 0.8)]
-            p, q = cells[r % 16]
-            cmd = [sys.executable, str(ROOT / "launch.py"), *overrides(args.N, args.steps, p, q, r // 16, args.device),
-                   f"hydra.run.dir={tmp}/{r}"]
+        for r, c in enumerate(cfgs):
+            cmd = [sys.executable, str(ROOT / "launch.py"), *overrides(args.N, args.steps, args.device),
+                   f"data.p={c.data.p}", f"data.q={c.data.q}", f"seed={c.seed}", f"hydra.run.dir={tmp}/{r}"]
             t0 = time.perf_counter()
             subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
             out.append(time.perf_counter() - t0)
@@ -106,10 +85,11 @@ def main() -> None:
     ap.add_argument("--loop", type=int, default=8, help="runs timed in the Python loop")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    cfgs = [config(args, r) for r in range(R)]
+    cfgs = grid(args)
+    assert len(cfgs) == R
     print(f"{R} runs: Makkuva's model (d_model 8, 1 layer, tied), N={args.N}, {args.steps} AdamW steps, "
           f"online batches of 16, on {args.device}", flush=True)
-    t_proc = processes(args, args.processes)
+    t_proc = processes(args, cfgs[: args.processes])
     print(f"one process per run: {', '.join(f'{t:.2f}' for t in t_proc)} s per run (median "
           f"{statistics.median(t_proc):.2f} s) → {R} runs ≈ {R * statistics.median(t_proc):.1f} s", flush=True)
     t_loop = loop(cfgs[: args.loop])

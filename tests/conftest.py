@@ -36,6 +36,15 @@ def start_launch(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subpr
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def wait_for_training(p: subprocess.Popen) -> None:
+    """Read a background `launch.py`'s output until its training loop announces itself (before its first
+    step); fail with its stderr if it ends first."""
+    line = wait_until(lambda: p.stdout.readline() if p.poll() is None else "gone", 120, "the training to start")
+    while "training" not in line:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+
+
 def status_cmd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python -m rw_sweeps.sweeps.status ...` as a user runs it."""
     return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.status", *args], cwd=ROOT, text=True,

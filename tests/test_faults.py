@@ -18,7 +18,7 @@ import pytest
 
 from rw_sweeps.core import fused
 from rw_sweeps.sweeps import lock
-from .conftest import launch, start_launch, wait_for_work, wait_until
+from .conftest import launch, start_launch, wait_for_training, wait_for_work, wait_until
 from .test_config import checked
 from .test_slurm import cluster, record, sacct  # noqa: F401 - cluster: the SLURM fixture
 
@@ -133,11 +133,7 @@ def _interrupt(tmp_path: Path, sig: int, extra: list[str]) -> tuple[Path, subpro
     args = ["-m", "data.n_test=100", "optim.steps=100000", "eval_every=1000", "wandb.mode=disabled", *extra,
             f"hydra.sweep.dir={sweep}"]
     p = start_launch(*args)
-    # the loop announces itself before its first step; a 100,000-step run lasts far longer than this test waits
-    line = wait_until(lambda: p.stdout.readline() if p.poll() is None else "gone", 120, "the training to start")
-    while "training" not in line:
-        line = p.stdout.readline()
-        assert line, p.stderr.read()
+    wait_for_training(p)  # a 100,000-step run lasts far longer than this test waits
     # half a CPU second of training is hundreds of steps of this shape, on a loaded machine as on an idle one
     wait_for_work(p.pid, 0.5, what="the runs to take steps")
     p.send_signal(sig)

@@ -253,17 +253,14 @@ def test_an_interrupted_gpt_sweep_resumes_to_the_uninterrupted_files(tmp_path):
     and their history.jsonl equals that of the same sweep run without interruption, byte for byte."""
     import signal
 
-    from .conftest import start_launch, wait_for_work, wait_until
+    from .conftest import start_launch, wait_for_training, wait_for_work
 
     args = ["-m", *GPT, "optim.steps=4000", "eval_every=500", "seed=0,1", "wandb.mode=disabled"]
     whole = launch(*args, f"hydra.sweep.dir={tmp_path / 'whole'}")
     assert whole.returncode == 0, whole.stderr
     cut = [*args, f"hydra.sweep.dir={tmp_path / 'cut'}"]
     p = start_launch(*cut)
-    line = wait_until(lambda: p.stdout.readline() if p.poll() is None else "gone", 120, "the training to start")
-    while "training" not in line:
-        line = p.stdout.readline()
-        assert line, p.stderr.read()
+    wait_for_training(p)
     wait_for_work(p.pid, 1.0, what="the runs to take steps")
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=120)

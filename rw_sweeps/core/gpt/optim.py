@@ -40,6 +40,7 @@ class Optimiser:
         self.cfgs, self.decayed = cfgs, decayed
         self.lr = col("lr")
         self.clip = col("clip")
+        self.clipping = any(getattr(c.optim, "clip", 0.0) > 0 for c in cfgs)  # known once: no read of the device
         self.momentum = col("momentum")
         self.beta1, self.beta2, self.eps = col("beta1", 0.9), col("beta2", 0.999), col("adam_eps", 1e-8)
         self.wd = col("weight_decay") if isinstance(o, AdamWConfig) else None
@@ -56,7 +57,7 @@ class Optimiser:
         """One update of every live run from its gradients (in place)."""
         shape = lambda v, x: x.view(-1, *([1] * (v.dim() - 1)))  # noqa: E731 - (R,) against (R, …)
         lr = self.lr * factor(self.cfgs[0].optim, t)
-        if bool((self.clip > 0).any()):
+        if self.clipping:
             norm = torch.sqrt(sum((g.reshape(g.shape[0], -1) ** 2).sum(1) for g in grads.values()))
             coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)
             coef = torch.where(self.clip > 0, coef, torch.ones_like(coef))

@@ -210,24 +210,25 @@ def _finite_grads(loss: torch.Tensor, grads: dict) -> torch.Tensor:
     return ok
 
 
+def _drawn(cfgs: list[RunConfig], n: int, seeds: list[int]) -> data_mod.Split:
+    """n sequences per run, run r's from a generator seeded with seeds[r], stacked (R, n, ·)."""
+    d0 = cfgs[0].data
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    splits = d0.draw_many([c.data for c in cfgs], n, gens, [c.seed for c in cfgs])
+    return data_mod.Split(*(torch.stack([getattr(s, k) for s in splits]) for k in ("tokens", "y", "P_true")))
+
+
 def _batch_of(cfgs: list[RunConfig], t: int, device) -> Batch:
     """The online batch of step t: data.batch sequences per run from its step stream (`step_seed`)."""
-    d0 = cfgs[0].data
-    gens = [torch.Generator().manual_seed(step_seed(c.seed, t)) for c in cfgs]
-    splits = d0.draw_many([c.data for c in cfgs], d0.batch, gens, [c.seed for c in cfgs])
-    return Batch(torch.stack([s.tokens for s in splits]), torch.stack([s.y for s in splits]), cfgs[0], device)
+    s = _drawn(cfgs, cfgs[0].data.batch, [step_seed(c.seed, t) for c in cfgs])
+    return Batch(s.tokens, s.y, cfgs[0], device)
 
 
 def _sets(cfgs: list[RunConfig], dtype, device) -> tuple[Batch | None, TestSet]:
     """The fixed training set (None with data.online) and the test set. Offline both are `make`'s (train then
     test from the run's seed); online the test set is the first n_test draws of the run's seed."""
-    d0 = cfgs[0].data
-    if d0.online:
-        gens = [torch.Generator().manual_seed(c.seed) for c in cfgs]
-        s = d0.draw_many([c.data for c in cfgs], d0.n_test, gens, [c.seed for c in cfgs])
-        test = data_mod.Split(torch.stack([x.tokens for x in s]), torch.stack([x.y for x in s]),
-                              torch.stack([x.P_true for x in s]))
-        return None, TestSet(test, cfgs, dtype, device)
+    if cfgs[0].data.online:
+        return None, TestSet(_drawn(cfgs, cfgs[0].data.n_test, [c.seed for c in cfgs]), cfgs, dtype, device)
     train_split, test_split = data_mod.make_batches(cfgs)
     return Batch(train_split.tokens, train_split.y, cfgs[0], device), TestSet(test_split, cfgs, dtype, device)
 
@@ -242,7 +243,9 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     recs = [Record(cfg, Path(d)) for cfg, d in zip(cfgs, run_dirs)]
     opt_acc = test.P_true.double().amax(-1).mean((1, 2)).tolist()
     eps = torch.tensor([c.optim.eps for c in cfgs], dtype=dtype, device=dev)
-    baselines = {"opt_loss": _loss_of(test.P_true, test.y, c0, eps), "unigram_loss": _loss_of(test.baseline, test.y, c0, eps)}
+    # constant over training: on the host once, written into every history row
+    baselines = {"opt_loss": _loss_of(test.P_true, test.y, c0, eps).tolist(),
+                 "unigram_loss": _loss_of(test.baseline, test.y, c0, eps).tolist()}
     spec = model.params_of(c0.model, K, N)
     params = {k: v.to(dev) for k, v in model.init_params(cfgs, K, N, dtype).items()}
     opt = Optimiser(cfgs, params, {p.name: p.decayed for p in spec}, dtype, dev)
@@ -279,37 +282,40 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                 _record(recs, t, loss, row, baselines, snap, dead)
             if t < T:
                 opt.step(params, grads, dead > T, t)
-                for rec, d in zip(recs, dead.tolist()):
-                    if rec.status == "done" and d > T:
-                        rec.steps = t + 1
                 if (c0.checkpoint_every and (t + 1) % c0.checkpoint_every == 0) or stop.pending:
-                    _close(recs, dead, T)
+                    _close(recs, dead, t + 1, T)
                     for r, rec in enumerate(recs):
                         results.save_checkpoint(rec.run_dir, checkpoint(rec, params, opt, r, t + 1))
                     stop.deliver()
                 if ticker is not None:
                     ticker(t + 1)
-    _close(recs, dead, T)
+    _close(recs, dead, T, T)
     return recs
 
 
-def _close(recs: list[Record], dead: torch.Tensor, T: int) -> None:
+def _close(recs: list[Record], dead: torch.Tensor, step: int, T: int) -> None:
+    """Each record's status and steps as of `step` (the parameters' step): a run that diverged at d <= T
+    stopped there; a run still going has taken `step` steps; one that ended before this session stays."""
     for rec, d in zip(recs, dead.tolist()):
-        if 0 <= d <= T and rec.status == "done":
+        if rec.status != "done":
+            continue
+        if 0 <= d <= T:
             rec.status, rec.steps = "diverged", d
             rec.error = f"non-finite loss or gradients at step {d}"
+        else:
+            rec.steps = step
 
 
 def _record(recs, t, loss, row, baselines, snap, dead) -> None:
     """One history row per run still alive at t (a diverged run keeps its rows up to the step it diverged)."""
     host = {k: v.detach().cpu().tolist() for k, v in row.items()}
-    base = {k: v.cpu().tolist() for k, v in baselines.items()}
     losses, d = loss.detach().cpu().tolist(), dead.cpu().tolist()
     for r, rec in enumerate(recs):
         if d[r] < t or rec.status != "done":
             continue
         item = {"step": t, "train_loss": losses[r], **{k: host[k][r] for k in GPT_EVALUATED if k in host},
-                "opt_loss": base["opt_loss"][r], "unigram_loss": base["unigram_loss"][r]}
+                "opt_loss": baselines["opt_loss"][r],
+                "unigram_loss": baselines["unigram_loss"][r]}
         rec.history.append(item)
         if snap is not None:
             rec.snapshots.append({"step": t, "attention": [a[r].cpu().tolist() for a in snap["attention"]],
@@ -333,15 +339,15 @@ def run_bytes(cfg: RunConfig) -> tuple[int, str]:
     kept for the backward pass) and the stream's activations (n·T·width, a dozen per layer)."""
     d, m = cfg.data, cfg.model
     item = 8 if cfg.precision == "float64" else 4
-    n = max(d.batch if d.online else d.n_train, d.n_test)
+    n_train, train_key = (d.batch, "data.batch") if d.online else (d.n_train, "data.n_train")
+    n = max(n_train, d.n_test)
     T = model.length(m, d.N)
     D = m.width(d.K)
     attn = n * m.n_head * T * T * 4 * m.n_layer
     stream = n * T * D * (12 + 4 * m.mlp) * m.n_layer + n * T * d.K * 12
     params = sum(math.prod(p.shape) for p in model.params_of(m, d.K, d.N)) * 6
     total = (attn + stream + params) * item + 4096
-    key = "data.N" if attn >= stream else "data.n_test" if d.n_test >= (d.batch if d.online else d.n_train) else \
-        ("data.batch" if d.online else "data.n_train")
+    key = "data.N" if attn >= stream else "data.n_test" if d.n_test >= n_train else train_key
     return total, key
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -19,6 +20,7 @@ import matplotlib.pyplot as plt   # noqa: E402
 import pandas as pd               # noqa: E402
 
 from . import claims                                      # noqa: E402
+from .curves import curve_figures                         # noqa: E402
 from .escape import escape_figures                        # noqa: E402
 from .figures import paper_figures                       # noqa: E402
 from .locking import locking_figures                      # noqa: E402
@@ -31,8 +33,15 @@ from .report import counts, log_to_wandb, write_report    # noqa: E402
 DPI = 110
 
 
+def _prog(module: str, script: str) -> str:
+    """The usage line's name: the console script when run as one, else `python -m <module>`."""
+    import os
+
+    return script if os.path.basename(sys.argv[0]) == script else f"python -m {module}"
+
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[1])
+    ap = argparse.ArgumentParser(prog=_prog("analysis", "rw-analysis"), description=__doc__.split("\n\n")[1])
     ap.add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR",
                     help="sweep folders (hydra.sweep.dir) or single run folders")
     ap.add_argument("--out", type=Path, required=True, help="folder for the report")
@@ -62,37 +71,56 @@ def parse_args(argv=None):
     return ap, args
 
 
-def main(argv=None) -> int:
-    ap, args = parse_args(argv)
-    out = args.out
+class UsageError(ValueError):
+    """A request the runs cannot answer (an axis that is not a column, a metric that is not numeric)."""
+
+
+@dataclass
+class Report:
+    path: Path                 # index.html
+    runs: pd.DataFrame         # the runs table, with success and success_step
+    skipped: list
+    figures: list              # {file | df, caption, section}, in the page's order
+    notes: list
+    axes: tuple                # (x, y, row, col) of the first diagram
+
+
+def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "success", tol: float = TOL,
+          paper: bool = False, refresh: bool = False) -> Report:
+    """The report of the sweeps in `out`: runs.parquet, every figure as PNG and index.html (what `python -m
+    analysis` writes, and what the sweep's wandb analysis run carries)."""
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        runs = load_runs(*args.sweeps, refresh=args.refresh)
+        runs = load_runs(*sweeps, refresh=refresh, progress=False)
     notes += [str(w.message) for w in caught if w.category is UserWarning]   # cache trouble
     skipped = runs.attrs["skipped"]
+    title = "rw-sweeps analysis: " + ", ".join(Path(p).name for p in sweeps)
     if skipped:
         notes.append(f"{len(skipped)} run folders skipped (unfinished or corrupt): "
                      "listed at the end of this page.")
     if not len(runs):
-        write_report(out, runs, skipped, [], notes)
-        print(f"error: no finished runs in {' '.join(map(str, args.sweeps))} "
-              f"({len(skipped)} folders skipped); see {out / 'index.html'}", file=sys.stderr)
-        return 1
+        return Report(write_report(out, runs, skipped, [], notes, title=title), runs, skipped, [], notes,
+                      (None,) * 4)
 
-    runs = add_success(runs, args.tol)
+    runs = add_success(runs, tol)
     # Sweeps of several data families (a circle, a binary chain, graphs…) share few axes: each family gets
     # its own phase diagrams on its own swept keys, unless the axes are given
     families = list(dict.fromkeys(runs["data.name"].dropna())) if "data.name" in runs else []
-    split = len(families) > 1 and not any((args.x, args.y, args.row, args.col))
+    split = len(families) > 1 and not any((x, y, row, col))
     groups = [(f, runs["data.name"] == f) for f in families] if split else [(None, slice(None))]
-    axes = {f: _axes(ap, args, runs[rows], notes, f) for f, rows in groups}
-    x, y, row, col = next(iter(axes.values()))
-    runs = add_success_step(runs, args.tol)     # reads every history: after the cheap checks
-    if args.metric not in runs.columns or not pd.api.types.is_numeric_dtype(runs[args.metric]):
-        ap.error(f"--metric {args.metric}: not a numeric column (try success, acc_norm, "
-                 "test_acc, test_kl, parent_attention)")
+    axes = {f: _axes((x, y, row, col), runs[rows], notes, f) for f, rows in groups}
+    runs = add_success_step(runs, tol)     # reads every history: after the cheap checks
+    if metric not in runs.columns or not pd.api.types.is_numeric_dtype(runs[metric]):
+        raise UsageError(f"--metric {metric}: not a numeric column (try success, acc_norm, "
+                         "test_acc, test_kl, parent_attention)")
+    lost = runs["success_step"].notna() & ~runs["success"] if "success_step" in runs else None
+    if lost is not None and lost.any():
+        notes.append(f"{int(lost.sum())} run(s) reached OPT − tol and then lost it (a success step, but "
+                     "not a success at the last step): the success-step diagram counts them, the success "
+                     "rate does not.")
 
     figures = []
 
@@ -107,14 +135,15 @@ def main(argv=None) -> int:
         on = " × ".join(k for k in (fx, fy) if k) + "".join(f", by {k}" for k in (frow, fcol) if k)
         on += f" ({family})" if family else ""
         suffix = f"_{family}" if family else ""
-        for metric in dict.fromkeys([args.metric, "symmetry_break_step", "success_step"]):
-            if metric == args.metric or (metric in sub.columns and sub[metric].notna().any()):
-                fig, _ = phase_diagram(sub, fx, fy, metric, frow, fcol)
-                save(f"phase_{metric}{suffix}", f"{metric} over {on}"
-                     + (f" (tol {args.tol:g})" if "success" in metric else ""), fig, "Phase diagrams")
+        for m in dict.fromkeys([metric, "symmetry_break_step", "success_step"]):
+            if m == metric or (m in sub.columns and sub[m].notna().any()):
+                fig = phase_diagram(sub, fx, fy, m, frow, fcol)
+                save(f"phase_{m}{suffix}", f"{m} over {on}" + (f" (tol {tol:g})" if "success" in m else "")
+                     + CAPTIONS.get(m, ""), fig, "Phase diagrams")
             else:
-                notes.append(f"no run{' of ' + family if family else ''} has a {metric}: "
+                notes.append(f"no run{' of ' + family if family else ''} has a {m}: "
                              "its phase diagram is left out.")
+
     def draw_all(made, section):
         for name, caption, draw in made:
             try:
@@ -124,8 +153,9 @@ def main(argv=None) -> int:
                 continue
             save(name, caption, fig, section)
 
+    draw_all(curve_figures(runs, notes), "Learning curves")
     draw_all(model_figures(runs, notes), "Models: loss against the baselines, strategies, attention")
-    if args.paper:
+    if paper:
         draw_all(paper_figures(runs, notes), "Paper figures")
         figures += _reading_table(runs, out)
         draw_all(escape_figures(runs, notes), "Escape map (beyond the paper)")
@@ -134,16 +164,38 @@ def main(argv=None) -> int:
     table = runs.copy()
     table.attrs = {"config_keys": runs.attrs["config_keys"]}   # skipped stays in the report
     table.to_parquet(out / "runs.parquet", index=False)
-    report = write_report(out, runs, skipped, figures, notes,
-                          title="rw-sweeps analysis: " + ", ".join(p.name for p in args.sweeps))
+    report = write_report(out, runs, skipped, figures, notes, title=title)
+    return Report(report, runs, skipped, figures, notes, next(iter(axes.values())))
+
+
+# What a diagram's cell means where a reader may doubt it
+CAPTIONS = {"success_step": ". A cell's step is over the runs that reached OPT − tol at some evaluation, "
+                            "also those that lost it again by the last step (reached, then lost): a "
+                            "success rate of 0 beside a success step means every such run lost it",
+            "symmetry_break_step": ". The first evaluated step whose attention spread exceeds 1e-3 (Thm 4.1's "
+                                   "symmetric point left); runs that never broke have none"}
+
+
+def main(argv=None) -> int:
+    ap, args = parse_args(argv)
+    try:
+        rep = build(args.sweeps, args.out, args.x, args.y, args.row, args.col, args.metric, args.tol,
+                    args.paper, args.refresh)
+    except UsageError as e:
+        ap.error(str(e))
+    if not len(rep.runs):
+        print(f"error: no finished runs in {' '.join(map(str, args.sweeps))} "
+              f"({len(rep.skipped)} folders skipped); see {rep.path}", file=sys.stderr)
+        return 1
     if args.wandb:
-        log_to_wandb(out, runs, figures, args.wandb_mode, config={
+        x, y, row, col = rep.axes
+        log_to_wandb(args.out, rep.runs, rep.figures, args.wandb_mode, config={
             "sweeps": [str(p) for p in args.sweeps], "tol": args.tol, "metric": args.metric,
             "x": x, "y": y, "row": row, "col": col})
-    c = counts(runs, skipped)[["runs", "done", "failed", "diverged", "unfinished", "corrupt"]]
-    print(f"{report}: {sum('file' in f for f in figures)} figures; " + ", ".join(f"{k} {v}" for k, v in
-                                                           c.sum().items()))
-    for n in notes:
+    c = counts(rep.runs, rep.skipped)[["runs", "done", "failed", "diverged", "unfinished", "corrupt"]]
+    print(f"{rep.path}: {sum('file' in f for f in rep.figures)} figures; " + ", ".join(
+        f"{k} {v}" for k, v in c.sum().items()))
+    for n in rep.notes:
         print("note:", n, file=sys.stderr)
     return 0
 
@@ -164,18 +216,17 @@ def _reading_table(runs, out) -> list[dict]:
     return [{"df": shown, "caption": caption, "section": "Reading search"}]
 
 
-def _axes(ap, args, runs, notes, family=None):
+def _axes(asked, runs, notes, family=None):
     """The axes asked for, else the swept keys in order (x, y, row, col) (of one data family's runs)."""
-    for flag, key in (("--x", args.x), ("--y", args.y), ("--row", args.row), ("--col", args.col)):
+    for flag, key in zip(("--x", "--y", "--row", "--col"), asked):
         if key and key not in runs.columns:
-            ap.error(f"{flag} {key}: no such key; swept keys: "
-                     f"{', '.join(swept_keys(runs)) or 'none'}")
-    given = [k for k in (args.x, args.y, args.row, args.col) if k]
+            raise UsageError(f"{flag} {key}: no such key; swept keys: {', '.join(swept_keys(runs)) or 'none'}")
+    given = [k for k in asked if k]
     free = [k for k in swept_keys(runs) if k not in given]
     if "init.sigma" in given and "init" in free:
         free.remove("init")   # already on the σ axis as its zero-init column
     picked = []
-    for key in (args.x, args.y, args.row, args.col):
+    for key in asked:
         picked.append(key or (free.pop(0) if free else None))
     if picked[0] is None:       # nothing swept: one cell, on p if the runs have it
         picked[0] = next((k for k in ("data.p", "data.name", "init") if k in runs.columns),

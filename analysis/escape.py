@@ -263,7 +263,7 @@ def escape_figures(runs: pd.DataFrame, notes: list[str], predict=None):
 
 
 def _diagram(runs, x, y, metric, row, col, agg, theory):
-    fig, _ = phase_diagram(runs, x, y, metric, row, col, agg=agg, theory=theory)
+    fig = phase_diagram(runs, x, y, metric, row, col, agg=agg, theory=theory)
     return fig
 
 

@@ -25,7 +25,7 @@ from rw_sweeps.core.safefs import write_with
 from .fastyaml import load_yaml
 
 CACHE_NAME = "runs.parquet"
-CACHE_VERSION = 2   # bump when the row format changes: old caches are then rebuilt
+CACHE_VERSION = 3   # bump when the row format changes: old caches are then rebuilt
 _META_KEY = b"rw_sweeps.analysis"
 _BOOK = ["_run", "_cfg_mtime", "_cfg_size", "_sum_mtime", "_sum_size"]   # cache-only columns
 
@@ -63,6 +63,11 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
     df = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
     if len(df):
         df = df.drop_duplicates("path", ignore_index=True)   # a run given twice (sweep + run)
+        for k in INT_FIELDS:   # a step that can be null (never broke, not locked): an integer or <NA>
+            if k in df.columns and df[k].dtype.kind in "fiO":
+                v = pd.to_numeric(df[k], errors="coerce")
+                if bool((v.dropna() % 1 == 0).all()):
+                    df[k] = v.astype("Int64")
     df.attrs = {"config_keys": sorted(config_keys), "skipped": skipped}
     return df
 
@@ -260,6 +265,10 @@ SUMMARY_TYPES = {**{k: _NUM for k in ("test_acc", "test_loss", "train_loss", "te
                                       "steps")},
                  "trap": bool, "error": str}
 STATUSES = ("done", "failed", "diverged")
+# summary.json's copies of config keys (for a reader of the one file): the table has the config's own column
+# (`data.p`, `optim.lr`, `init.sigma`, …), once; σ of a zero-init run is no column (it has none)
+ECHOED = ("p", "K", "N", "M", "model", "data", "sigma", "lr", "eps", "seed", "precision", "init")
+INT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is int)  # nullable integers: Int64
 LEGACY_DEFAULTS = {"model.ffn": "after", "optim.name": "gd", "optim.beta1": 0.9, "optim.beta2": 0.999,
                    "optim.adam_eps": 1e-8}
 LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
@@ -309,7 +318,8 @@ def _read_run(path: Path):
                 return None, None, _skip(path, "corrupt", f"a done run without its {name}")
     cfg_keys = set(row)
     for k, v in summary.items():           # the config wins where both say it (seed, init, ...)
-        row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
+        if k not in ECHOED:
+            row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
     return row, cfg_keys, None
 
 

@@ -55,5 +55,5 @@ def locking_figures(runs: pd.DataFrame, notes: list[str]):
 
 
 def _diagram(runs, x, y, col):
-    fig, _ = phase_diagram(runs, x, y, "locked", col=col)
+    fig = phase_diagram(runs, x, y, "locked", col=col)
     return fig

@@ -136,12 +136,18 @@ def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "s
 
 def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "success",
                   row: str | None = None, col: str | None = None, title: str | None = None,
-                  agg: str = "mean", theory: str | None = None):
-    """Seaborn heatmaps of `metric` over (x, y), one panel per (row, col) value. `agg`: how a
-    cell's runs are summed up (mean or median). `theory`: a per-run column predicting `metric`,
-    printed beside the measured value in every cell ("measured / predicted"; cells no run of
-    which is predicted to get there are outlined). Step metrics are coloured on a log scale
-    when they span decades. Returns (figure, phase_table)."""
+                  agg: str = "mean", theory: str | None = None, ax=None):
+    """Seaborn heatmaps of `metric` over (x, y), one panel per (row, col) value, or into `ax` (one
+    panel: no row or col). `agg`: how a cell's runs are summed up (mean or median). `theory`: a
+    per-run column predicting `metric`, printed beside the measured value in every cell ("measured /
+    predicted"; cells no run of which is predicted to get there are outlined). Step metrics are coloured
+    on a log scale when they span decades. The title counts the distinct runs per cell (a run loaded twice
+    counts once) and names the swept keys the cells pool over.
+
+    Returns the figure; its table (`phase_table`, one line per cell) is `fig.phase_table`."""
+    if ax is not None and (row or col):
+        raise ValueError("ax= draws one panel: leave row and col out (or pass no ax)")
+    df = distinct_runs(df)
     table = phase_table(df, x, y, metric, row, col, agg, theory)
     # OPT = max(p, 1 − p) is the circle's; other families (binary chain, lazy walk, …) have their own
     circle = bool((_col(df, "data.name", "data").fillna("random_walk") == "random_walk").all())
@@ -158,9 +164,12 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     if metric in STEP_METRICS and vmax >= 20 * max(vmin, 1):   # steps 1…1000: decades apart
         norm = LogNorm(max(vmin, 1), vmax, clip=True)
     cell_w, cell_h = max(0.75, 0.22 * max(len(_fmt(x, v)) for v in xs)), 0.55
-    fig, axes = plt.subplots(
-        len(rows), len(cols), squeeze=False,
-        figsize=(len(cols) * (cell_w * len(xs) + 1.8) + 1.5, len(rows) * (cell_h * len(ys) + 1.9)))
+    if ax is not None:
+        fig, axes = ax.figure, np.array([[ax]])
+    else:
+        fig, axes = plt.subplots(
+            len(rows), len(cols), squeeze=False,
+            figsize=(len(cols) * (cell_w * len(xs) + 1.8) + 1.5, len(rows) * (cell_h * len(ys) + 1.9)))
     y_names = [_fmt(y, v) for v in ys] if y else [_only_row_label(df)]
     with drawless(fig):   # seaborn renders the whole figure in every heatmap call
         for (i, rv), (j, cv) in itertools.product(enumerate(rows), enumerate(cols)):
@@ -174,14 +183,18 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
             facet = ", ".join(f"{LABELS.get(k, k)} = {_fmt(k, v)}"
                               for k, v in ((row, rv), (col, cv)) if k)
             ax.set_title(facet, fontsize=10)
-    fig.set_layout_engine("constrained")
+    if ax is None:
+        fig.set_layout_engine("constrained")
     fig.colorbar(plt.cm.ScalarMappable(norm, cmap), ax=axes,
                  label=metric + (", log scale" if isinstance(norm, LogNorm) else ""),
                  shrink=0.9, aspect=30)
     n = table["n"]
     per_cell = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
     label = _metric_label(metric, agg) + ("; cell: measured / predicted" if theory else "")
-    fig.suptitle(title or f"{label} ({per_cell} runs per cell)", fontsize=11)
+    pooled = pooled_keys(df, [k for k in (x, y, row, col) if k])
+    over = f", pooled over {', '.join(pooled)}" if pooled else ""
+    (ax.set_title if ax is not None else fig.suptitle)(
+        title or f"{label} ({per_cell} runs per cell{over})", fontsize=11 if ax is None else 9)
     handles = []
     if table["theory_fail"].any():
         handles.append(Patch(fill=False, edgecolor="black", ls="--", lw=2,
@@ -190,8 +203,32 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
         handles.append(Patch(fill=False, edgecolor=THEORY_NEVER, ls=":", lw=2,
                              label="theory: no run of the cell predicted to get there"))
     if handles:
-        fig.legend(handles=handles, loc="outside lower left", fontsize=8, frameon=False)
-    return fig, table
+        fig.legend(handles=handles, loc="outside lower left" if ax is None else "lower left", fontsize=8,
+                   frameon=False)
+    fig.phase_table = table
+    return fig
+
+
+# What a run is, for counting: its config but where and how it was logged and saved.
+_NOT_RESULTS = ("wandb.", "checkpoint_every", "objective", "experiment")
+
+
+def distinct_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs table with each run once: rows whose configs are equal (but for where they were logged and
+    saved) are one run trained twice (two sweeps loaded together); the first is kept."""
+    keys = [k for k in config_keys(df) if not k.startswith(_NOT_RESULTS)]
+    if not keys or not len(df):
+        return df
+    ident = pd.DataFrame({k: df[k].astype(str) for k in keys})
+    return df[~ident.duplicated().to_numpy()]
+
+
+def pooled_keys(df: pd.DataFrame, axes: list[str]) -> list[str]:
+    """The swept keys a diagram on `axes` averages over within a cell: the seed, and any other."""
+    out = [k for k in swept_keys(df) if k not in axes and not (k == "init" and "init.sigma" in axes)]
+    if "seed" in df.columns and df["seed"].nunique() > 1:
+        out.append("seed")
+    return out
 
 
 THEORY_NEVER = "tab:blue"

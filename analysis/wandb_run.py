@@ -78,7 +78,7 @@ def log_analysis(sweep_dir: Path, w: dict) -> None:
     images = {}
     for metric in ("success", "symmetry_break_step"):
         if metric in runs.columns and runs[metric].notna().any():
-            fig, _ = phase_diagram(runs, *axes[:2], metric, *axes[2:])
+            fig = phase_diagram(runs, *axes[:2], metric, *axes[2:])
             path = folder / f"phase_{metric}.png"
             write_with(path, lambda fh: fig.savefig(fh, format="png", dpi=90, bbox_inches="tight"))
             plt.close(fig)

@@ -154,7 +154,7 @@ def paper_report(experiments, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 # the table
 
-def test_the_table_has_one_row_per_run_and_every_config_and_summary_field(grid):
+def test_the_table_has_one_row_per_run_one_column_per_quantity_and_every_config_and_summary_field(grid):
     files = run_files(grid)
     df = load_runs(grid, progress=False)
     assert len(df) == len(files) == 27 and df["path"].is_unique
@@ -167,8 +167,13 @@ def test_the_table_has_one_row_per_run_and_every_config_and_summary_field(grid):
             else:
                 yield f"{prefix}{k}"
 
-    expected = {"init" if k == "init.name" else k for k in dotted(config)} | set(summary) | {"path"}
+    # summary.json's copies of config keys (p, lr, sigma, …) are the config's columns, once
+    echoed = {"p", "K", "N", "M", "model", "data", "sigma", "lr", "eps"}
+    expected = {"init" if k == "init.name" else k for k in dotted(config)} | (set(summary) - echoed) | {"path"}
     assert expected <= set(df.columns), expected - set(df.columns)
+    assert not echoed & set(df.columns)
+    for k in ("symmetry_break_step", "steps", "eval_step"):  # nullable integers, never floats or objects
+        assert str(df[k].dtype) == "Int64", (k, df[k].dtype)
     rows = df.set_index("path")
     for d, (cfg, s) in files.items():
         assert _block_yaml((d / "config.yaml").read_text()) == cfg   # the fast path, no fallback
@@ -189,7 +194,8 @@ def test_phase_cells_equal_the_success_rates_computed_by_hand(grid):
     assert 0 < np.mean(list(rates.values())) < 1      # the grid really mixes success and failure
 
     df = add_success(load_runs(grid, progress=False), TOL)
-    fig, table = phase_diagram(df, "data.p", "init.sigma")
+    fig = phase_diagram(df, "data.p", "init.sigma")
+    table = fig.phase_table
     got = {(r["data.p"], r["init.sigma"]): r["value"] for _, r in table.iterrows()}
     assert got.keys() == rates.keys()
     assert all(got[k] == pytest.approx(rates[k]) for k in rates)

@@ -245,7 +245,8 @@ def test_a_p_by_q_diagram_draws_makkuvas_p_plus_q_equals_1_line_and_no_circle_op
 
     rows = [{"data.p": p, "data.q": q, "data.name": "binary_chain", "data.K": 2, "data.N": 97, "init": "zero",
              "success": p + q < 1, "status": "done", "seed": 0} for p, q in it.product((0.1, 0.5, 0.9), repeat=2)]
-    fig, table = phase_diagram(pd.DataFrame(rows), "data.p", "data.q")
+    fig = phase_diagram(pd.DataFrame(rows), "data.p", "data.q")
+    table = fig.phase_table
     ax = fig.axes[0]
     (line,) = [ln for ln in ax.lines if ln.get_label() == "p + q = 1"]
     x, y = line.get_data()

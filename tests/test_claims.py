@@ -250,8 +250,9 @@ def test_the_predictions_are_cached_per_run_and_redone_when_a_config_changes(esc
 
 def test_the_break_step_diagram_prints_measured_over_predicted(escape_sweep):
     runs = escape.add_predictions(load_runs(escape_sweep, progress=False), StubTheory())
-    fig, t = phase_diagram(runs, "init.sigma", "optim.lr", "symmetry_break_step", agg="median",
-                           theory="predicted_break_step")
+    fig = phase_diagram(runs, "init.sigma", "optim.lr", "symmetry_break_step", agg="median",
+                        theory="predicted_break_step")
+    t = fig.phase_table
     cells = t.set_index(["init.sigma", "optim.lr"])
     assert cells.loc[(1e-6, 0.1), "value"] == 300 and cells.loc[(1e-6, 0.1), "theory"] == 800
     texts = sorted(x.get_text() for x in fig.axes[0].texts)

@@ -378,15 +378,32 @@ class AdamWConfig(_Scheduled, AdamConfig):
 
 
 # ------------------------------------------------------------------------------------------ the run
+def _env(name: str, default: Any) -> Any:
+    """wandb's own environment variable as a default: an explicit `wandb.*` key overrides it, and the run's
+    config.yaml records what was used. WANDB_TAGS is comma-separated; WANDB_MODE's legacy `dryrun` is
+    offline and `run` is online, as wandb reads them."""
+    import os
+
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if name == "WANDB_TAGS":
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if name == "WANDB_MODE":
+        return {"dryrun": "offline", "run": "online"}.get(value, value)
+    return value
+
+
 @dataclass
 class WandbConfig:
-    mode: str = "offline"  # offline | online | disabled
-    project: str = "rw-sweeps"
+    mode: str = field(default_factory=lambda: _env("WANDB_MODE", "offline"))  # offline | online | disabled
+    project: str = field(default_factory=lambda: _env("WANDB_PROJECT", "rw-sweeps"))
+    entity: Optional[str] = field(default_factory=lambda: _env("WANDB_ENTITY", None))  # null: wandb's default
     group: Optional[str] = None  # the sweep; filled in from Hydra's sweep folder when left null
-    tags: List[str] = field(default_factory=list)
+    tags: List[str] = field(default_factory=lambda: _env("WANDB_TAGS", []))  # the experiment is added
     granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
-    per_run_limit: int = 32  # auto: per-run wandb runs for batches up to this size
-    analysis: bool = True  # a finished sweep logs its phase diagrams and runs table (one job_type=analysis run)
+    per_run_limit: int = 32  # auto: per-run wandb runs (logged live) for batches up to this size
+    analysis: bool = True  # a finished sweep logs its report's figures and runs table (one job_type=analysis run)
 
 
 def resolve_normalize(model, init):

@@ -24,6 +24,7 @@ from . import adam, engine, fused, model, results
 from .config import RunConfig
 from .metrics import EVALUATED, LAST
 
+LIVE_S = 1.0  # at most one live report (`train(live=…)`) a second: a flush rebuilds every record
 BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
 
 
@@ -153,8 +154,12 @@ def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.S
 
 
 def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
-          resumed: list[dict] | None = None) -> list[Record]:
+          resumed: list[dict] | None = None, live=None) -> list[Record]:
     """Train R runs of one shape (optionally from their checkpoints) and return their records.
+
+    `live(recs, walls)`, if given, is called every LIVE_S seconds of training (and never more often than
+    the evaluations) with the records flushed so far and the wall-clock time of each evaluated step: what
+    logs a small batch's wandb runs while it trains (`rw_sweeps.sweeps.tracking.Live`).
 
     Between two evaluations the runs take their steps in one call of the multi-step kernel (GD) or of
     `adam.train_steps` (optim=adam: the PyTorch path, on any device). Nothing in
@@ -216,7 +221,12 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         # at any step (a signal's, or one off the evaluation grid) first steps up to its next evaluation,
         # so its files equal an uninterrupted run's.
         evaluated = None  # the last evaluated step: the first step taken from it records its training loss
+        shown = time.monotonic()  # when `live` was last given the records
         for t in evals:
+            if live is not None and evaluated is not None and time.monotonic() - shown >= LIVE_S:
+                log.flush(state.step)  # the rows up to the last evaluation whose training loss is known
+                live(recs, log.walls)
+                shown = time.monotonic()
             while state.step < t:  # the steps up to this evaluation, in bounded calls
                 t0, n = state.step, block.steps(t - state.step, c0.checkpoint_every, state.step)
                 if hp is None:
@@ -246,6 +256,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                 loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
                 log.train_loss(loss, engine.finite_runs(loss, state))
     log.flush(T)
+    if live is not None:
+        live(recs, log.walls)
     if bar is not None:
         bar.close()
     return recs
@@ -296,8 +308,10 @@ class _Log:
         self.steps_, self.rows, self.losses, self.snaps = [], [], [], []  # device, since the last flush
         self.h_steps, self.h_rows, self.h_losses, self.h_snaps = [], [], [], []  # host
         self.bytes = 0
+        self.walls: dict[int, float] = {}  # step → the wall-clock time it was evaluated at (for live logging)
 
     def evaluation(self, t: int, probe: engine.Probe, state: engine.State | None) -> None:
+        self.walls[t] = time.time()
         cos = probe.v_pi_cosine
         self.cos = cos is not None
         cols = [probe.loss, probe.acc, probe.kl, probe.parent_attention, probe.spread, probe.pred_dist,

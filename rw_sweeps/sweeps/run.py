@@ -39,16 +39,21 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     step = [b["state"]["step"] if b else 0 for b in resumed]
     if len(set(step)) > 1:  # runs checkpointed at different steps continue as separate batches
         return _per_group(cfgs, run_dirs, step, progress)
+    live = _live(cfgs, run_dirs)
     try:
-        records = trainer.of(cfgs[0]).train(cfgs, [Path(d) for d in run_dirs], progress, resumed if all(resumed) else None)
+        records = trainer.of(cfgs[0]).train(cfgs, [Path(d) for d in run_dirs], progress,
+                                            resumed if all(resumed) else None, live=live)
     except Exception as exc:  # noqa: BLE001 - isolate the culprit, never lose the others
+        if live is not None:
+            live.finish({})  # what was streamed ends here; a retried run starts its wandb run afresh
+            live = None
         if len(cfgs) > 1:
             return [s for c, d in zip(cfgs, run_dirs) for s in run_batch([c], [d], progress=False)]
         traceback.print_exc(file=sys.stderr)
         records = [Record(cfgs[0], Path(run_dirs[0]), status="failed", error=one_line(exc))]
     wall = (time.time() - t0) / len(cfgs)
-    entries, written = [], []
-    for rec in records:  # run by run, its summary right after its own files: a full disk keeps every run that fit
+    entries, written = [], {}
+    for r, rec in enumerate(records):  # run by run, its summary right after its own files: a full disk keeps every run that fit
         summary = {**trainer.of(rec.cfg).summary(rec, wall), **provenance()}
         cfg_dict = rec.cfg.to_dict()
         entry = {"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"], "history": rec.history,
@@ -66,14 +71,26 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
         try:
             results.write_summary(rec.run_dir, summary)
             results.drop_checkpoint(rec.run_dir)  # the finished results supersede it
-            written.append(entry)
+            written[r] = entry
         except Exception as exc:  # noqa: BLE001
             summary.update(status="failed", error=f"writing the results: {one_line(exc)}")
     try:  # after the summaries, in the background (tracking.wait); `rw_sweeps.sweeps.wandb_export` recovers a kill
-        tracking.log_runs(written)
+        if live is not None:
+            live.finish(written)
+        else:
+            tracking.log_runs(list(written.values()))
     except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
         print(f"warning: wandb logging failed: {one_line(exc)}", file=sys.stderr)
     return [e["summary"] for e in entries]
+
+
+def _live(cfgs: list[RunConfig], run_dirs: list[Path]):
+    """The batch's wandb runs streamed while it trains, or None (logged when they end, or not at all)."""
+    try:
+        return tracking.live([c.to_dict() for c in cfgs], run_dirs)
+    except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
+        print(f"warning: wandb logging failed: {one_line(exc)}", file=sys.stderr)
+        return None
 
 
 def failed_summary(cfg: RunConfig, run_dir: Path, error: str) -> dict:

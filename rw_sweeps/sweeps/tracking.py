@@ -1,7 +1,9 @@
 """wandb, and nothing else knows wandb. The local run folder is the source of truth; wandb is a viewer.
 
-Runs are logged when they end (a §5 run trains in well under a second; streaming would only add
-overhead), offline by default so nothing ever waits on a network (`wandb sync` uploads later).
+Offline by default, so nothing ever waits on a network (`wandb sync` uploads later); `WANDB_MODE`,
+`WANDB_PROJECT`, `WANDB_ENTITY` and `WANDB_TAGS` are the `wandb.*` keys' defaults (`config.WandbConfig`).
+A batch that gets per-run wandb runs streams them while it trains (`Live`: rows at each evaluation, stamped
+with their real times); a packed job's single wandb run is logged when the job's runs end.
 
 Granularity (`wandb.granularity`):
 - `run`: one wandb run per training run, in the run's folder: the resolved config, the history (x-axis
@@ -107,6 +109,78 @@ def wait() -> None:
     logger.queue.join()
 
 
+def per_run(w: dict, runs: int) -> bool:
+    """A batch of `runs` runs gets one wandb run per training run (else one per packed job)."""
+    g = w.get("granularity", "auto")
+    return g == "run" or (g == "auto" and runs <= w.get("per_run_limit", 32))
+
+
+def live(cfgs: list[dict], run_dirs: list[Path]) -> "Live | None":
+    """The batch's wandb runs, logged while it trains, where it gets per-run wandb runs; else None (the
+    runs are logged when they end, `log_runs`)."""
+    w = cfgs[0]["wandb"]
+    if w["mode"] == "disabled" or not per_run(w, len(cfgs)):
+        return None
+    from rw_sweeps.core.results import run_id
+
+    return Live(cfgs, [Path(d) for d in run_dirs], [run_id(d) for d in run_dirs])
+
+
+class Live:
+    """One batch's per-run wandb runs, streamed: each is started (`wandb.init`) when training starts, gets
+    its new history rows whenever the training loop reports (`train(live=…)`, each row stamped with the wall
+    time it was evaluated at, so `_timestamp` and `_runtime` are the training's own), and its summary when
+    the run's folder is written (`finish`). Everything goes through the background logger, in order:
+    training never waits on wandb."""
+
+    def __init__(self, cfgs: list[dict], run_dirs: list[Path], run_ids: list[str]):
+        self.cfgs, self.run_dirs, self.run_ids = cfgs, run_dirs, run_ids
+        self.runs: list = [None] * len(cfgs)
+        self.sent = [0] * len(cfgs)  # history rows handed to wandb, per run
+        self.walls: dict = {}
+        for r in range(len(cfgs)):
+            submit(self._start, r)
+
+    def _start(self, r: int) -> None:
+        self.runs[r] = _init(self.cfgs[r], self.run_dirs[r], self.run_ids[r])
+
+    def __call__(self, recs: list, walls: dict) -> None:
+        self.walls = walls
+        for r, rec in enumerate(recs):
+            new = rec.history[self.sent[r]:]
+            if new:
+                self.sent[r] = len(rec.history)
+                submit(self._rows, r, [dict(row) for row in new], {row["step"]: walls.get(row["step"]) for row in new})
+
+    def _rows(self, r: int, rows: list, walls: dict) -> None:
+        if self.runs[r] is not None:
+            _log_rows(self.runs[r], rows, walls)
+
+    def finish(self, entries: dict) -> None:
+        """entries: {run index: its entry (cfg, run_dir, run_id, history, summary)} for the runs whose folders
+        were written; the others' wandb runs end without a summary (and are not marked exported)."""
+        for r in range(len(self.cfgs)):
+            e = entries.get(r)
+            rest = e["history"][self.sent[r]:] if e is not None else []
+            submit(self._end, r, [dict(row) for row in rest], dict(e["summary"]) if e is not None else None)
+
+    def _end(self, r: int, rest: list, summary: dict | None) -> None:
+        run, self.runs[r] = self.runs[r], None
+        if run is None:
+            if summary is not None:  # its start failed (warned): replay it whole
+                _log_one({"cfg": self.cfgs[r], "run_dir": self.run_dirs[r], "run_id": self.run_ids[r],
+                          "history": rest, "summary": summary})
+            return
+        try:
+            _log_rows(run, rest, self.walls)
+            if summary is not None:
+                run.summary.update({k: v for k, v in summary.items() if v is not None})
+        finally:
+            run.finish()
+        if summary is not None:
+            mark_exported(self.run_dirs[r], self.run_ids[r], self.cfgs[r]["wandb"]["mode"])
+
+
 def log_runs(entries: list[dict]) -> None:
     """entries: dicts with cfg (resolved config dict), run_dir, run_id, history, summary. Returns at once:
     the logging happens on the background logger (`wait()` waits for it)."""
@@ -116,10 +190,7 @@ def log_runs(entries: list[dict]) -> None:
 
 
 def _log_runs(entries: list[dict]) -> None:
-    w = entries[0]["cfg"]["wandb"]
-    per_run = w.get("granularity", "auto") == "run" or (
-        w.get("granularity", "auto") == "auto" and len(entries) <= w.get("per_run_limit", 32))
-    if per_run:
+    if per_run(entries[0]["cfg"]["wandb"], len(entries)):
         for e in entries:
             _log_one(e)
     else:
@@ -135,23 +206,36 @@ def run_name(cfg: dict) -> str:
     return f"{what}{model} {cfg['init']['name']} seed={cfg['seed']}"
 
 
-def _log_one(e: dict) -> None:
+def _init(cfg: dict, run_dir: Path, run_id: str):
+    """The training run's wandb run: id from its folder, the sweep as its group, its config."""
     wandb = _wandb()
-    cfg, w = e["cfg"], e["cfg"]["wandb"]
+    w = cfg["wandb"]
     if w["mode"] == "offline":
-        _drop_partial(Path(e["run_dir"]) / "wandb", e["run_id"])
-    name = run_name(cfg)
+        _drop_partial(Path(run_dir) / "wandb", run_id)
     tags = list(w.get("tags") or []) + ([cfg["experiment"]] if cfg.get("experiment") else [])
-    run = wandb.init(project=w["project"], group=w["group"], job_type="train", tags=tags, name=name,
-                     id=e["run_id"], resume="allow", mode=w["mode"], dir=str(e["run_dir"]), config=cfg,
-                     reinit="create_new", settings=wandb.Settings(**_SETTINGS))
+    return wandb.init(project=w["project"], entity=w.get("entity"), group=w["group"], job_type="train",
+                      tags=tags, name=run_name(cfg), id=run_id, resume="allow", mode=w["mode"], dir=str(run_dir),
+                      config=cfg, reinit="create_new", settings=wandb.Settings(**_SETTINGS))
+
+
+def _log_rows(run, rows: list, walls: dict | None = None) -> None:
+    """History rows, x-axis `step`; with `walls` (step → wall time) each stamped with its own time."""
+    for row in rows:
+        data = {k: v for k, v in row.items() if v is not None}
+        if walls and walls.get(row["step"]) is not None:
+            data["_timestamp"] = walls[row["step"]]
+        run.log(data, step=row["step"])
+
+
+def _log_one(e: dict) -> None:
+    """A finished run replayed whole (`wandb.granularity=run` after the fact, `wandb_export`)."""
+    run = _init(e["cfg"], e["run_dir"], e["run_id"])
     try:
-        for row in e["history"]:
-            run.log({k: v for k, v in row.items() if v is not None}, step=row["step"])
+        _log_rows(run, e["history"])
         run.summary.update({k: v for k, v in e["summary"].items() if v is not None})
     finally:
         run.finish()
-    mark_exported(e["run_dir"], e["run_id"], w["mode"])
+    mark_exported(e["run_dir"], e["run_id"], e["cfg"]["wandb"]["mode"])
 
 
 def summary_hash(run_dir: Path) -> str | None:
@@ -197,7 +281,7 @@ def _log_job(entries: list[dict]) -> None:
     # `wandb sync` needs inside the sweep folder, so the folder can be synced from another machine.
     os.environ["WANDB_DATA_DIR"] = str(folder / ".wandb_data")
     tags = list(w.get("tags") or []) + sorted({e["cfg"]["experiment"] for e in entries if e["cfg"].get("experiment")})
-    run = wandb.init(project=w["project"], group=w["group"], job_type="packed", tags=tags, id=job_id,
+    run = wandb.init(project=w["project"], entity=w.get("entity"), group=w["group"], job_type="packed", tags=tags, id=job_id,
                      name=f"packed {len(entries)} runs", resume="allow", mode=w["mode"], dir=str(folder),
                      config={**common, "swept": swept, "runs": len(entries)}, reinit="create_new",
                      settings=wandb.Settings(**_SETTINGS))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar, List, Optional
+from typing import Any, ClassVar, List, Optional
 
 import numpy as np
 
@@ -17,8 +17,9 @@ from ..errors import one_line
 class MarkovMatrix(DataConfig):
     name: str = "markov_matrix"
     K: int = 3  # Π's size
-    # the row-stochastic K×K Π, a list of rows
-    Pi: Optional[List[List[float]]] = field(default_factory=lambda: [[0.8, 0.1, 0.1], [0.1, 0.6, 0.3],
+    # the row-stochastic K×K Π, a list of rows. Typed Any, checked and made float in `validate`: OmegaConf
+    # 2.3 cannot merge a command line's whole numbers (`data.Pi=[[0,1],[1,0]]`) into a List[List[float]]
+    Pi: Optional[List[List[Any]]] = field(default_factory=lambda: [[0.8, 0.1, 0.1], [0.1, 0.6, 0.3],
                                                                      [0.3, 0.2, 0.5]])
     # Π from a file instead (a .npy array, or text: K rows of K numbers separated by spaces or commas; a
     # relative path is from the launch folder). Read when the config is validated; it replaces data.Pi, so a
@@ -32,6 +33,10 @@ class MarkovMatrix(DataConfig):
         P, K = self.Pi, self.K
         if P is None:
             raise ConfigError("data.Pi", P, "must be a K×K row-stochastic matrix (a list of rows)")
+        if not isinstance(P, list) or not all(isinstance(row, list) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in row) for row in P):
+            raise ConfigError("data.Pi", P, "must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]]")
+        self.Pi = P = [[float(x) for x in row] for row in P]
         if not P or any(len(row) != len(P) for row in P):
             raise ConfigError("data.Pi", P, "must be square: K rows of K entries each")
         if len(P) != K:

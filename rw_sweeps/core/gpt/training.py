@@ -10,6 +10,7 @@ its parameters frozen, while the others go on.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -234,8 +235,9 @@ def _sets(cfgs: list[RunConfig], dtype, device) -> tuple[Batch | None, TestSet]:
 
 
 def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
-          resumed: list[dict] | None = None) -> list[Record]:
-    """Train R runs of one shape (optionally from their checkpoints) and return their records."""
+          resumed: list[dict] | None = None, live=None) -> list[Record]:
+    """Train R runs of one shape (optionally from their checkpoints) and return their records. `live(recs,
+    walls)`, if given, gets the records after every evaluation (rows are read to the host there anyway)."""
     c0 = cfgs[0]
     dtype, dev = getattr(torch, c0.precision), device_of(c0)
     K, N, T = c0.data.K, c0.data.N, c0.optim.steps
@@ -266,6 +268,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
     ticker = _Ticker(len(cfgs), start, T) if progress is not False else None
     stop = _SaveOnSignal()
+    walls: dict[int, float] = {}  # step → the wall-clock time it was evaluated at
     with stop:
         for t in range(start, T + 1):
             batch = train_set if train_set is not None else _batch_of(cfgs, t, dev)
@@ -280,6 +283,9 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                 with torch.no_grad():
                     row, snap = evaluate(params, test, c0, eps, t in snap_steps)
                 _record(recs, t, loss, row, baselines, snap, dead)
+                walls[t] = time.time()
+                if live is not None:
+                    live(recs, walls)
             if t < T:
                 opt.step(params, grads, dead > T, t)
                 if (c0.checkpoint_every and (t + 1) % c0.checkpoint_every == 0) or stop.pending:

@@ -1,0 +1,78 @@
+"""The learning curves of every swept cell: test accuracy over training, the mean over the cell's seeds and
+its min–max band, against OPT (dashed) and chance 1/K (dotted). One panel per cell (the swept keys but the
+seed), the report's default figure beside the phase diagrams."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt   # noqa: E402
+import numpy as np                # noqa: E402
+import pandas as pd               # noqa: E402
+
+from .load import load_history    # noqa: E402
+from .phase import _fmt, swept_keys, LABELS   # noqa: E402
+
+MAX_CELLS = 36      # panels drawn; a larger grid's first cells, and the report says so
+MAX_SEEDS = 16      # runs read per cell: the band of a few hundred seeds is the band of sixteen
+
+
+def cells(runs: pd.DataFrame) -> tuple[list[str], list[tuple]]:
+    """The swept keys (but the seed) and their value combinations, in the table's order."""
+    keys = [k for k in swept_keys(runs) if k != "seed"]
+    if not keys:
+        return [], [()]
+    combos = list(dict.fromkeys(runs[keys].astype(object).where(runs[keys].notna(), None)
+                                .itertuples(index=False, name=None)))
+    return keys, combos
+
+
+def curve_figures(runs: pd.DataFrame, notes: list[str], metric: str = "test_acc") -> list[tuple]:
+    """(name, caption, draw) for the learning curves, or none when no run has a history of `metric`."""
+    done = runs[runs["status"] == "done"] if "status" in runs else runs
+    if not len(done):
+        return []
+    keys, combos = cells(done)
+    if len(combos) > MAX_CELLS:
+        notes.append(f"learning curves: the first {MAX_CELLS} of {len(combos)} cells drawn")
+        combos = combos[:MAX_CELLS]
+    on = ", ".join(keys) if keys else "the one setting"
+    caption = (f"{metric} over training, one panel per cell of {on}: the mean over the cell's seeds (line) "
+               f"and its min–max band, against OPT (dashed) and chance 1/K (dotted)")
+    return [(f"curves_{metric}", caption, lambda: draw_curves(done, keys, combos, metric))]
+
+
+def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric: str = "test_acc"):
+    n = len(combos)
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.5 * rows), squeeze=False, sharey=True)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    for ax, combo in zip(axes.flat, combos):
+        sub = runs
+        for k, v in zip(keys, combo):
+            sub = sub[sub[k].isna()] if v is None else sub[sub[k].astype(object) == v]
+        sub = sub.head(MAX_SEEDS)
+        hist = load_history(sub)
+        title = ", ".join(f"{LABELS.get(k, k)}={_fmt(k, v) if v is not None else 'none'}"
+                          for k, v in zip(keys, combo))
+        ax.set_title(f"{title} ({len(sub)} runs)" if title else f"{len(sub)} runs", fontsize=8)
+        if len(hist) and metric in hist and hist[metric].notna().any():
+            g = hist.groupby("step")[metric]
+            mean, lo, hi = g.mean(), g.min(), g.max()
+            ax.plot(mean.index, mean, lw=1.4)
+            ax.fill_between(mean.index, lo, hi, alpha=0.25)
+        else:
+            ax.text(0.5, 0.5, f"no {metric} in histories", ha="center", va="center", transform=ax.transAxes)
+        opt = pd.to_numeric(sub.get("opt_acc"), errors="coerce").mean() if "opt_acc" in sub else np.nan
+        if opt == opt:
+            ax.axhline(opt, color="k", ls="--", lw=1)
+        K = pd.to_numeric(sub.get("data.K"), errors="coerce").mean() if "data.K" in sub else np.nan
+        if K == K and K > 0:
+            ax.axhline(1 / K, color="grey", ls=":", lw=1)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].set_ylabel(metric)
+    fig.set_layout_engine("constrained")
+    return fig

@@ -34,16 +34,66 @@ def counts(runs: pd.DataFrame, skipped: list[dict]) -> pd.DataFrame:
 
 
 def sweep_config(runs: pd.DataFrame) -> pd.DataFrame:
-    """One line per config key: its value if the same in every run, else the values swept."""
+    """One line per config key of the options the sweep's runs used (a key no run has is another option's,
+    and left out): its value if the same in every run, else the values, and whether it was swept (an axis
+    of the grid, or the seed) or derived (it varies, but follows the swept keys, as `model.normalize`
+    follows `init`)."""
+    from .phase import swept_keys
+
+    swept = set(swept_keys(runs)) | {"seed"}
     rows = []
     for k in config_keys(runs):
         vals = runs[k].dropna().unique().tolist()
+        if not vals:
+            continue
         vals = sorted(vals, key=str)
         shown = ", ".join(map(str, vals[:12])) + (f", … ({len(vals)} values)"
                                                    if len(vals) > 12 else "")
-        rows.append({"key": k, "value": shown if vals else "null",
-                     "swept": "yes" if len(vals) > 1 else ""})
+        varies = len(vals) > 1 or (len(vals) == 1 and runs[k].isna().any())
+        rows.append({"key": k, "value": shown,
+                     "role": ("swept" if k in swept else "derived") if varies else ""})
     return pd.DataFrame(rows)
+
+
+RUN_COLUMNS = ("status", "success", "test_acc", "opt_acc", "success_step", "symmetry_break_step",
+               "parent_attention", "test_kl", "test_loss", "steps", "wall_s")
+MAX_RUN_ROWS = 2000  # rows in the page's per-run table; every run is in runs.parquet
+
+
+def run_table(runs: pd.DataFrame, out: Path) -> tuple[str, int]:
+    """The per-run table as HTML (a link to each run's folder, the swept keys, the seed, the headline
+    fields), sortable by any column in the browser, and how many runs it leaves out."""
+    import os
+
+    from .phase import swept_keys
+
+    keys = [k for k in swept_keys(runs) if k != "seed"] + (["seed"] if "seed" in runs else [])
+    cols = [c for c in dict.fromkeys([*keys, *RUN_COLUMNS]) if c in runs.columns]
+    shown = runs.head(MAX_RUN_ROWS)
+    head = "<th>run</th>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = []
+    for path, row in zip(shown["path"], shown[cols].itertuples(index=False)):
+        href = Path(os.path.relpath(path, Path(out).resolve())).as_posix()
+        cells = "".join(f"<td>{_e(_num(v))}</td>" for v in row)
+        body.append(f"<tr><td><a href='{_e(href)}/'>{_e(Path(path).name)}</a></td>{cells}</tr>")
+    html_ = (f"<table class='sortable' id='runs'><thead><tr>{head}</tr></thead>"
+             f"<tbody>{''.join(body)}</tbody></table>")
+    return html_, len(runs) - len(shown)
+
+
+def _num(v):
+    if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+        return ""
+    return f"{v:.4g}" if isinstance(v, float) else v
+
+
+# Click a column's head to sort by it (numbers as numbers, blanks last); again to reverse.
+SORT_JS = """document.querySelectorAll('table.sortable th').forEach((th,i)=>{th.style.cursor='pointer';
+th.title='sort';th.onclick=()=>{const t=th.closest('table'),b=t.tBodies[0],up=th.dataset.dir!=='up';
+th.dataset.dir=up?'up':'down';const v=r=>r.cells[i].textContent,n=x=>x===''?NaN:Number(x);
+[...b.rows].sort((a,c)=>{const x=v(a),y=v(c),nx=n(x),ny=n(y);let d;
+if(!isNaN(nx)&&!isNaN(ny))d=nx-ny;else if(x==='')d=1;else if(y==='')d=-1;else d=x.localeCompare(y);
+return up?d:-d}).forEach(r=>b.appendChild(r))}});"""
 
 
 def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: list[dict],
@@ -53,8 +103,7 @@ def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: li
     h = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
          f"<style>{CSS}</style></head><body><h1>{_e(title)}</h1>"]
     h += [f"<p class='note'>{_e(n)}</p>" for n in notes]
-    h.append("<h2>Runs</h2>" + _table(counts(runs, skipped))
-             + "<p>One row per run: <a href='runs.parquet'>runs.parquet</a></p>")
+    h.append("<h2>Runs</h2>" + _table(counts(runs, skipped)))
     sections = list(dict.fromkeys(f["section"] for f in figures))
     for sec in sections:
         h.append(f"<h2>{_e(sec)}</h2>")
@@ -64,15 +113,22 @@ def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: li
                 continue
             h.append(f"<figure><img src='{_e(f['file'])}' alt='{_e(f['caption'])}'>"
                      f"<figcaption>{_e(f['caption'])}</figcaption></figure>")
+    if len(runs):
+        table, left = run_table(runs, out)
+        h.append("<h2>Every run</h2><p>One row per run, linked to its folder; click a column to sort. "
+                 + (f"The first {MAX_RUN_ROWS} runs; all {len(runs)} are in " if left else "Also as ")
+                 + "<a href='runs.parquet'>runs.parquet</a> (<code>pandas.read_parquet</code>).</p>" + table)
     for sw, sub in (runs.groupby("sweep") if len(runs) else []):
-        h.append(f"<h2>Config of {_e(sw)}</h2>" + _table(sweep_config(sub)))
+        h.append(f"<h2>Config of {_e(sw)}</h2><p>The keys of the options its runs used. <b>swept</b>: a grid "
+                 "axis (or the seed); <b>derived</b>: varies, but follows the swept keys.</p>"
+                 + _table(sweep_config(sub)))
     bad = runs[runs["status"] != "done"] if len(runs) else runs
     if len(bad):
         cols = [c for c in ("path", "status", "error", "steps") if c in bad.columns]
         h.append("<h2>Failed and diverged runs</h2>" + _table(bad[cols]))
     if skipped:
         h.append("<h2>Folders skipped</h2>" + _table(pd.DataFrame(skipped)))
-    h.append("</body></html>")
+    h.append(f"<script>{SORT_JS}</script></body></html>")
     path = Path(out) / "index.html"
     path.write_text("\n".join(h), encoding="utf-8")
     return path

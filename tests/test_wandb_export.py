@@ -135,6 +135,13 @@ def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     assert info["group"] == "/".join(sweep.parts[-2:]) and info["summary"]["runs"] == 4
     assert info["summary"]["runs/nrows"] == 4 and "phase_success/path" in info["summary"]
     assert info["config"]["axes"] == ["data.p"]
+    report = sweep / "wandb_analysis" / "report"  # the report `python -m analysis` draws, every figure of it
+    figures = {p.stem for p in report.glob("*.png")}
+    assert {"phase_success", "phase_symmetry_break_step", "curves_test_acc"} <= figures
+    assert {k.split("/")[0] for k in info["summary"] if k.endswith("/path")} == figures | {"runs"}
+    assert info["summary"]["figures"] == len(figures)
+    staged = [p for p in (sweep / "wandb_analysis" / ".wandb_data").rglob("*") if p.is_file()]
+    assert staged and all(p.stat().st_mode & 0o777 == 0o644 for p in staged)
     assert read_run(sweep / "0")["id"] == summaries(sweep)["0"]["run_id"]  # and the per-run runs, as before
     r = launch(*args)  # every run is done: a re-run replaces the analysis run, never adds one
     assert r.returncode == 0, r.stderr
@@ -163,3 +170,55 @@ def test_the_analysis_callback_travels_pickled_to_a_job_while_it_warms_up(tmp_pa
     again = pickle.loads(pickle.dumps(cb))
     assert isinstance(again, WandbAnalysis) and again._warming is None
     cb._warming.join()
+
+
+# ---------------------------------------------------------------------------------------------------- as users know it
+def test_wandb_environment_variables_are_the_defaults_and_explicit_keys_override_them(tmp_path):
+    env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "from-env", "WANDB_ENTITY": "lab", "WANDB_TAGS": "a, b"}
+    r = launch(*TINY, f"hydra.run.dir={tmp_path / 'env'}", env=env)
+    assert r.returncode == 0, r.stderr
+    info = read_run(tmp_path / "env")
+    assert info["project"] == "from-env" and info["tags"] == ["a", "b"]
+    recorded = yaml.safe_load((tmp_path / "env" / "config.yaml").read_text())["wandb"]
+    assert (recorded["project"], recorded["entity"], recorded["tags"]) == ("from-env", "lab", ["a", "b"])
+    r = launch(*TINY, "wandb.project=explicit", "wandb.tags=[c]", f"hydra.run.dir={tmp_path / 'key'}", env=env)
+    assert r.returncode == 0, r.stderr
+    info = read_run(tmp_path / "key")
+    assert info["project"] == "explicit" and info["tags"] == ["c"]
+    r = launch(*TINY, f"hydra.run.dir={tmp_path / 'off'}", env={"WANDB_MODE": "disabled"})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "off" / "summary.json").exists() and not (tmp_path / "off" / "wandb").exists()
+    r = launch(*TINY, "wandb.mode=offline", f"hydra.run.dir={tmp_path / 'back'}", env={"WANDB_MODE": "disabled"})
+    assert r.returncode == 0, r.stderr
+    assert read_run(tmp_path / "back")["id"] == summaries(tmp_path)["back"]["run_id"]
+
+
+def test_a_small_batch_streams_its_rows_while_it_trains_each_stamped_when_it_was_evaluated(tmp_path, monkeypatch):
+    """The training loop hands the records to `live` as it goes: every report's rows are a prefix of the
+    final history, and the front door's offline run holds that history with one real time per row."""
+    from rw_sweeps.core import config as config_mod, training
+
+    cfg = config_mod.from_dict({"optim": {"steps": 12}, "eval_every": 3, "model": {"M": 200},
+                                "data": {"name": "random_walk", "n_train": 64, "n_test": 64}})
+    seen = []
+    monkeypatch.setattr(training, "LIVE_S", 0.0)
+    recs = training.train([cfg], [tmp_path / "r"], progress=False,
+                          live=lambda recs, walls: seen.append(([dict(h) for h in recs[0].history], dict(walls))))
+    final = recs[0].history
+    assert [len(rows) for rows, _ in seen] == [1, 2, 3, 4, 5]  # each evaluation's row once its loss is known
+    assert all(rows == final[:len(rows)] for rows, _ in seen)
+    assert sorted(seen[-1][1]) == [0, 3, 6, 9, 12]
+
+    t0 = __import__("time").time()
+    r = launch("optim.steps=30", "data.n_train=64", "data.n_test=64", "model.M=200", "wandb.mode=offline",
+               f"hydra.run.dir={tmp_path / 'run'}")
+    t1 = __import__("time").time()
+    assert r.returncode == 0, r.stderr
+    info = read_run(tmp_path / "run")
+    history = [json.loads(line) for line in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in info["history"]] == [h["step"] for h in history]
+    assert all(h["test_acc"] == w["test_acc"] for h, w in zip(history, info["history"]))
+    stamps = [h["_timestamp"] for h in info["history"]]
+    assert stamps == sorted(stamps) and t0 <= stamps[0] <= stamps[-1] <= t1
+    assert info["summary"]["test_acc"] == summaries(tmp_path)["run"]["test_acc"]
+    assert info["config"]["wandb"]["mode"] == "offline" and info["group"] == "/".join((tmp_path / "run").parts[-2:])

@@ -223,10 +223,6 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         evaluated = None  # the last evaluated step: the first step taken from it records its training loss
         shown = time.monotonic()  # when `live` was last given the records
         for t in evals:
-            if live is not None and evaluated is not None and time.monotonic() - shown >= LIVE_S:
-                log.flush(state.step)  # the rows up to the last evaluation whose training loss is known
-                live(recs, log.walls)
-                shown = time.monotonic()
             while state.step < t:  # the steps up to this evaluation, in bounded calls
                 t0, n = state.step, block.steps(t - state.step, c0.checkpoint_every, state.step)
                 if hp is None:
@@ -246,6 +242,10 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                     for r, rec in enumerate(recs):
                         results.save_checkpoint(rec.run_dir, checkpoint(rec, state, r))
                     stop.deliver()  # the signal's own handler now: submitit requeues, Ctrl-C interrupts, …
+            if live is not None and evaluated is not None and time.monotonic() - shown >= LIVE_S:
+                log.flush(state.step)  # every evaluation so far: the last one's training loss is now known
+                live(recs, log.walls)
+                shown = time.monotonic()
             # fused.*: the compiled kernel where it applies (eq. 2.1, exact Gram, CPU), else engine.* itself
             snapshot = t in snap_steps  # only a snapshot needs the attention at every position
             probe = fused.evaluate(state, test_set, eps, geo, PiT, full=snapshot)

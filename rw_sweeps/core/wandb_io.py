@@ -25,3 +25,15 @@ def drop_partial(wandb_dir: Path, run_id: str) -> None:
     replaced, never kept beside the new one (`wandb sync` would upload both under one id)."""
     for old in Path(wandb_dir).glob(f"offline-run-*-{run_id}"):
         shutil.rmtree(old, ignore_errors=True)
+
+
+def readable(data_dir: Path) -> None:
+    """wandb stages the files it uploads (tables, artifacts) read-only for their owner (0400): in a shared
+    sweep folder they are made 0644 like every other file, so that a collaborator can read them and the
+    owner can remove the sweep without a fight."""
+    for f in Path(data_dir).rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            try:
+                os.chmod(f, 0o644)
+            except OSError:
+                pass

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.safefs import write_with
-from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, wandb as _wandb
+from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
 
@@ -306,3 +306,4 @@ def _log_job(entries: list[dict]) -> None:
                             "mean_test_acc": sum(s["test_acc"] for s in done) / len(done) if done else None})
     finally:
         run.finish()
+        readable(folder / ".wandb_data")

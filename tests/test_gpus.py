@@ -158,5 +158,5 @@ def test_packed_gpus_without_a_gpu_trains_every_chunk_in_one_process(tmp_path):
     assert len(logs) == 1 and logs[0].read_text().count("done: p=") == 3  # one process, its three chunks
     for n in ("0", "1", "2"):  # each run still its own Hydra job
         assert {p.name for p in (sweep / n / ".hydra").iterdir()} == {"config.yaml", "hydra.yaml", "overrides.yaml"}
-        assert (sweep / n / "launch.log").read_text().count("done: p=") == 1
+        assert (sweep / n / "rw.log").read_text().count("done: p=") == 1
     assert all(s["status"] == "done" for s in summaries(sweep).values())

@@ -77,7 +77,7 @@ def test_callbacks_and_env_set_see_every_packed_run_as_its_own_job(preset, tmp_p
     assert all(e["output_dir"] == str(sweep / str(e["num"])) for e in ev if e["event"] == "job_start")
     runs = summaries(sweep)
     for num, e in ends.items():
-        assert e["working_dir"] == str(sweep / str(num)) and e["task_name"] == "launch" and e["hydra_num"] == num
+        assert e["working_dir"] == str(sweep / str(num)) and e["task_name"] == "rw" and e["hydra_num"] == num
         assert e["overrides"] == yaml.safe_load((sweep / str(num) / ".hydra" / "overrides.yaml").read_text())
         assert e["cfg_p"] == runs[str(num)]["p"]
         if runs[str(num)]["status"] == "done":
@@ -261,3 +261,76 @@ def test_the_planners_quick_parse_of_an_integer_override_is_hydras_own():
     for line in ["seed=007", "seed=1_000", "seed=+5", "data.p=0.5", "seed=1e3", "~seed", "+seed=1", "seed=1,2",
                  "data=random_walk", "seed= 1", "seed=range(0,3)", "hydra/launcher=slurm"]:
         assert quick_override(line) is None, line
+
+
+# ------------------------------------------------------------------------------------------ presets and habits
+def test_the_debug_preset_is_a_tiny_run_named_rw(tmp_path):
+    r = launch("debug=default", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert (cfg["optim"]["steps"], cfg["model"]["M"], cfg["data"]["n_train"]) == (5, 200, 64)
+    assert (tmp_path / "r" / "rw.log").exists()  # one job name under every entry point
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 5
+
+
+def test_the_shipped_optuna_search_preset_runs_its_study(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    sweep = tmp_path / "s"
+    r = launch("-m", "hparams_search=lr_p", "hydra.sweeper.n_trials=4", "hydra.sweeper.n_jobs=2", *QUIET,
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    runs = summaries(sweep)
+    assert len(runs) == 4 and best["best_value"] == max(s["test_acc"] for s in runs.values())
+    assert {"optim.lr", "optim.eps"} == set(best["best_params"]) and all(s["p"] == 0.8 for s in runs.values())
+
+
+def test_a_users_own_preset_that_overrides_the_sweeper_is_obeyed(tmp_path):
+    """A preset's `override /hydra/sweeper: optuna` works as in any Hydra app: the primary config names no
+    sweeper of its own (`conf/sweep/rw.yaml` does, earlier in the defaults list)."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    mine = tmp_path / "myconf" / "hparams_search"
+    mine.mkdir(parents=True)
+    (mine / "mine.yaml").write_text("# @package _global_\ndefaults:\n  - override /hydra/sweeper: optuna\n"
+                                    "objective: test_acc\nhydra:\n  sweeper:\n    direction: maximize\n"
+                                    "    n_trials: 2\n    n_jobs: 2\n    params:\n      data.p: interval(0.6, 0.9)\n")
+    sweep = tmp_path / "s"
+    r = launch("-m", "--config-dir", str(tmp_path / "myconf"), "hparams_search=mine", *QUIET,
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (sweep / "optimization_results.yaml").exists() and len(summaries(sweep)) == 2
+
+
+def test_help_says_what_the_app_is_and_lists_the_groups_and_every_keys_comment(tmp_path):
+    r = launch("--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("rw-sweeps: ") and "powered by Hydra" not in out
+    groups = dict(line.split(": ", 1) for line in out.split("== Groups")[1].split("== Keys")[0].splitlines()[1:]
+                  if ": " in line)
+    assert "random_walk" in groups["data"] and "_schema" not in out.split("== Keys")[0]
+    assert {"debug", "hparams_search", "experiment"} <= set(groups)
+    assert "  data.p=0.5  # " in out and "init=gaussian: V_ij(0), W_ij(0)" in out and "  init.sigma=0.01" in out
+    assert "  optim.lr=1.0" in out and "wandb.entity=None  # " in out
+
+
+def test_a_missing_extras_plugin_names_the_extra_to_install():
+    from hydra.errors import MissingConfigException
+
+    from rw_sweeps.core.config import from_hydra_error
+
+    text = ("In 'hydra/config': Could not find 'hydra/sweeper/optuna'\n\nAvailable options in 'hydra/sweeper':"
+            "\n\tbasic\n\trw\nConfig search path:\n\tprovider=hydra, path=pkg://hydra.conf")
+    e = from_hydra_error(MissingConfigException(text, "hydra/sweeper/optuna"))
+    assert str(e) == ("invalid config: hydra/sweeper='optuna': unknown option; allowed: basic, rw (optuna is in "
+                      "the 'optuna' extra: pip install 'rw-sweeps[optuna]')")
+
+
+def test_whole_numbers_in_a_transition_matrix_are_numbers(tmp_path):
+    r = launch("data=markov_matrix", "data.K=2", "data.Pi=[[0,1],[1,0]]", *QUIET, f"hydra.run.dir={tmp_path / 'r'}",
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["data"]["Pi"] == [[0.0, 1.0], [1.0, 0.0]]
+    r = launch("data=markov_matrix", "data.K=2", "data.Pi=[[0,1],[1,x]]", *QUIET, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: invalid config: data.Pi=[[0, 1], [1, 'x']]: must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]]")

@@ -86,7 +86,7 @@ def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
             h["sweep"].pop("dir"), h["job"].pop("id")
         assert ha_ == hb_
         for d in (packed, local):
-            log = (d / "launch.log").read_text()
+            log = (d / "rw.log").read_text()
             assert log.count("done: p=") == 1 and "[rw_sweeps.sweeps.app][INFO]" in log
 
 

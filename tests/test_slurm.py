@@ -290,7 +290,7 @@ def test_e_the_sbatch_script_carries_what_the_user_asked_for(tmp_path):  # no cl
     flags = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
     for flag in ("--partition=gpu", "--time=90", "--cpus-per-task=4", "--gres=gpu:1", "--mem=16GB",
                  "--array=0-2%2", "--account=lab", "--qos=high", "--constraint=a100", "--requeue",
-                 "--signal=USR2@60", "--job-name=launch", "--nodes=1"):
+                 "--signal=USR2@60", "--job-name=rw", "--nodes=1"):
         assert f"#SBATCH {flag}" in flags, flag
     assert not any("gpus-per-node" in f for f in flags)
     body = script.splitlines()

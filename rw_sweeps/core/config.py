@@ -836,8 +836,15 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
                   text, re.S)
     if m:
         options = ", ".join(o.strip() for o in m.group(3).split() if o.strip() and not o.strip().endswith("_schema"))
-        return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}")
+        extra = EXTRAS.get((m.group(1), m.group(2)))
+        hint = f" ({m.group(2)} is in the '{extra}' extra: pip install 'rw-sweeps[{extra}]')" if extra else ""
+        return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}{hint}")
     return None
+
+
+# Hydra plugins that come with an extra of this package (pyproject.toml): a missing one says how to get it
+EXTRAS = {("hydra/sweeper", "optuna"): "optuna", ("hydra/launcher", "submitit_local"): "submitit",
+          ("hydra/launcher", "submitit_slurm"): "submitit"}
 
 
 def _parsed(text: str) -> Any:

@@ -225,8 +225,29 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
         GlobalHydra.instance().clear()
 
 
+def _register_resolvers() -> None:
+    """`${rw_keys:}` and `${rw_groups:}`: every schema key with its default and comment, and every group's
+    options, for `--help` (`conf/hydra/help/rw.yaml`)."""
+    if not OmegaConf.has_resolver("rw_keys"):
+        def keys_text() -> str:
+            from rw_sweeps.core.keys import describe
+
+            return describe()
+
+        def groups_text() -> str:
+            from rw_sweeps.core.keys import groups
+
+            from .planner import packaged_conf
+
+            return groups(packaged_conf())
+
+        OmegaConf.register_new_resolver("rw_keys", keys_text)
+        OmegaConf.register_new_resolver("rw_groups", groups_text)
+
+
 def run_front_door(main: Callable, argv: list[str], calling_file: str, config_path: str) -> None:
     """launch.py's and `rw-launch`'s `__main__`: the pre-check, Hydra, then the exit status."""
+    _register_resolvers()
     try:
         preflight(argv, calling_file, config_path)
     except Exception as exc:  # noqa: BLE001 - one line, no traceback, before anything is written

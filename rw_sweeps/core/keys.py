@@ -1,0 +1,85 @@
+"""Every key of the schemas with its default and its comment, as text: what `--help` shows
+(`conf/hydra/help/rw.yaml`, through the `rw_keys` resolver that `rw_sweeps.sweeps.app` registers).
+
+The comments are the schema's own (`config.py`, the families, the model options): read from the source once
+per `--help`, never copied into a second place."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+
+from .config import GROUPS, OPTIONS, RunConfig, WandbConfig
+
+_FIELD = re.compile(r"^\s+(\w+):[^=#]*(?:=[^#]*)?(?:#\s*(.*))?$")
+
+
+def comments(cls) -> dict[str, str]:
+    """{field: its trailing comment, or the comment lines just above it} over the class and its bases."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            lines = inspect.getsource(klass).splitlines()
+        except (OSError, TypeError):
+            continue
+        above: list[str] = []
+        for line in lines:
+            stripped = line.strip()
+            if stripped.startswith("#"):
+                above.append(stripped.lstrip("# "))
+                continue
+            m = _FIELD.match(line)
+            if m and m.group(1) in klass.__dataclass_fields__:
+                text = m.group(2) or " ".join(above)
+                if text:
+                    out[m.group(1)] = text
+            above = []
+    return out
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return "???"
+
+
+def _lines(cls, prefix: str, skip=()) -> list[str]:
+    notes = comments(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in skip or f.name == "name":
+            continue
+        head = f"  {prefix}{f.name}={_default(f)}"
+        out.append(head + (f"  # {notes[f.name]}" if f.name in notes else ""))
+    return out
+
+
+def describe() -> str:
+    """The run's own keys, then each group's options and their keys (default and comment)."""
+    groups = set(GROUPS) | {"wandb"}
+    text = ["The run:"] + _lines(RunConfig, "", skip=groups)
+    text += ["", "wandb (WANDB_MODE, WANDB_PROJECT, WANDB_ENTITY and WANDB_TAGS are its defaults):"]
+    text += _lines(WandbConfig, "wandb.")
+    for group in GROUPS:
+        for name, cls in OPTIONS[group].items():
+            doc = cls.__doc__ or ""
+            doc = "" if doc.startswith(cls.__name__ + "(") else inspect.cleandoc(doc).split("\n\n")[0].replace("\n", " ")
+            text += ["", f"{group}={name}: {doc}" if doc else f"{group}={name}:"]
+            text += _lines(cls, f"{group}.")
+    return "\n".join(text)
+
+
+def groups(conf_dir: str) -> str:
+    """Each config group and its options, one line a group: the schema's options, and the presets' YAML files
+    in `conf_dir` (`experiment`, `hparams_search`, `debug`, …); the `<option>_schema` entries are left out."""
+    from pathlib import Path
+
+    found = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(conf_dir).iterdir()
+             if p.is_dir() and p.name != "hydra" and not p.name.startswith(("_", "."))}
+    for group in GROUPS:
+        found[group] = sorted(set(found.get(group, [])) | set(OPTIONS[group]))
+    return "\n".join(f"{g}: {', '.join(opts)}" for g, opts in sorted(found.items()) if opts)

@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402
 import pandas as pd               # noqa: E402
 
+from rw_sweeps.core.console import prog                    # noqa: E402
+
 from . import claims                                      # noqa: E402
 from .curves import curve_figures                         # noqa: E402
 from .escape import escape_figures                        # noqa: E402
@@ -33,15 +35,8 @@ from .report import counts, log_to_wandb, write_report    # noqa: E402
 DPI = 110
 
 
-def _prog(module: str, script: str) -> str:
-    """The usage line's name: the console script when run as one, else `python -m <module>`."""
-    import os
-
-    return script if os.path.basename(sys.argv[0]) == script else f"python -m {module}"
-
-
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog=_prog("analysis", "rw-analysis"), description=__doc__.split("\n\n")[1])
+    ap = argparse.ArgumentParser(prog=prog("analysis", "rw-analysis"), description=__doc__.split("\n\n")[1])
     ap.add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR",
                     help="sweep folders (hydra.sweep.dir) or single run folders")
     ap.add_argument("--out", type=Path, required=True, help="folder for the report")

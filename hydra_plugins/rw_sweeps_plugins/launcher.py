@@ -161,8 +161,11 @@ class HydraJob:
 class ChunkJob:
     """A packed chunk, wherever it runs (this process, a process pinned to a GPU, a SLURM array task)."""
 
-    def __init__(self, chunk, memory_gb: Optional[float] = None):
+    def __init__(self, chunk, memory_gb: Optional[float] = None, label: Optional[str] = None,
+                 finished_after: Optional[str] = None):
         self.chunk, self.memory_gb, self.singleton_state = chunk, memory_gb, Singleton.get_state()
+        self.label = label  # "job 2/3: 4 run(s), runs 5–8 of 12", said when it starts
+        self.finished_after = finished_after  # "8 of 12 runs finished", said when it ends in this process
 
     def __call__(self) -> List[JobReturn]:
         from hydra.core.utils import setup_globals
@@ -173,6 +176,8 @@ class ChunkJob:
             setup_globals()
             self.chunk.job_id = job_id
         returns = self._train()
+        if job_id is None and self.finished_after:  # the jobs of this process run in turn: the count is true
+            print(f"{self.finished_after} so far", flush=True)
         if job_id is not None:  # this job's own process ends here: its wandb logging first
             _wait_for_wandb()
         failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
@@ -188,6 +193,8 @@ class ChunkJob:
 
         from rw_sweeps.sweeps.packing import chunks, gpu_budget_gb
 
+        if self.label:
+            print(self.label, flush=True)
         budget = gpu_budget_gb(self.memory_gb) if self.chunk.specs and _job_id() is not None else None
         if budget is None:
             return self.chunk()
@@ -349,8 +356,13 @@ class RwLauncher(Launcher):
         rec = self._record(specs, done, todo)
         log.info(f"{cut.line(len(specs), len(done), 'hydra.launcher.pack=false')}; sweep folder {self.sweep_dir}")
         returns: Dict[int, JobReturn] = done_jobs()
-        payloads = [ChunkJob(chunk(job), p["memory_gb"]) if p["pack"]
-                    else HydraJob(self, job[0].overrides, job[0].num, True, job[0].output_dir) for job in jobs]
+        ends = [len(done) + sum(len(j) for j in jobs[:k + 1]) for k in range(len(jobs))]
+        payloads = [ChunkJob(chunk(job), p["memory_gb"],
+                             f"job {k + 1}/{len(jobs)}: {len(job)} run(s), runs {ends[k] - len(job) + 1}–{ends[k]} "
+                             f"of {len(specs)}" + (f" ({len(done)} skipped, done)" if done and k == 0 else ""),
+                             f"{ends[k]} of {len(specs)} runs finished" if len(jobs) > 1 else None)
+                    if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True, job[0].output_dir)
+                    for k, job in enumerate(jobs)]
         if per_device is not None:  # one GpuJob per device, its chunks in turn; a result per chunk again
             starts = [sum(len(d) for d in per_device[:g]) for g in range(len(per_device))]
             gpu_jobs = [GpuJob(payloads[a:a + len(d)]) if d else None for a, d in zip(starts, per_device)]

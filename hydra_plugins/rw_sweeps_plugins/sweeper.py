@@ -57,6 +57,25 @@ def outcome(ret, skipped: bool = False) -> str:
 
 
 class RwSweeper(basic_sweeper()):
+    def _once_each(self, jobs: list, specs: list, planner) -> list:
+        """A grid that names one run twice (`optim.lr=1,1.0`, `seed=0,0`) trains it once, and says so in one
+        line; the jobs left are numbered as Hydra numbers a grid without the repeats."""
+        from rw_sweeps.sweeps.placement import repeats
+
+        again = repeats(specs)
+        if not again:
+            return specs
+        def differ(a, b):
+            return " ".join(o for o in a if o not in b) or " ".join(a)
+
+        shown = ", ".join(f"{differ(jobs[i], jobs[j])} = {differ(jobs[j], jobs[i])}" for i, j in list(again.items())[:3])
+        more = f", … ({len(again)} in all)" if len(again) > 3 else ""
+        print(f"grid: {len(again)} point(s) name a run already in it, each trained once: {shown}{more}", flush=True)
+        kept = [job for i, job in enumerate(jobs) if i not in again]
+        n = self.max_batch_size or len(kept)
+        self.overrides = [kept[i:i + n] for i in range(0, len(kept), n)]
+        return planner.plan(kept)
+
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.task_function = task_function
@@ -76,6 +95,7 @@ class RwSweeper(basic_sweeper()):
             try:
                 planner = Planner(self.hydra_context.config_loader, self.config)
                 specs = planner.plan(jobs)
+                specs = self._once_each(jobs, specs, planner)
                 if getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
                     from rw_sweeps.core.resources import problems
 

@@ -590,7 +590,7 @@ def _type_rule(cls, name: str, e: BaseException) -> str:
     if base in _RULES:
         return _RULES[base] + (" or null" if optional else "")
     text = str(base).replace("typing.", "")
-    if "List[List[float]]" in text:
+    if "List[List[float]]" in text or "List[List[Any]]" in text:
         return "must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]]" + (", or null" if optional else "")
     if "List[float]" in text:
         return "must be a list of numbers, e.g. [0.4,0.3,0.2,0.1]"
@@ -616,10 +616,16 @@ def allowed(cls) -> str:
     return ", ".join(_names(cls))
 
 
-def _describe(cls, prefix: str) -> str:
+def _describe(cls, prefix: str, key: str | None = None) -> str:
     group = prefix.rstrip(".")
     if group in GROUPS:
-        return f"unknown key for {group}={cls.__dataclass_fields__['name'].default}; allowed: {allowed(cls)}"
+        text = f"unknown key for {group}={cls.__dataclass_fields__['name'].default}; allowed: {allowed(cls)}"
+        owners = [n for n, c in OPTIONS[group].items() if key in c.__dataclass_fields__] if key else []
+        if owners:
+            text += f" ({group}.{key} is a key of {', '.join(f'{group}={n}' for n in owners)})"
+        if group == "init" and key == "sigma":  # the paper's grid, written as one σ axis
+            text += "; to sweep σ with zero init, write init=gaussian init.sigma=0,… (σ = 0 is zero init)"
+        return text
     return f"unknown key; allowed: {allowed(cls)}"
 
 
@@ -630,7 +636,7 @@ def _build(cls, d: Any, prefix: str, complete: bool):
     names = {name for name, _ in fields}
     unknown = [k for k in d if k not in names]
     if unknown:
-        raise ConfigError(prefix + unknown[0], d[unknown[0]], _describe(cls, prefix))
+        raise ConfigError(prefix + unknown[0], d[unknown[0]], _describe(cls, prefix, unknown[0]))
     kwargs = {}
     for name, group in fields:
         if name not in d:
@@ -703,7 +709,7 @@ def convert(task: dict, dotted: str, value: Any) -> Any:
         if cls is None:
             raise ConfigError(dotted, value, "unknown key")
     if not isinstance(node, dict) or leaf not in node:
-        raise ConfigError(dotted, value, _describe(cls, ".".join(parents) + "." if parents else ""))
+        raise ConfigError(dotted, value, _describe(cls, ".".join(parents) + "." if parents else "", leaf))
     if dict(_fields(cls)).get(leaf):  # a whole group or wandb node given a value
         raise ConfigError(dotted, value, "is a group; set its keys (or choose an option)")
     return typed(cls, leaf, value, dotted)
@@ -828,7 +834,8 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             if key.startswith("hydra."):
                 return ConfigError(key, value, "unknown Hydra key")
             prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
-            return ConfigError(key, value, _describe(cls, prefix) if cls is not None else "unknown key")
+            return ConfigError(key, value, _describe(cls, prefix, key.rsplit(".", 1)[-1]) if cls is not None
+                               else "unknown key")
         if isinstance(e, ConfigTypeError) and "deletion" in str(e):
             return ConfigError(key, "<deleted>", "is required by the schema and cannot be removed")
     text = str(exc)

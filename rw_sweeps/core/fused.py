@@ -128,6 +128,8 @@ def _build(cc: str, flags: list[str], version: str) -> Path:
     target = out_dir / f"fused-{key}.so"
     if target.exists() and _private(target):
         return target
+    print(f"rw_sweeps: compiling the training kernel into {out_dir} (once per install, ~10 s)", file=sys.stderr,
+          flush=True)
     tmpdir = tempfile.mkdtemp(prefix=f".fused-{key}-", dir=out_dir)
     tmp = os.path.join(tmpdir, "fused.so")
     try:

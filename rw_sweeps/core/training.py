@@ -103,6 +103,18 @@ def closed_classes(Pi) -> list[int] | None:
     return out
 
 
+def has_terminal() -> bool:
+    """A progress bar needs a terminal that says its size: a pseudo-terminal without one (`script -qc`, some
+    CI runners) gets the log-line ticker, as a log file does."""
+    if os.environ.get("CI") or not sys.stderr.isatty():
+        return False
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except OSError:
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
 def device_of(cfg: RunConfig) -> torch.device:
     if cfg.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -205,7 +217,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
     evals = [t for t in range(state.step, T + 1) if t % c0.eval_every == 0 or t == T]
     if progress is None:
-        progress = sys.stderr.isatty() and not os.environ.get("CI")
+        progress = has_terminal()
     bar = None
     if progress:
         from tqdm import tqdm

@@ -62,10 +62,10 @@ def _result(cfg, summary: dict) -> Any:
     return float(value)
 
 
-def _finish(cfg, summary: dict) -> tuple[Any, list[str]]:
+def _finish(cfg, summary: dict, tag: str = "") -> tuple[Any, list[str]]:
     from .run import run_line
 
-    line = run_line(summary)
+    line = run_line(summary, tag)
     if summary["status"] == "failed":
         return RunFailed(line), [line]
     return _result(cfg, summary), [line]
@@ -106,6 +106,8 @@ def train(cfg: DictConfig) -> Any:
 
         tracking.wait()
     value, lines = _finish(rc, summary)
+    if hc.mode.name == "RUN":
+        lines.append(f"run folder: {hc.runtime.output_dir}")
     for line in lines:
         log.info(line)
     if isinstance(value, BaseException):
@@ -129,7 +131,7 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
             out[i] = (exc, [f"error: {exc}"])
             continue
         if isinstance(getattr(s, "placed", None), dict):  # found done when its folder was placed: not read again
-            out[i] = _finish(rc, {**s.placed, "skipped": True})
+            out[i] = _finish(rc, {**s.placed, "skipped": True}, getattr(s, "tag", ""))
             continue
         valid.append((i, rc))
     todo = []
@@ -152,7 +154,7 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
                  for i, _ in todo)
     summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo], done_checked=placed)
     for (i, rc), summary in zip(todo, summaries):
-        out[i] = _finish(rc, summary)
+        out[i] = _finish(rc, summary, getattr(specs[i], "tag", ""))
     if any(isinstance(v, BaseException) for v, _ in out):
         note_failed()
     return out

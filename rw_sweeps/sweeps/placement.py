@@ -62,6 +62,19 @@ def _spec_keys(specs: list) -> list[tuple]:
     return out
 
 
+def repeats(specs: list) -> dict[int, int]:
+    """{index of a spec: index of the earlier spec that trains the same run} (equal identities: a grid that
+    names one run twice, as `optim.lr=1,1.0` or `seed=0,0` do)."""
+    first: dict = {}
+    out = {}
+    for i, k in enumerate(_spec_keys(specs)):
+        if k in first:
+            out[i] = first[k]
+        else:
+            first[k] = i
+    return out
+
+
 def _run_config(folder: Path) -> dict | None:
     """The config of the run in `folder`, or None when it holds no readable, valid one (a damaged folder
     is retrained over, as before). A folder that is a link is nobody's run."""

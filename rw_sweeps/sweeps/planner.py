@@ -55,6 +55,7 @@ class Spec:
     shape: tuple | None = None  # config.shape_key(cfg), computed once per composition and value set
     checked_in: int | None = None  # the process whose resource check found it can run (the rw sweeper's)
     placed_in: int | None = None  # the process whose placement found it not done (a requeued job asks again)
+    tag: str = ""  # its values of the keys the sweep varies (`data.p=0.5 seed=1`): what its console line leads with
 
     @property
     def task(self) -> dict:
@@ -303,7 +304,20 @@ class Planner:
         for i, overrides in enumerate(jobs):
             with one_line_errors():
                 out.append(self.spec(overrides, initial_job_idx + i))
+        for s, tag in zip(out, varying(jobs)):
+            s.tag = tag
         return out
+
+
+def varying(jobs: Sequence[Sequence[str]]) -> list[str]:
+    """Per job, its overrides of the keys whose values differ between the jobs (what tells its runs apart)."""
+    values: dict = {}
+    for overrides in jobs:
+        for o in overrides:
+            key, _, value = o.partition("=")
+            values.setdefault(key, set()).add(value)
+    keys = {k for k, v in values.items() if len(v) > 1 or any(k not in {o.partition("=")[0] for o in j} for j in jobs)}
+    return [" ".join(o for o in overrides if o.partition("=")[0] in keys) for overrides in jobs]
 
 
 # ------------------------------------------------------------------------------------------ the one entry

@@ -170,8 +170,16 @@ def provenance() -> dict:
             "host": socket.gethostname()}
 
 
-def run_line(summary: dict) -> str:
-    """The line a run logs when it ends."""
+def run_line(summary: dict, tag: str = "") -> str:
+    """The line a run logs when it ends (`skipped (done)` for one found finished); `tag`, the job's values of
+    the keys its sweep varies, leads it (`[optim.lr=0.5 init.sigma=0.01]`), so no two lines look alike."""
+    line = _line(summary)
+    if summary.get("skipped") and line.startswith("done: "):
+        line = "skipped (done): " + line[len("done: "):]
+    return line.replace(": ", f": [{tag}] ", 1) if tag else line
+
+
+def _line(summary: dict) -> str:
     s = summary
     # the circle (and the QA tasks, as always) by p; the other families by name, since p may mean nothing there
     what = f"p={s['p']}" if s.get("data") in (None, "random_walk", "qa_majority", "qa_preference") else f"data={s['data']}"

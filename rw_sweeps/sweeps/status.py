@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rw_sweeps.core import results
+from rw_sweeps.core.console import prog
 STATE = ".rw_sweep.json"
 FINAL = ("done", "skipped", "failed", "diverged")
 # SLURM job states (sacct/squeue). A requeued or preempted job comes back: it is waiting, not gone.
@@ -299,7 +300,7 @@ def _progress_text(c: Counter) -> str:
 
 # ------------------------------------------------------------------------------------------ CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rw_sweeps.sweeps.status", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("rw_sweeps.sweeps.status", "rw-status"), description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep_dir", type=Path)
     ap.add_argument("--wait", action="store_true", help="follow the sweep to its end, then print its summary line")
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between questions to SLURM (10)")

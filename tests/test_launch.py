@@ -96,3 +96,73 @@ def test_failed_and_diverged_runs_do_not_stop_the_sweep(tmp_path):
     failed = [v for v in summaries(sweep).values() if v["status"] == "failed"]
     assert len(failed) == 2 and all("history.jsonl" in v["error"] for v in failed)
     assert len(summaries(sweep)) == 4
+
+
+# ------------------------------------------------------------------------------------------ what the console says
+TINY_RUN = ["debug=default"]
+
+
+def test_a_grid_that_names_a_run_twice_trains_it_once_and_says_so(tmp_path):
+    sweep = tmp_path / "s"
+    r = launch("-m", "optim.lr=1,1.0", "seed=0,1", *TINY_RUN, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "grid: 2 point(s) name a run already in it, each trained once: optim.lr=1.0 = optim.lr=1" in r.stdout
+    runs = summaries(sweep)
+    assert sorted(runs) == ["0", "1"] and sorted(s["seed"] for s in runs.values()) == [0, 1]
+    assert "sweep " + str(sweep) + ": 2 runs: 2 done" in r.stdout
+
+
+def test_zero_init_with_a_sigma_axis_is_refused_with_the_way_to_write_it(tmp_path):
+    r = launch("-m", "init=zero,gaussian", "init.sigma=1e-4,1e-2", *TINY_RUN, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: invalid config: init.sigma=0.0001: unknown key for init=zero; allowed: name (init.sigma is a key of "
+        "init=gaussian); to sweep σ with zero init, write init=gaussian init.sigma=0,… (σ = 0 is zero init)")
+    sweep = tmp_path / "s"
+    r = launch("-m", "init=gaussian", "init.sigma=0,1e-2", *TINY_RUN, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    zero = next(d for d, s in summaries(sweep).items() if s["sigma"] == 0.0)
+    first = json.loads((sweep / zero / "history.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and first["attention_spread"] == 0.0  # V = W = 0: uniform attention, zero init
+    assert abs(first["parent_attention"] - 1 / 97) < 1e-15  # over the N = 97 columns of X
+
+
+def test_console_lines_name_the_swept_values_jobs_and_skipped_runs(tmp_path):
+    sweep = tmp_path / "s"
+    args = ["-m", "optim.lr=0.5,1", "init=zero,gaussian", *TINY_RUN, f"hydra.sweep.dir={sweep}"]
+    r = launch(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    done = sorted(line.split("] ")[0] for line in lines if line.startswith("done: ["))
+    assert done == ["done: [optim.lr=0.5 init=gaussian", "done: [optim.lr=0.5 init=zero",
+                    "done: [optim.lr=1 init=gaussian", "done: [optim.lr=1 init=zero"]
+    jobs = [line for line in lines if line.startswith("job ")]
+    assert jobs[0].startswith("job 1/") and f"of 4" in jobs[0]
+    assert lines.index(next(l for l in lines if l.endswith("runs finished so far"))) > lines.index(jobs[0])
+    r = launch(*args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    skipped = [line for line in r.stdout.splitlines() if line.startswith("skipped (done): [")]
+    assert len(skipped) == 4 and not any(line.startswith("done:") for line in r.stdout.splitlines())
+
+
+def test_a_single_run_says_where_its_folder_is(tmp_path):
+    r = launch(*TINY_RUN, f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"run folder: {tmp_path / 'r'}" in r.stdout.splitlines()
+
+
+def test_a_pseudo_terminal_without_a_size_gets_the_log_line_ticker(tmp_path):
+    """`script -qc` gives a terminal that reports no size: the run still says it is training."""
+    import shutil
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+    if shutil.which("script") is None:
+        import pytest
+        pytest.skip("no `script` (util-linux) here")
+    cmd = f"{sys.executable} {ROOT / 'launch.py'} debug=default hydra.run.dir={tmp_path / 'r'}"
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("CI", "COLUMNS", "LINES")}
+    out = subprocess.run(["script", "-qc", cmd, "/dev/null"], cwd=tmp_path, env=env, text=True,
+                         capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "training 1 run(s): step 0 → 5" in out.stdout

@@ -297,9 +297,9 @@ def test_the_curves_are_the_mean_and_range_over_seeds(experiments):
 # ---------------------------------------------------------------------------------------------
 # the report, in a real browser; wandb
 
-def chromium_dom(out: Path, tmp_path: Path) -> str:
+def chromium_dom(out: Path, tmp_path: Path, script: str = "") -> str:
     """The report's DOM once loaded in headless Chromium, with `IMAGES ok/total` appended: how many of
-    its images loaded."""
+    its images loaded; `script` runs first, on load (a reader's clicks)."""
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if not chromium:
         if os.environ.get("CI"):
@@ -310,10 +310,11 @@ def chromium_dom(out: Path, tmp_path: Path) -> str:
     probe = out / "_probe.html"
     probe.write_text(page.replace("</body>", """<script>
 window.addEventListener('load', () => {
+  SCRIPT
   const imgs = [...document.images];
   const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).length;
   document.body.insertAdjacentHTML('beforeend', `<pre id=probe>IMAGES ${ok}/${imgs.length}</pre>`);
-});</script></body>"""))
+});</script></body>""".replace("SCRIPT", script)))
     try:
         r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
                             "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -332,6 +333,25 @@ def test_the_report_opens_in_headless_chromium_and_every_image_loads(report, req
     out = request.getfixturevalue(report)
     m = re.search(r"IMAGES (\d+)/(\d+)", chromium_dom(out, tmp_path))
     assert int(m.group(1)) == int(m.group(2)) == len(list(out.glob("*.png"))) > 0
+
+
+def test_the_report_a_reader_sees_first_every_run_sortable_and_linked_curves_and_the_config(
+        done_when_report, done_when, tmp_path):
+    """One row per run linked to its folder; a click on a column sorts by it; the learning curves of every
+    cell; the config table marks swept keys apart and lists no other option's keys."""
+    click = """const t = document.getElementById('runs'); const heads = [...t.tHead.rows[0].cells];
+  const i = heads.findIndex(h => h.textContent === 'test_acc'); heads[i].click();
+  const col = [...t.tBodies[0].rows].map(r => r.cells[i].textContent).filter(x => x !== '').map(Number);
+  document.body.insertAdjacentHTML('beforeend', `<pre id=sorted>SORTED ${col.join(',')}</pre>`);"""
+    dom = chromium_dom(done_when_report, tmp_path, click)
+    accs = [float(x) for x in re.search(r"SORTED ([0-9.,]*)", dom).group(1).split(",")]
+    assert len(accs) == 8 and accs == sorted(accs)
+    links = re.findall(r"<a href=\"([^\"]+)/\">(\d+)</a>", dom)
+    assert len(links) == 8 and all((done_when_report / h).resolve() == (done_when / n).resolve() for h, n in links)
+    assert 'src="curves_test_acc.png"' in dom and "one panel per cell of data.p" in dom
+    config = dom.split("Config of")[1]
+    assert "<td>data.p</td><td>0.0, 0.1, 0.5, 1.0</td><td>swept</td>" in config
+    assert "data.q" not in config and "init.sigma" not in config  # another option's keys are not this sweep's
 
 
 def test_the_browser_shows_a_phase_diagram_per_data_family(chains_report, tmp_path):

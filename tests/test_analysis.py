@@ -344,7 +344,7 @@ def test_the_report_a_reader_sees_first_every_run_sortable_and_linked_curves_and
   const col = [...t.tBodies[0].rows].map(r => r.cells[i].textContent).filter(x => x !== '').map(Number);
   document.body.insertAdjacentHTML('beforeend', `<pre id=sorted>SORTED ${col.join(',')}</pre>`);"""
     dom = chromium_dom(done_when_report, tmp_path, click)
-    accs = [float(x) for x in re.search(r"SORTED ([0-9.,]*)", dom).group(1).split(",")]
+    accs = [float(x) for x in re.search(r'<pre id="sorted">SORTED ([0-9.,]*)</pre>', dom).group(1).split(",")]
     assert len(accs) == 8 and accs == sorted(accs)
     links = re.findall(r"<a href=\"([^\"]+)/\">(\d+)</a>", dom)
     assert len(links) == 8 and all((done_when_report / h).resolve() == (done_when / n).resolve() for h, n in links)

@@ -132,15 +132,16 @@ def test_console_lines_name_the_swept_values_jobs_and_skipped_runs(tmp_path):
     r = launch(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    done = sorted(line.split("] ")[0] for line in lines if line.startswith("done: ["))
-    assert done == ["done: [optim.lr=0.5 init=gaussian", "done: [optim.lr=0.5 init=zero",
-                    "done: [optim.lr=1 init=gaussian", "done: [optim.lr=1 init=zero"]
+    done = sorted(line.rsplit("  ", 1)[1] for line in lines if line.startswith("done: p=0.5"))
+    assert done == ["[optim.lr=0.5 init=gaussian]", "[optim.lr=0.5 init=zero]",
+                    "[optim.lr=1 init=gaussian]", "[optim.lr=1 init=zero]"]
     jobs = [line for line in lines if line.startswith("job ")]
     assert jobs[0].startswith("job 1/") and f"of 4" in jobs[0]
     assert lines.index(next(l for l in lines if l.endswith("runs finished so far"))) > lines.index(jobs[0])
     r = launch(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    skipped = [line for line in r.stdout.splitlines() if line.startswith("skipped (done): [")]
+    skipped = [line for line in r.stdout.splitlines() if line.startswith("skipped (done): p=0.5")
+               and line.endswith("]")]
     assert len(skipped) == 4 and not any(line.startswith("done:") for line in r.stdout.splitlines())
 
 

@@ -228,3 +228,19 @@ def test_cli_rejects_a_bad_value_in_one_line(args, line):
     r = _cli(*SMALL[:-1], *args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == line
+
+
+def test_cli_prints_each_prediction_as_it_is_ready_and_keeps_what_it_finished(tmp_path):
+    out = tmp_path / "escape.jsonl"
+    r = _cli("--out", str(out), *SMALL, "init.sigma=1e-4")
+    assert r.returncode == 0, r.stderr
+    first = json.loads(out.read_text())
+    assert first["job"] == 0 and "escape: 1/1 predictions" in r.stderr
+    out.write_text(out.read_text() + '{"job": 1, "sigma"')  # a torn line: an interrupted write
+    r = _cli("--out", str(out), *SMALL, "init.sigma=1e-4,1e-5")
+    assert r.returncode == 0, r.stderr
+    assert "escape: 1 of 2 predictions kept" in r.stderr and "escape: 2/2 predictions" in r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["job"] for row in rows] == [0, 1] and rows[0] == first and rows[1]["sigma"] == 1e-5
+    kept = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
+    assert sorted(row["job"] for row in kept) == [0, 1]

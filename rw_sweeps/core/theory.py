@@ -299,15 +299,28 @@ def predict(cfgs: list[RunConfig], device="cpu") -> list[dict]:
     evaluated steps: exactly 0 on Thm 4.1's trap), `trap` (Thm 4.1's conditions hold) and the config's
     keys. Configs that differ only in σ (or precision, device, wandb…) share one trajectory; trajectories of
     one shape run batched, on `device` (the CPU by default; a GPU if the caller has one), in float64."""
+    out: list = [None] * len(cfgs)
+    for i, row in predict_each(cfgs, device):
+        out[i] = row
+    return out
+
+
+def predict_each(cfgs: list[RunConfig], device="cpu"):
+    """`predict`, as each prediction is ready: yields (index of the config, its row), the refused configs
+    first, then each batch of trajectories' configs as the batch ends (so a caller can show progress and
+    keep what is done when interrupted)."""
     reasons = [_refused(c) for c in cfgs]
     keys = [_trajectory_key(c) for c in cfgs]
     runs: dict[str, int] = {}  # trajectory key → index of its first config
     sigmas: dict[str, set] = {}
+    by_key: dict[str, list] = {}
     for i, (c, k, why) in enumerate(zip(cfgs, keys, reasons)):
         if why is None:
             runs.setdefault(k, i)
             sigmas.setdefault(k, set()).add(c.init.sigma if c.init.name == "gaussian" else 0.0)
-    done: dict[str, dict] = {}
+            by_key.setdefault(k, []).append(i)
+        else:
+            yield i, _row(c, None, why)
     firsts = list(runs.items())
     for idx in training.group_by(firsts, lambda kv: _shape_key(cfgs[kv[1]])).values():
         group = [firsts[j] for j in idx]
@@ -316,5 +329,6 @@ def predict(cfgs: list[RunConfig], device="cpu") -> list[dict]:
         for s in range(0, len(group), chunk):
             part = group[s:s + chunk]
             out = trajectories([cfgs[i] for _, i in part], [sorted(sigmas[k]) for k, _ in part], device)
-            done.update({k: o for (k, _), o in zip(part, out)})
-    return [_row(c, done.get(k), why) for c, k, why in zip(cfgs, keys, reasons)]
+            for (k, _), o in zip(part, out):
+                for i in by_key[k]:
+                    yield i, _row(cfgs[i], o, None)

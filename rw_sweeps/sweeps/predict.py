@@ -1,20 +1,27 @@
-"""`python -m rw_sweeps.sweeps.predict escape <the overrides of launch.py>`: the escape theory's prediction
-(`rw_sweeps.core.theory.predict`) for every run the same `launch.py -m` would plan, one JSON line each. The
-runs are planned by the sweep layer's one planning function, so the theory sees exactly the sweep's configs.
+"""`python -m rw_sweeps.sweeps.predict escape [--out FILE] <the overrides of launch.py>`: the escape theory's
+prediction (`rw_sweeps.core.theory.predict`) for every run the same `launch.py -m` would plan, one JSON line
+each (with `job`, the run's job number in that sweep), printed as each is ready, with a progress line on
+stderr. With `--out FILE` the lines are also appended to FILE as they come, and a rerun with the same FILE
+predicts only the jobs it does not hold yet: an interrupted prediction keeps what it finished. The runs are
+planned by the sweep layer's one planning function, so the theory sees exactly the sweep's configs.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+from pathlib import Path
 from typing import Optional
 
 from rw_sweeps.core.config import RunConfig
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core.theory import predict
+from rw_sweeps.core.theory import predict_each
 
 from .planner import plan_overrides
 
-USAGE = "usage: python -m rw_sweeps.sweeps.predict escape [key=value ...]   (the overrides of launch.py)"
+USAGE = ("usage: python -m rw_sweeps.sweeps.predict escape [--out FILE] [key=value ...]   (the overrides of "
+         "launch.py)")
 
 
 def compose(overrides: list[str]) -> list[RunConfig]:
@@ -22,18 +29,66 @@ def compose(overrides: list[str]) -> list[RunConfig]:
     return [s.cfg for s in plan_overrides(overrides)]
 
 
+def _finished(out: Path | None) -> dict[int, str]:
+    """The lines an earlier, maybe interrupted, prediction left in `out`, by job (a torn last line is dropped)."""
+    done: dict[int, str] = {}
+    if out is None or not out.exists():
+        return done
+    for line in out.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("job"), int):
+            done[row["job"]] = line
+    return done
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] != "escape":
         print(USAGE, file=sys.stderr)
         return 2
+    args, out = list(argv[1:]), None
+    if "--out" in args:
+        at = args.index("--out")
+        if at + 1 >= len(args):
+            print(USAGE, file=sys.stderr)
+            return 2
+        out = Path(args[at + 1])
+        del args[at:at + 2]
     try:
-        cfgs = compose(argv[1:])
+        cfgs = compose(args)
     except Exception as exc:  # noqa: BLE001 - one line, no traceback, as launch.py's front door
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
-    for row in predict(cfgs):
-        print(json.dumps(row, allow_nan=False), flush=True)
+    kept = _finished(out)
+    for line in kept.values():
+        print(line, flush=True)
+    todo = [i for i in range(len(cfgs)) if i not in kept]
+    if kept:
+        print(f"escape: {len(kept)} of {len(cfgs)} predictions kept from {out}", file=sys.stderr, flush=True)
+    t0, n = time.monotonic(), len(kept)
+    sink = open(out, "a", encoding="utf-8") if out is not None else None
+    if sink is not None and out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+        sink.write("\n")  # an interrupted write's torn line ends here, and is never read as a row
+    try:
+        for j, row in predict_each([cfgs[i] for i in todo]):
+            line = json.dumps({"job": todo[j], **row}, allow_nan=False)
+            print(line, flush=True)
+            if sink is not None:
+                sink.write(line + "\n")
+                sink.flush()
+                os.fsync(sink.fileno())
+            n += 1
+            print(f"escape: {n}/{len(cfgs)} predictions, {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {n} of {len(cfgs)} predictions done"
+              + (f", kept in {out}; run the same command again to finish" if out else ""), file=sys.stderr)
+        return 130
+    finally:
+        if sink is not None:
+            sink.close()
     return 0
 
 

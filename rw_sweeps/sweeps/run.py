@@ -172,11 +172,11 @@ def provenance() -> dict:
 
 def run_line(summary: dict, tag: str = "") -> str:
     """The line a run logs when it ends (`skipped (done)` for one found finished); `tag`, the job's values of
-    the keys its sweep varies, leads it (`[optim.lr=0.5 init.sigma=0.01]`), so no two lines look alike."""
+    the keys its sweep varies, ends it (`[optim.lr=0.5 init.sigma=0.01]`), so no two lines look alike."""
     line = _line(summary)
     if summary.get("skipped") and line.startswith("done: "):
         line = "skipped (done): " + line[len("done: "):]
-    return line.replace(": ", f": [{tag}] ", 1) if tag else line
+    return f"{line}  [{tag}]" if tag else line
 
 
 def _line(summary: dict) -> str:

@@ -5,9 +5,12 @@ The comments are the schema's own (`config.py`, the families, the model options)
 per `--help`, never copied into a second place."""
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import inspect
 import re
+import sys
 
 from .config import GROUPS, OPTIONS, RunConfig, WandbConfig
 
@@ -20,9 +23,8 @@ def comments(cls) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
             continue
-        try:
-            lines = inspect.getsource(klass).splitlines()
-        except (OSError, TypeError):
+        lines = _class_lines(klass.__module__, klass.__qualname__)
+        if lines is None:
             continue
         above: list[str] = []
         for line in lines:
@@ -37,6 +39,23 @@ def comments(cls) -> dict[str, str]:
                     out[m.group(1)] = text
             above = []
     return out
+
+
+@functools.cache
+def _module_classes(module: str) -> dict[str, list[str]]:
+    """{class name: its source lines} of a module, its file parsed once (`inspect.getsource` parses the whole
+    file again for every class: seconds over every option of every group)."""
+    try:
+        source = inspect.getsource(sys.modules[module])
+    except (KeyError, OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    return {node.name: lines[node.lineno - 1:node.end_lineno] for node in ast.parse(source).body
+            if isinstance(node, ast.ClassDef)}
+
+
+def _class_lines(module: str, name: str) -> list[str] | None:
+    return _module_classes(module).get(name)
 
 
 def _default(f: dataclasses.Field):
@@ -58,6 +77,7 @@ def _lines(cls, prefix: str, skip=()) -> list[str]:
     return out
 
 
+@functools.cache
 def describe() -> str:
     """The run's own keys, then each group's options and their keys (default and comment)."""
     groups = set(GROUPS) | {"wandb"}

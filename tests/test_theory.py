@@ -244,3 +244,11 @@ def test_cli_prints_each_prediction_as_it_is_ready_and_keeps_what_it_finished(tm
     assert [row["job"] for row in rows] == [0, 1] and rows[0] == first and rows[1]["sigma"] == 1e-5
     kept = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
     assert sorted(row["job"] for row in kept) == [0, 1]
+
+
+def test_cli_keeps_no_line_of_another_grids_run(tmp_path):
+    out = tmp_path / "escape.jsonl"
+    assert _cli("--out", str(out), *SMALL, "init.sigma=1e-4").returncode == 0
+    r = _cli("--out", str(out), *SMALL, "init.sigma=1e-5")  # job 0 is another run now: predicted afresh
+    assert r.returncode == 0, r.stderr
+    assert "kept" not in r.stderr and [json.loads(line)["sigma"] for line in r.stdout.splitlines()] == [1e-5]

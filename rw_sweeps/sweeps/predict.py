@@ -1,12 +1,14 @@
 """`python -m rw_sweeps.sweeps.predict escape [--out FILE] <the overrides of launch.py>`: the escape theory's
 prediction (`rw_sweeps.core.theory.predict`) for every run the same `launch.py -m` would plan, one JSON line
-each (with `job`, the run's job number in that sweep), printed as each is ready, with a progress line on
-stderr. With `--out FILE` the lines are also appended to FILE as they come, and a rerun with the same FILE
-predicts only the jobs it does not hold yet: an interrupted prediction keeps what it finished. The runs are
-planned by the sweep layer's one planning function, so the theory sees exactly the sweep's configs.
+each (with `job`, the run's job number in that sweep, and `config_id`, its identity), printed as each is
+ready, with a progress line on stderr. With `--out FILE` the lines are also appended to FILE as they come,
+and a rerun with the same FILE predicts only the jobs it does not hold yet for the same configs: an
+interrupted prediction keeps what it finished. The runs are planned by the sweep layer's one planning
+function, so the theory sees exactly the sweep's configs.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from rw_sweeps.core import results
 from rw_sweeps.core.config import RunConfig
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.theory import predict_each
@@ -29,19 +32,28 @@ def compose(overrides: list[str]) -> list[RunConfig]:
     return [s.cfg for s in plan_overrides(overrides)]
 
 
-def _finished(out: Path | None) -> dict[int, str]:
-    """The lines an earlier, maybe interrupted, prediction left in `out`, by job (a torn last line is dropped)."""
+def config_id(cfg: RunConfig) -> str:
+    """What ties a kept line to its run: a hash of the run's identity (`results.identity`)."""
+    ident = json.dumps(results.identity(cfg.to_dict()), sort_keys=True, default=str)
+    return hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+
+def _finished(out: Path | None, ids: list[str]) -> tuple[dict[int, str], bool]:
+    """The lines an earlier, maybe interrupted, prediction of this very grid left in `out`, by job (a torn
+    line, or a line of another grid's run, is not kept), and whether the file ends in the middle of a line."""
     done: dict[int, str] = {}
     if out is None or not out.exists():
-        return done
-    for line in out.read_text(encoding="utf-8").splitlines():
+        return done, False
+    text = out.read_text(encoding="utf-8")
+    for line in text.splitlines():
         try:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("job"), int):
-            done[row["job"]] = line
-    return done
+        job = row.get("job") if isinstance(row, dict) else None
+        if isinstance(job, int) and 0 <= job < len(ids) and row.get("config_id") == ids[job]:
+            done[job] = line
+    return done, bool(text) and not text.endswith("\n")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -62,7 +74,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line, no traceback, as launch.py's front door
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
-    kept = _finished(out)
+    ids = [config_id(c) for c in cfgs]
+    kept, torn = _finished(out, ids)
     for line in kept.values():
         print(line, flush=True)
     todo = [i for i in range(len(cfgs)) if i not in kept]
@@ -70,11 +83,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"escape: {len(kept)} of {len(cfgs)} predictions kept from {out}", file=sys.stderr, flush=True)
     t0, n = time.monotonic(), len(kept)
     sink = open(out, "a", encoding="utf-8") if out is not None else None
-    if sink is not None and out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+    if sink is not None and torn:
         sink.write("\n")  # an interrupted write's torn line ends here, and is never read as a row
     try:
         for j, row in predict_each([cfgs[i] for i in todo]):
-            line = json.dumps({"job": todo[j], **row}, allow_nan=False)
+            line = json.dumps({"job": todo[j], "config_id": ids[todo[j]], **row}, allow_nan=False)
             print(line, flush=True)
             if sink is not None:
                 sink.write(line + "\n")

@@ -25,6 +25,8 @@ from matplotlib.backend_bases import FigureCanvasBase   # noqa: E402
 from matplotlib.colors import LogNorm, Normalize         # noqa: E402
 from matplotlib.patches import Patch, Rectangle          # noqa: E402
 
+from rw_sweeps.core import results   # noqa: E402
+
 from .load import config_keys     # noqa: E402
 
 TOL = 0.02
@@ -93,10 +95,10 @@ def swept_keys(df: pd.DataFrame) -> list[str]:
     varying = [k for k in config_keys(df) if k != "seed" and not k.startswith("wandb.")
                and _values(df, k).nunique(dropna=False) > 1]
     varying.sort(key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
+    values = {k: _values(df, k) for k in varying}
     chosen = []
     for k in varying:
-        by = [_values(df, c) for c in chosen]
-        if not chosen or _values(df, k).groupby(by, sort=False).nunique().max() > 1:
+        if not chosen or values[k].groupby([values[c] for c in chosen], sort=False).nunique().max() > 1:
             chosen.append(k)
     return chosen
 
@@ -209,8 +211,9 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     return fig
 
 
-# What a run is, for counting: its config but where and how it was logged and saved.
-_NOT_RESULTS = ("wandb.", "checkpoint_every", "objective", "experiment")
+# What a run is, for counting: its config but what the core says is no result (where it was logged, how often
+# it was saved, what its task returns), and the preset that named it
+_NOT_RESULTS = (*results.NOT_RESULTS, "experiment")
 
 
 def distinct_runs(df: pd.DataFrame) -> pd.DataFrame:

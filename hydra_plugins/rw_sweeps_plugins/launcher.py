@@ -13,6 +13,7 @@ launch = plan (a spec per job: config, folder; runs already done are not dispatc
 collect (a JobReturn per job, in job order, keyed by run name; a job that died is read from its folder).
 """
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
+import itertools
 import logging
 import os
 import re
@@ -356,7 +357,7 @@ class RwLauncher(Launcher):
         rec = self._record(specs, done, todo)
         log.info(f"{cut.line(len(specs), len(done), 'hydra.launcher.pack=false')}; sweep folder {self.sweep_dir}")
         returns: Dict[int, JobReturn] = done_jobs()
-        ends = [len(done) + sum(len(j) for j in jobs[:k + 1]) for k in range(len(jobs))]
+        ends = list(itertools.accumulate((len(j) for j in jobs), initial=len(done)))[1:]  # runs up to each job
         payloads = [ChunkJob(chunk(job), p["memory_gb"],
                              f"job {k + 1}/{len(jobs)}: {len(job)} run(s), runs {ends[k] - len(job) + 1}–{ends[k]} "
                              f"of {len(specs)}" + (f" ({len(done)} skipped, done)" if done and k == 0 else ""),

@@ -55,7 +55,7 @@ class Spec:
     shape: tuple | None = None  # config.shape_key(cfg), computed once per composition and value set
     checked_in: int | None = None  # the process whose resource check found it can run (the rw sweeper's)
     placed_in: int | None = None  # the process whose placement found it not done (a requeued job asks again)
-    tag: str = ""  # its values of the keys the sweep varies (`data.p=0.5 seed=1`): what its console line leads with
+    tag: str = ""  # its values of the keys the sweep varies (`data.p=0.5 seed=1`): what its console line ends with
 
     @property
     def task(self) -> dict:
@@ -311,12 +311,15 @@ class Planner:
 
 def varying(jobs: Sequence[Sequence[str]]) -> list[str]:
     """Per job, its overrides of the keys whose values differ between the jobs (what tells its runs apart)."""
-    values: dict = {}
+    values: dict = {}  # key → the values the jobs give it
+    count: dict = {}  # key → how many jobs give it one (fewer than all: it varies too)
     for overrides in jobs:
+        for key in {o.partition("=")[0] for o in overrides}:
+            count[key] = count.get(key, 0) + 1
         for o in overrides:
             key, _, value = o.partition("=")
             values.setdefault(key, set()).add(value)
-    keys = {k for k, v in values.items() if len(v) > 1 or any(k not in {o.partition("=")[0] for o in j} for j in jobs)}
+    keys = {k for k, v in values.items() if len(v) > 1 or count[k] < len(jobs)}
     return [" ".join(o for o in overrides if o.partition("=")[0] in keys) for overrides in jobs]
 
 

@@ -173,13 +173,11 @@ def provenance() -> dict:
 def run_line(summary: dict, tag: str = "") -> str:
     """The line a run logs when it ends (`skipped (done)` for one found finished); `tag`, the job's values of
     the keys its sweep varies, ends it (`[optim.lr=0.5 init.sigma=0.01]`), so no two lines look alike."""
-    line = _line(summary)
-    if summary.get("skipped") and line.startswith("done: "):
-        line = "skipped (done): " + line[len("done: "):]
+    line = _line(summary, "skipped (done)" if summary.get("skipped") else "done")
     return f"{line}  [{tag}]" if tag else line
 
 
-def _line(summary: dict) -> str:
+def _line(summary: dict, done: str) -> str:
     s = summary
     # the circle (and the QA tasks, as always) by p; the other families by name, since p may mean nothing there
     what = f"p={s['p']}" if s.get("data") in (None, "random_walk", "qa_majority", "qa_preference") else f"data={s['data']}"
@@ -187,11 +185,11 @@ def _line(summary: dict) -> str:
         return f"{s['status']}: {what} init={s['init']} seed={s['seed']}: {s['error']}"
     fmt = lambda x: "null" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
     if "unigram_loss" in s:  # model=gpt: its loss beside the data family's two baselines
-        return (f"done: {what} K={s['K']} N={s['N']} model={s['model']} n_layer={s['n_layer']} init={s['init']} "
+        return (f"{done}: {what} K={s['K']} N={s['N']} model={s['model']} n_layer={s['n_layer']} init={s['init']} "
                 f"seed={s['seed']} steps={s['steps']} test_loss={fmt(s['test_loss'])} opt_loss={fmt(s['opt_loss'])} "
                 f"unigram_loss={fmt(s['unigram_loss'])} relative_loss={fmt(s['relative_loss'])} "
                 f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
                 f"break_step={s['symmetry_break_step']}")
-    return (f"done: {what} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
+    return (f"{done}: {what} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
             f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
             f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={s['symmetry_break_step']}")

@@ -171,14 +171,7 @@ class Live:
                 _log_one({"cfg": self.cfgs[r], "run_dir": self.run_dirs[r], "run_id": self.run_ids[r],
                           "history": rest, "summary": summary})
             return
-        try:
-            _log_rows(run, rest, self.walls)
-            if summary is not None:
-                run.summary.update({k: v for k, v in summary.items() if v is not None})
-        finally:
-            run.finish()
-        if summary is not None:
-            mark_exported(self.run_dirs[r], self.run_ids[r], self.cfgs[r]["wandb"]["mode"])
+        _close(run, rest, summary, self.run_dirs[r], self.run_ids[r], self.cfgs[r]["wandb"]["mode"], self.walls)
 
 
 def log_runs(entries: list[dict]) -> None:
@@ -227,15 +220,23 @@ def _log_rows(run, rows: list, walls: dict | None = None) -> None:
         run.log(data, step=row["step"])
 
 
+def _close(run, rows: list, summary: dict | None, run_dir: Path, run_id: str, mode: str,
+           walls: dict | None = None) -> None:
+    """The last rows and the summary, then the end of the wandb run; marked exported if it has its summary."""
+    try:
+        _log_rows(run, rows, walls)
+        if summary is not None:
+            run.summary.update({k: v for k, v in summary.items() if v is not None})
+    finally:
+        run.finish()
+    if summary is not None:
+        mark_exported(run_dir, run_id, mode)
+
+
 def _log_one(e: dict) -> None:
     """A finished run replayed whole (`wandb.granularity=run` after the fact, `wandb_export`)."""
     run = _init(e["cfg"], e["run_dir"], e["run_id"])
-    try:
-        _log_rows(run, e["history"])
-        run.summary.update({k: v for k, v in e["summary"].items() if v is not None})
-    finally:
-        run.finish()
-    mark_exported(e["run_dir"], e["run_id"], e["cfg"]["wandb"]["mode"])
+    _close(run, e["history"], e["summary"], e["run_dir"], e["run_id"], e["cfg"]["wandb"]["mode"])
 
 
 def summary_hash(run_dir: Path) -> str | None:

@@ -47,7 +47,9 @@ def bookkeeping(n: int = 1000) -> tuple[float, float]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
 
+    from rw_sweeps.sweeps import writer
     from rw_sweeps.sweeps.hydra_job import Chunk
+    from rw_sweeps.sweeps.run import Pending
     from rw_sweeps.sweeps.planner import Planner
 
     with tempfile.TemporaryDirectory() as d, initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -61,12 +63,13 @@ def bookkeeping(n: int = 1000) -> tuple[float, float]:
         t = time.perf_counter()
         specs = planner.plan(jobs)
         plan_us = (time.perf_counter() - t) / len(specs) * 1e6
-        chunk = Chunk(specs, lambda ss: [({"status": "done"}, ["done: …"]) for _ in ss])
+        chunk = Chunk(specs, lambda ss: Pending(lambda: [({"status": "done"}, ["done: …"]) for _ in ss]))
         devnull = open(os.devnull, "w")
         stdout, sys.stdout = sys.stdout, devnull
         try:
             t = time.perf_counter()
             chunk()
+            writer.flush()  # the envelopes and the job logs are written on the writer thread
             envelope_us = (time.perf_counter() - t) / len(specs) * 1e6
         finally:
             sys.stdout = stdout

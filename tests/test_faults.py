@@ -156,6 +156,25 @@ def test_an_interrupted_sweep_checkpoints_every_run_and_resumes_from_there(tmp_p
     assert not list(sweep.glob("*/summary.json"))  # and nothing is falsely finished
 
 
+def test_ctrl_c_keeps_the_runs_of_a_chunk_whose_results_were_being_written_behind(tmp_path):
+    """Chunk 1 (two short runs) ends, and its results go to the writer thread while chunk 2 trains; Ctrl-C
+    in chunk 2 still leaves chunk 1's runs done on disk, and chunk 2's checkpointed."""
+    sweep = tmp_path / "S"
+    p = start_launch("-m", "optim.steps=10,100000", "seed=0,1", "data.n_test=100", "eval_every=1000",
+                     "wandb.mode=disabled", "hydra.launcher.write_behind=true", f"hydra.sweep.dir={sweep}")
+    line = wait_until(lambda: p.stdout.readline() if p.poll() is None else "gone", 120, "the launch to start")
+    while not line.startswith("job 2/2"):
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+    wait_for_work(p.pid, 0.5, what="chunk 2 to take steps")
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    done = summaries(sweep)
+    assert sorted(done) == ["0", "1"] and all(s["status"] == "done" and s["steps"] == 10 for s in done.values())
+    assert all((sweep / n / "checkpoint.pt").exists() for n in "23")
+
+
 def test_resumed_runs_continue_from_the_signal_checkpoint_bit_for_bit(tmp_path):
     sweep, p, args = _interrupt(tmp_path, signal.SIGINT, ["optim.steps=100000"])
     p.communicate(timeout=120)

@@ -55,9 +55,11 @@ def test_a_diverging_run_does_not_disturb_its_chunk(tmp_path):
 def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
     """Hydra's basic launcher (one run_job per run) and the packed launcher give the same results and the
     same Hydra job folders: .hydra/config.yaml and overrides.yaml byte for byte, hydra.yaml but for the
-    launcher's own node, a job log with the run's line."""
+    launcher's own node, a job log with the run's line. The packed side writes each chunk's results behind
+    (on the writer thread, while the next chunk trains)."""
     args = ["-m", "data.p=0,0.3,0.5,1", "init=zero,gaussian", *SMALL, "wandb.mode=disabled"]
-    a = launch(*args, "hydra/launcher=packed", f"hydra.sweep.dir={tmp_path / 'packed'}", cwd=tmp_path)
+    a = launch(*args, "hydra/launcher=packed", "hydra.launcher.write_behind=true", "hydra.launcher.max_runs_per_job=2",
+               f"hydra.sweep.dir={tmp_path / 'packed'}", cwd=tmp_path)
     b = launch(*args, "hydra/launcher=local", f"hydra.sweep.dir={tmp_path / 'local'}", cwd=tmp_path)
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     pa, pb = summaries(tmp_path / "packed"), summaries(tmp_path / "local")

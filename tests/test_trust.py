@@ -516,6 +516,20 @@ def test_a_packed_job_trusts_placements_done_check_only_in_the_process_that_plac
         return Spec(0, [], {}, {}, {"job": {"name": "launch"}}, output_dir=str(folder), sweep_dir=str(tmp_path),
                     cfg=cfg, placed=False, placed_in=placed_in)
 
-    (value, lines), = train_batch([spec(os.getpid() + 1)])  # another process placed it: the folder is asked
+    (value, lines), = train_batch([spec(os.getpid() + 1)]).write()  # another process placed it: the folder is asked
     assert value["skipped"] is True and value["test_acc"] == first["test_acc"]
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == before  # nothing trained or rewritten
+
+
+def test_a_sweep_subdir_that_maps_two_runs_to_one_folder_is_refused_before_anything_is_written(tmp_path):
+    """`hydra.sweep.subdir=x` for `seed=0,1` would train both into x, the second over the first."""
+    from rw_sweeps.sweeps import placement
+    from rw_sweeps.sweeps.planner import Spec
+
+    cfgs = [validate(RunConfig(seed=i)) for i in range(2)]
+    specs = [Spec(i, [f"seed={i}"], {}, {}, {"job": {}}, output_dir=str(tmp_path / "x"), cfg=c)
+             for i, c in enumerate(cfgs)]
+    with pytest.raises(placement.FolderTaken, match=r"hydra.sweep.subdir='x': two runs of this launch would share "
+                                                    r".*/x \(seed=0; seed=1\): one would overwrite the other"):
+        placement.place(specs, tmp_path, default_subdir=False)
+    assert list(tmp_path.iterdir()) == []

@@ -31,7 +31,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
-from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.errors import ConfigError, Interrupted, one_line
 from rw_sweeps.sweeps.hydra_adapter import SUBMITIT_ENTRY, job_value, observes_jobs, sbatch_script
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class RwLauncherConf:
     pack: bool = True  # many same-shape runs per job, trained as one batched program (project's task only)
     memory_gb: Optional[float] = None  # packed: a chunk's memory budget (null: 2 GB on a CPU, a GPU's free memory)
     max_runs_per_job: Optional[int] = None  # packed: cap on runs per chunk (null: by memory only)
+    write_behind: Optional[bool] = None  # packed: write a chunk's results while the next trains (null: where a core is free for it)
     lean: bool = False  # packed: skip each run's .hydra/hydra.yaml and <job>.log (grids of 100k runs)
     wait_for_lock: bool = False  # another launch holds the sweep folder: wait for it (else: refuse, one line)
     overwrite: bool = False  # train over run folders that hold a run of another config (else: refuse, one line)
@@ -113,9 +114,8 @@ def check_script_values(p: Dict[str, Any]) -> None:
 
 
 def _bad(key: str, value: Any, allowed: str) -> None:
-    """One line and exit 2 before anything is launched (SystemExit passes Hydra's traceback printing)."""
-    print(f"error: invalid config: hydra.launcher.{key}={value!r}: {allowed}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    """Refused before anything is launched: one line (Hydra prints it as its own; the front door exits 2)."""
+    raise ConfigError(f"hydra.launcher.{key}", value, allowed)
 
 
 # ------------------------------------------------------------------------------------------ jobs
@@ -176,11 +176,11 @@ class ChunkJob:
             Singleton.set_state(self.singleton_state)
             setup_globals()
             self.chunk.job_id = job_id
-        returns = self._train()
         if job_id is None and self.finished_after:  # the jobs of this process run in turn: the count is true
-            print(f"{self.finished_after} so far", flush=True)
-        if job_id is not None:  # this job's own process ends here: its wandb logging first
-            _wait_for_wandb()
+            self.chunk.said_after = f"{self.finished_after} so far"
+        returns = self._train()
+        if job_id is not None:  # this job's own process ends here: its results and wandb logging first
+            _wait_for_writes()
         failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
         if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
             from rw_sweeps.sweeps.packing import RunsFailed
@@ -243,7 +243,7 @@ class GpuJob:
                 print(f"rw_sweeps: a chunk of {len(job.chunk.specs)} run(s) failed: {one_line(exc)}",
                       file=sys.stderr, flush=True)
                 out.append(exc)
-        _wait_for_wandb()  # this process ends here: its wandb logging first
+        _wait_for_writes()  # this process ends here: its results and wandb logging first
         return out
 
 
@@ -343,7 +343,8 @@ class RwLauncher(Launcher):
 
         def chunk(group: list, finished: bool = False) -> Chunk:
             return Chunk(group, twin, self.hydra_context, self.task_function,
-                         planner if observed else None, lean=p["lean"], finished=finished)
+                         planner if observed else None, lean=p["lean"], finished=finished,
+                         write_behind=p["write_behind"])
 
         def done_jobs() -> Dict[int, JobReturn]:  # done runs still go through their Hydra job, without training
             return dict(zip([s.num for s in done], chunk(done, finished=True)())) if done else {}
@@ -372,7 +373,7 @@ class RwLauncher(Launcher):
                        for r in (res if isinstance(res, list) and len(res) == len(d) else [res] * len(d))]
         else:
             results = self._dispatch(payloads, jobs, rec)
-        _wait_for_wandb()  # the wandb logging of the chunks trained here
+        _wait_for_writes()  # the results and wandb logging of the chunks trained here
         if results is None:
             return None
         for job, res in zip(jobs, results):  # collect: a job that died is read from its run folders
@@ -392,9 +393,8 @@ class RwLauncher(Launcher):
         default_subdir = planner.subdir == "${hydra.job.num}"
         try:
             found = placement.place(specs, self.sweep_dir, default_subdir, self.params.get("overwrite", False))
-        except placement.FolderTaken as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
+        except placement.FolderTaken:
+            raise  # refused, before anything is written
         here = os.getpid()
         for i, s in enumerate(specs):
             s.placed, s.placed_in = found.done.get(i, False), here
@@ -437,11 +437,7 @@ class RwLauncher(Launcher):
         from rw_sweeps.sweeps import lock
         if self.record is not None:
             return  # a later batch of this sweep: already held
-        try:
-            lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])
-        except lock.SweepLocked as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
-            sys.exit(2)
+        lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])  # SweepLocked: refused, in one line
         atexit.register(lock.release, self.sweep_dir)
 
     # ---------------------------------------------------------------------------------------- record
@@ -564,9 +560,8 @@ class RwLauncher(Launcher):
         try:
             status.Sweep(self.sweep_dir, record=rec).follow(interval=p["poll_s"])
         except KeyboardInterrupt:
-            print(f"\nstopped waiting; the jobs go on ({ids}). Follow them with: {follow}\n"
-                  f"or cancel them with: scancel {' '.join(rec['arrays'])}", file=sys.stderr, flush=True)
-            sys.exit(130)
+            raise Interrupted(f"\nstopped waiting; the jobs go on ({ids}). Follow them with: {follow}\n"
+                              f"or cancel them with: scancel {' '.join(rec['arrays'])}") from None
         return [_result_or_error(j, wait=False) for j in submitted]
 
     def _dry_run(self, specs, done, jobs) -> None:
@@ -610,9 +605,11 @@ def _from_folder(spec, error: Any, summary: Optional[dict]) -> JobReturn:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _wait_for_wandb() -> None:
-    """This process's queued wandb logging (`rw_sweeps.sweeps.tracking`), before its work counts as ended."""
-    from rw_sweeps.sweeps import tracking
+def _wait_for_writes() -> None:
+    """This process's results still being written (`rw_sweeps.sweeps.writer`), then its queued wandb logging
+    (`rw_sweeps.sweeps.tracking`, which the writes feed), before its work counts as ended."""
+    from rw_sweeps.sweeps import tracking, writer
+    writer.flush()
     tracking.wait()
 
 

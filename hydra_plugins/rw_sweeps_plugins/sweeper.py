@@ -26,7 +26,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 
-from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.errors import ConfigError, Refused, one_line
 from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_value
 
 log = logging.getLogger(__name__)
@@ -106,9 +106,10 @@ class RwSweeper(basic_sweeper()):
                     here = os.getpid()
                     for s in specs:  # checked once: the packed task does not ask again in this process
                         s.checked_in = here
-            except Exception as exc:  # noqa: BLE001 - ConfigError, or a composition error of one job
-                print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
-                sys.exit(2)  # before any job: nothing to report to on_multirun_end
+            except Refused:
+                raise  # before any job: nothing to report to on_multirun_end
+            except Exception as exc:  # noqa: BLE001 - a composition error of one job: refused in one line
+                raise Refused(one_line(exc)) from exc
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
         dry_run = OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False)
@@ -116,18 +117,13 @@ class RwSweeper(basic_sweeper()):
             # the folder is usable, the lock is taken, then every run of the grid finds its folder, before
             # anything else is written; a read-only sweep whose runs are all done is reported, untouched
             from rw_sweeps.sweeps import placement
-            try:
-                can_write = placement.writable(sweep_dir)
-            except placement.FolderTaken as exc:
-                print(f"error: {exc}", file=sys.stderr, flush=True)
-                sys.exit(2)
+            can_write = placement.writable(sweep_dir)  # FolderTaken: refused, in one line
             if can_write and not dry_run:
                 self.launcher._lock()
             done = self.launcher.place(specs, planner)
             if not can_write and len(done) < len(specs):
-                print(f"error: invalid config: hydra.sweep.dir={str(sweep_dir)!r}: not writable, and "
-                      f"{len(specs) - len(done)} of its {len(specs)} runs are not done", file=sys.stderr, flush=True)
-                sys.exit(2)
+                raise ConfigError("hydra.sweep.dir", str(sweep_dir),
+                                  f"not writable, and {len(specs) - len(done)} of its {len(specs)} runs are not done")
             dry_run = dry_run or not can_write
         if not dry_run:
             from rw_sweeps.core.safefs import atomic_write, ensure_dir

@@ -1,4 +1,9 @@
-"""The project's one error type for bad input, and its one way of putting any exception on one line."""
+"""The project's error types for a launch refused before any job starts, and its one way of putting any
+exception on one line.
+
+A refusal is a Hydra-native error (a CompactHydraException): under any Hydra app, Hydra prints its message
+alone, as it prints its own. The project's front door (`rw_sweeps.sweeps.app.run_front_door`) decides the
+exit code: one line, `error: …`, and exit 2."""
 from __future__ import annotations
 
 from typing import Any
@@ -6,7 +11,21 @@ from typing import Any
 from hydra.errors import CompactHydraException
 
 
-class ConfigError(CompactHydraException):
+class Refused(CompactHydraException):
+    """A launch refused before any job starts (bad input, a sweep folder in use or taken); its message is
+    one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C that stopped something other than training (waiting for SLURM jobs, which go on): the front
+    door says `message` instead of its own line, and exits 130 as for any Ctrl-C."""
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(message)
+
+
+class ConfigError(Refused):
     """A bad config value: `invalid config: <dotted key>=<value>: <what is allowed>`. Hydra prints a
     CompactHydraException as its message alone, with no traceback."""
 

@@ -116,9 +116,10 @@ def train(cfg: DictConfig) -> Any:
     return value
 
 
-def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
-    """`train` for many jobs (`rw_sweeps.sweeps.planner.Spec`s) at once: per job, what `train` would have returned
-    (or raised) and the lines it would have logged. Runs of one shape are one batched program."""
+def train_batch(specs: Sequence) -> "run.Pending":
+    """`train` for many jobs (`rw_sweeps.sweeps.planner.Spec`s) at once. Trains them (runs of one shape are
+    one batched program); the returned Pending writes their results and gives, per job, what `train` would
+    have returned (or raised) and the lines it would have logged."""
     from . import run
     from rw_sweeps.core.resources import problems
 
@@ -152,12 +153,15 @@ def train_batch(specs: Sequence) -> list[tuple[Any, list[str]]]:
     # asks their folders again)
     placed = all(getattr(specs[i], "placed", None) is False and getattr(specs[i], "placed_in", None) == here
                  for i, _ in todo)
-    summaries = run.execute([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo], done_checked=placed)
-    for (i, rc), summary in zip(todo, summaries):
-        out[i] = _finish(rc, summary, getattr(specs[i], "tag", ""))
-    if any(isinstance(v, BaseException) for v, _ in out):
-        note_failed()
-    return out
+    trained = run.train([rc for _, rc in todo], [Path(specs[i].output_dir) for i, _ in todo], done_checked=placed)
+
+    def write() -> list[tuple[Any, list[str]]]:
+        for (i, rc), summary in zip(todo, trained.write()):
+            out[i] = _finish(rc, summary, getattr(specs[i], "tag", ""))
+        if any(isinstance(v, BaseException) for v, _ in out):
+            note_failed()
+        return out
+    return run.Pending(write)
 
 
 # ------------------------------------------------------------------------------------ the declaration
@@ -248,16 +252,31 @@ def _register_resolvers() -> None:
 
 
 def run_front_door(main: Callable, argv: list[str], calling_file: str, config_path: str) -> None:
-    """launch.py's and `rw-launch`'s `__main__`: the pre-check, Hydra, then the exit status."""
+    """launch.py's and `rw-launch`'s `__main__`: the pre-check, Hydra, then the exit status. A launch the
+    project refuses (`rw_sweeps.core.errors.Refused`, raised by the pre-check, the sweeper or the launcher
+    before any job starts) is one line and exit 2."""
+    from rw_sweeps.core.errors import Interrupted, Refused
+
+    from .hydra_adapter import errors_reach_caller
+
     _register_resolvers()
     try:
-        preflight(argv, calling_file, config_path)
-    except Exception as exc:  # noqa: BLE001 - one line, no traceback, before anything is written
-        print(f"error: {one_line(exc)}", file=sys.stderr)
+        try:
+            preflight(argv, calling_file, config_path)
+        except Exception as exc:  # noqa: BLE001 - any composition error: refused before anything is written
+            raise exc if isinstance(exc, Refused) else Refused(one_line(exc)) from exc
+        with errors_reach_caller():
+            main()
+    except Refused as exc:  # one line, no traceback, before any job started
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)
-    try:
-        main()
+    except Interrupted as exc:  # Ctrl-C while waiting for SLURM: the jobs go on, and the line says so
+        print(exc.message, file=sys.stderr, flush=True)
+        sys.exit(130)
     except KeyboardInterrupt:  # one line; finished runs are on disk, the others checkpointed at their step
+        from . import writer
+
+        writer.flush()  # the results of a chunk that finished before the interrupt
         print("\ninterrupted: finished runs are kept and the others checkpointed; run the same command "
               "again to resume", file=sys.stderr, flush=True)
         sys.exit(130)

@@ -7,10 +7,15 @@ Everything else in the project uses the libraries' public API only.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Iterator
 from typing import Any, Optional
 
+from hydra.core.utils import JobReturn, JobStatus
+
 __all__ = ["basic_sweeper", "split_arguments", "command_line", "job_value", "yaml_str_representer",
-           "sbatch_script", "SUBMITIT_ENTRY", "observes_jobs"]
+           "sbatch_script", "SUBMITIT_ENTRY", "observes_jobs", "WrittenLater", "errors_reach_caller"]
 
 # The module submitit's generated job scripts run (`python -u -m submitit.core._submit FOLDER`): the dry
 # run prints the same script a submission writes.
@@ -58,6 +63,41 @@ def job_value(ret: Any) -> Any:
     return ret._return_value
 
 
+class WrittenLater(JobReturn):
+    """A JobReturn whose status and value are set on the writer thread (`rw_sweeps.sweeps.writer`), once its
+    chunk's results are written, and read only then. JobReturn keeps them in the dataclass fields `status`
+    and `_return_value` (its public `return_value` property reads the latter), so both become properties
+    that wait for the writes; every other field, and pickling once written, are JobReturn's own."""
+
+    def written_by(self, written: Future) -> None:
+        """Its status and value are set by `written` (its chunk's results)."""
+        self.__dict__["_written"] = written
+
+    def _ready(self) -> dict:
+        from .writer import on_writer_thread
+
+        written = self.__dict__.get("_written")
+        if written is not None and not on_writer_thread():
+            exc = written.exception()  # waits; the chunk's writing sets this return before it ends
+            self.__dict__["_written"] = None
+            if exc is not None and self.__dict__.get("_st", JobStatus.UNKNOWN) == JobStatus.UNKNOWN:
+                self.__dict__.update(_st=JobStatus.FAILED, _rv=exc)
+        return self.__dict__
+
+    status = property(lambda self: self._ready().get("_st", JobStatus.UNKNOWN),  # type: ignore[assignment]
+                      lambda self, v: self.__dict__.__setitem__("_st", v))
+    _return_value = property(lambda self: self._ready().get("_rv"),  # type: ignore[assignment]
+                             lambda self, v: self.__dict__.__setitem__("_rv", v))
+
+    def __getstate__(self) -> dict:  # a submitit job's result: pickled once written, without its future
+        state = dict(self._ready())
+        state.pop("_written", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
 def yaml_str_representer():
     """OmegaConf's rule for YAML strings (quote what would read back as a bool, a number or null), so that
     `.hydra/*.yaml` written with libyaml are byte for byte what `OmegaConf.to_yaml` writes."""
@@ -83,3 +123,40 @@ def observes_jobs(callbacks: Any) -> bool:
         if any(getattr(type(cb), hook) is not getattr(Callback, hook) for hook in ("on_job_start", "on_job_end")):
             return True
     return False
+
+
+@contextmanager
+def errors_reach_caller() -> Iterator[None]:
+    """Around `@hydra.main`'s function: its exceptions reach the caller (the front door, which decides the
+    exit code of the errors it knows) instead of being printed by Hydra, which then exits 1. `hydra.main`
+    re-raises only under HYDRA_FULL_ERROR=1, its documented switch, so it is set for the call; any other
+    exception is then reported as Hydra reports it (its `run_and_report`: the message of a compact error,
+    a trace without Hydra's frames, exit 1), or re-raised whole if the user had set HYDRA_FULL_ERROR."""
+    from hydra._internal.utils import run_and_report
+
+    from rw_sweeps.core.errors import Refused
+
+    users = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        yield
+    except Refused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as Hydra would
+        _restore(users)
+        if users == "1":
+            raise
+
+        def again() -> None:
+            raise exc
+        run_and_report(again)
+        raise  # run_and_report exits; only a changed Hydra gets here
+    finally:
+        _restore(users)
+
+
+def _restore(users: Optional[str]) -> None:
+    if users is None:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+    else:
+        os.environ["HYDRA_FULL_ERROR"] = users

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import threading
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
 from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir
-from .hydra_adapter import observes_jobs, yaml_str_representer
+from . import writer
+from .packing import writes_behind
+from .hydra_adapter import WrittenLater, observes_jobs, yaml_str_representer
 from .planner import Spec, replaced
 from rw_sweeps.core.yamltext import Templates
 
@@ -70,9 +72,10 @@ class YamlTemplates:
         return self._of[("list", None)][1].text_list(items)
 
 
-class LazyJobReturn(JobReturn):
+class LazyJobReturn(WrittenLater):
     """A JobReturn whose `cfg` and `hydra_cfg` DictConfigs are built on first access, from the job's
-    plain-data spec; to its reader it is the JobReturn Hydra's own launchers give."""
+    plain-data spec, and whose status and return value, when its chunk's results are written on the writer
+    thread, are read once written (`WrittenLater`); to its reader it is the JobReturn Hydra's own launchers give."""
 
     def __init__(self, spec: Spec, **kwargs: Any) -> None:
         self._spec = spec
@@ -125,6 +128,8 @@ class Chunk:
     lean: bool = False  # skip each run's hydra.yaml and log (documented switch for huge grids)
     job_id: Optional[str] = None  # the scheduler's job id (SLURM), else each run's job number
     finished: bool = False  # runs already done: their Hydra job without training, and nothing written
+    write_behind: Optional[bool] = None  # its results written while the next chunk trains (`packing.writes_behind`)
+    said_after: Optional[str] = None  # a line said once the chunk's results are written ("8 of 12 runs finished")
 
     def __call__(self) -> list[JobReturn]:
         specs = self.specs
@@ -138,17 +143,20 @@ class Chunk:
             if self.job_id is not None:
                 s.set_hydra("job.id", self.job_id)
         results: list = [None] * len(specs)
-        # Unobserved, the `.hydra/` files are written on a thread while the chunk trains (a chunk of 4,096
-        # runs writes 12,288 files): its folders are made first, so a folder that cannot be made fails its
-        # run before anything trains, as its own job would.
-        background = not observed and not self.finished and len(specs) > 1
+        # Unobserved, the chunk's files are written on the writer thread (`rw_sweeps.sweeps.writer`): its
+        # `.hydra/` files while it trains (a chunk of 4,096 runs writes 12,288 of them), its results while the
+        # next chunk trains. Its folders are made first, so a folder that cannot be made fails its run before
+        # anything trains, as its own job would. (Writing reads no environment variable: hydra.job.env_set,
+        # process-wide, holds for the training.)
+        deferred = not observed and not self.finished and len(specs) > 1
+        behind = deferred and self.specs[0].cfg is not None and writes_behind(self.write_behind, self.specs[0].cfg)
         with env_override(env):
             started = []
             for i, s in enumerate(specs):
                 try:  # a run whose folder cannot be written fails alone, as its own job would
                     if not self.finished:
                         self._folders(s)
-                        if not background:
+                        if not deferred:
                             self._files(s, yaml_of)
                 except Exception as exc:  # noqa: BLE001
                     results[i] = (exc, [f"failed: {s.output_dir}: {type(exc).__name__}: {exc}"])
@@ -158,28 +166,56 @@ class Chunk:
                     with _job_context(configs[i], s):
                         callbacks.on_job_start(config=configs[i], task_function=self.task_function)
                 started.append(i)
-            writer = _FilesWriter(self, [specs[i] for i in started], yaml_of) if background else None
-            for i, res in zip(started, self.batch([specs[i] for i in started]) if started else []):
-                results[i] = res
-            for k, exc in (writer.join() if writer is not None else {}).items():
-                i = started[k]
-                results[i] = (exc, [f"failed: {specs[i].output_dir}: {type(exc).__name__}: {exc}"])
-        returns = []
-        for i, (s, (value, lines)) in enumerate(zip(specs, results)):
-            ret = LazyJobReturn(s, overrides=list(s.overrides), working_dir=s.output_dir, task_name=s.name)
-            ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
-            ret.return_value = value
+            todo = [specs[i] for i in started]
+            envelopes = writer.submit(lambda: self._envelopes(todo, yaml_of)) if deferred and todo else None
+            trained = self.batch(todo) if todo else None
+        returns = [LazyJobReturn(s, overrides=list(s.overrides), working_dir=s.output_dir, task_name=s.name)
+                   for s in specs]
+
+        def finish() -> None:
+            """The chunk's results written; each job's return, log lines and on_job_end."""
             try:
-                self._log(s, lines, console, file_fmt)
-            except OSError:
-                pass  # the run's own error says why its folder is unusable
-            if observed and configs[i] is not None:
-                ret.cfg = _task_part(configs[i])
-                ret.hydra_cfg = _hydra_part(configs[i])
-                with _job_context(configs[i], s):
-                    callbacks.on_job_end(config=configs[i], job_return=ret)
-            returns.append(ret)
+                for i, res in zip(started, trained.write() if trained is not None else []):
+                    results[i] = res
+                for k, exc in (envelopes.result() if envelopes is not None else {}).items():
+                    i = started[k]
+                    results[i] = (exc, [f"failed: {specs[i].output_dir}: {type(exc).__name__}: {exc}"])
+            except Exception as exc:  # noqa: BLE001 - its runs fail, never the chunk trained next
+                for i in started:
+                    if results[i] is None:
+                        results[i] = (exc, [f"failed: {specs[i].output_dir}: writing the results: {exc}"])
+            for i, (s, ret, (value, lines)) in enumerate(zip(specs, returns, results)):
+                ret.status = JobStatus.FAILED if isinstance(value, BaseException) else JobStatus.COMPLETED
+                ret.return_value = value
+                try:
+                    self._log(s, lines, console, file_fmt)
+                except OSError:
+                    pass  # the run's own error says why its folder is unusable
+                if observed and configs[i] is not None:
+                    ret.cfg = _task_part(configs[i])
+                    ret.hydra_cfg = _hydra_part(configs[i])
+                    with _job_context(configs[i], s):
+                        callbacks.on_job_end(config=configs[i], job_return=ret)
+            if self.said_after:
+                say(self.said_after)
+
+        if behind:
+            written = writer.submit(finish, results=True)
+            for ret in returns:
+                ret.written_by(written)
+        else:
+            finish()
         return returns
+
+    def _envelopes(self, specs: list, yaml_of: YamlTemplates) -> dict[int, BaseException]:
+        """The `.hydra/` files of these runs; the errors, by index (that run fails alone)."""
+        errors = {}
+        for k, s in enumerate(specs):
+            try:
+                self._files(s, yaml_of)
+            except Exception as exc:  # noqa: BLE001
+                errors[k] = exc
+        return errors
 
     def _folders(self, s: Spec) -> None:
         """The job's folder and its `.hydra/`, as run_job makes them (a folder planted as a link fails it)."""
@@ -203,31 +239,18 @@ class Chunk:
     def _log(self, s: Spec, lines: Sequence[str], console, file_fmt) -> None:
         if console is not None:
             for line in lines:
-                print(console.format(_record(line)), flush=True)
+                say(console.format(_record(line)))
         if file_fmt is not None and not self.lean and not self.finished:
             text = "".join(file_fmt.format(_record(line)) + "\n" for line in lines)
             append_text(Path(s.output_dir) / f"{s.name}.log", text)
 
 
-class _FilesWriter:
-    """Writes the `.hydra/` files of a chunk's runs on a thread; `join` waits and returns the errors, by index."""
+def say(line: str) -> None:
+    """A line on stdout, from any thread: above a progress bar that is drawn, not through it."""
+    from tqdm import tqdm
 
-    def __init__(self, chunk: Chunk, specs: list, yaml_of: YamlTemplates):
-        self.errors: dict[int, BaseException] = {}
-        self.thread = threading.Thread(target=self._run, args=(chunk, specs, yaml_of), name="rw-envelopes",
-                                       daemon=True)
-        self.thread.start()
-
-    def _run(self, chunk: Chunk, specs: list, yaml_of: YamlTemplates) -> None:
-        for k, s in enumerate(specs):
-            try:
-                chunk._files(s, yaml_of)
-            except Exception as exc:  # noqa: BLE001 - that run fails alone
-                self.errors[k] = exc
-
-    def join(self) -> dict[int, BaseException]:
-        self.thread.join()
-        return self.errors
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
 
 
 def _record(msg: str) -> logging.LogRecord:

@@ -17,6 +17,7 @@ import socket
 import time
 from pathlib import Path
 
+from rw_sweeps.core.errors import Refused
 from rw_sweeps.core.safefs import atomic_write, read_bytes
 
 LOCK = ".rw_lock"
@@ -26,7 +27,7 @@ YOUNG_S = 10.0  # an empty lock younger than this is being written by its holder
 _HELD: set[str] = set()  # the sweep folders this process holds
 
 
-class SweepLocked(RuntimeError):
+class SweepLocked(Refused):
     """The sweep folder is in use by another launch (the message names it)."""
 
 

@@ -120,6 +120,16 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
 
     sweep_dir = Path(sweep_dir)
     own = [s.output_dir for s in specs]  # absolute paths as strings: a grid of 100,000 runs builds no Path each
+    if not default_subdir and len(set(own)) < len(own):  # a subdir that does not name every swept key
+        first: dict[str, int] = {}
+        for i, d in enumerate(own):
+            if d in first:
+                a, b = (" ".join(specs[k].overrides) or "(no overrides)" for k in (first[d], i))
+                raise FolderTaken("hydra.sweep.subdir", os.path.relpath(d, sweep_dir),
+                                  f"two runs of this launch would share {d} ({a}; {b}): one would overwrite "
+                                  "the other; name every swept key in it, e.g. "
+                                  "hydra.sweep.subdir='${hydra.job.override_dirname}'")
+            first[d] = i
     found = existing(sweep_dir, own)
     by_key: dict[tuple, list[str]] = {}
     for folder, cfg in found.items():

@@ -1,4 +1,4 @@
-"""run_batch(configs, run_dirs): the one path from validated configs to results on disk.
+"""train(configs, run_dirs) → Pending.write(): the one path from validated configs to results on disk.
 
 A single Hydra job is a batch of one; a packed chunk is a batch of many runs of one shape. The training
 loop is `rw_sweeps.core.training`; this module resumes runs from their checkpoints, isolates failures (an
@@ -15,6 +15,7 @@ import time
 import traceback
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from rw_sweeps.core import results, trainer, training
 from rw_sweeps.core.config import RunConfig, shape_key
@@ -24,10 +25,42 @@ from rw_sweeps.core.training import Record
 from . import tracking
 
 
+class Pending:
+    """Work done whose results are not yet written: `write()` writes them, once, and returns them (later
+    calls return the same). A packed chunk hands its `write` to `rw_sweeps.sweeps.writer`, so that its
+    folders are written while the next chunk trains; everyone else calls it at once."""
+
+    def __init__(self, write: Callable[[], list]):
+        self._write: Callable[[], list] | None = write
+        self._out: list | None = None
+
+    def write(self) -> list:
+        if self._write is not None:
+            self._out, self._write = self._write(), None
+        return self._out
+
+    @staticmethod
+    def joined(n: int, parts: list[tuple[list[int], "Pending"]]) -> "Pending":
+        """One Pending of n results from parts that each hold the results of the indices they name."""
+        def write() -> list:
+            out: list = [None] * n
+            for idx, part in parts:
+                for i, value in zip(idx, part.write()):
+                    out[i] = value
+            return out
+        return Pending(write)
+
+
 def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> list[dict]:
     """Train every run, write each run's folder, log each to wandb; return the summaries."""
+    return train_same_shape(cfgs, run_dirs, progress).write()
+
+
+def train_same_shape(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> Pending:
+    """Train every run (runs of one shape, one batched program); the Pending writes each run's folder and
+    wandb run and returns the summaries."""
     if not cfgs:
-        return []
+        return Pending(list)
     if len({shape_key(c) for c in cfgs}) > 1:
         raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.core.config.shape_key first")
     t0 = time.time()
@@ -48,10 +81,16 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
             live.finish({})  # what was streamed ends here; a retried run starts its wandb run afresh
             live = None
         if len(cfgs) > 1:
-            return [s for c, d in zip(cfgs, run_dirs) for s in run_batch([c], [d], progress=False)]
+            return Pending.joined(len(cfgs), [([i], train_same_shape([c], [d], progress=False))
+                                              for i, (c, d) in enumerate(zip(cfgs, run_dirs))])
         traceback.print_exc(file=sys.stderr)
         records = [Record(cfgs[0], Path(run_dirs[0]), status="failed", error=one_line(exc))]
     wall = (time.time() - t0) / len(cfgs)
+    return Pending(lambda: _write(records, wall, live))
+
+
+def _write(records: list[Record], wall: float, live) -> list[dict]:
+    """Each trained run's folder, its summary last, then its wandb run; the summaries."""
     entries, written = [], {}
     for r, rec in enumerate(records):  # run by run, its summary right after its own files: a full disk keeps every run that fit
         summary = {**trainer.of(rec.cfg).summary(rec, wall), **provenance()}
@@ -118,29 +157,34 @@ def done_summary(c: RunConfig, run_dir: Path, config: dict | None = None) -> dic
 
 def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
             done_checked: bool = False) -> list[dict]:
-    """run_batch for the runs not already done: a re-run sweep skips every run whose folder holds a
-    `done` summary for the same config, and trains the rest (resume after a crash or a kill).
+    """`train`, its results written at once: the summaries."""
+    return train(cfgs, run_dirs, progress, done_checked).write()
+
+
+def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
+          done_checked: bool = False) -> Pending:
+    """train_batch for the runs not already done: a re-run sweep skips every run whose folder holds a
+    `done` summary for the same config, and trains the rest (resume after a crash or a kill). The Pending
+    writes the trained runs and returns every run's summary, in order.
     `done_checked`: the caller found none of them done already (the launcher's placement, this launch)."""
-    todo, out = [], {}
+    todo, known = [], {}
     for i, (c, d) in enumerate(zip(cfgs, run_dirs)):
         s = None if done_checked else done_summary(c, d)
         if s is not None:
-            out[i] = {**s, "skipped": True}
+            known[i] = {**s, "skipped": True}
         else:
             todo.append(i)
+    parts = [([i], Pending(lambda s=s: [s])) for i, s in known.items()]
     if todo:
-        sub = _per_group([cfgs[i] for i in todo], [run_dirs[i] for i in todo], [shape_key(cfgs[i]) for i in todo],
-                         progress)
-        out.update(zip(todo, sub))
-    return [out[i] for i in range(len(cfgs))]
+        parts.append((todo, _per_group([cfgs[i] for i in todo], [run_dirs[i] for i in todo],
+                                       [shape_key(cfgs[i]) for i in todo], progress)))
+    return Pending.joined(len(cfgs), parts)
 
 
-def _per_group(cfgs: list[RunConfig], run_dirs: list[Path], keys: list, progress) -> list[dict]:
-    """run_batch on each group of runs with equal keys; the summaries come back in the input order."""
-    out: dict[int, dict] = {}
-    for idx in training.group_by(keys, lambda k: k).values():
-        out.update(zip(idx, run_batch([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress)))
-    return [out[i] for i in range(len(cfgs))]
+def _per_group(cfgs: list[RunConfig], run_dirs: list[Path], keys: list, progress) -> Pending:
+    """train_batch on each group of runs with equal keys, in turn; the Pending's summaries in the input order."""
+    return Pending.joined(len(cfgs), [(idx, train_same_shape([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress))
+                                      for idx in training.group_by(keys, lambda k: k).values()])
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,7 @@
     python benchmarks/bench_sweep.py --quick    # one baseline run, no 10,000-run grid
     python benchmarks/bench_sweep.py --streaming    # first training line and memory: 100,000 vs 1,000 runs
     python benchmarks/bench_sweep.py --against ../old-checkout   # the 10,000-run grid, side by side
+    python benchmarks/bench_sweep.py --write-behind   # results written behind against in turn, 1 and all threads
 
 Baseline: `python -m rw_sweeps.core.oracle` in a fresh process per run: the literal dense eq. 2.1 with autograd
 (X̃ ∈ R^{n×(K+M)×N}, W ∈ R^{(K+M)²}), as a straightforward implementation would run a sweep.
@@ -246,13 +247,42 @@ def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[float, f
     return statistics.median(ours), statistics.median(theirs)
 
 
+def write_behind(seeds: int = 200, reps: int = 2) -> dict:
+    """The §5 grid of 10 × `seeds` runs (wandb disabled) end to end, with each chunk's results written in
+    turn and written behind (`hydra.launcher.write_behind`), with one training thread and with torch's
+    default, alternating: {(threads, behind): median seconds}."""
+    out: dict = {}
+    for _ in range(reps):
+        for threads in ("1", ""):
+            for behind in ("false", "true"):
+                sweep = Path(tempfile.mkdtemp(prefix="rw-behind-")) / "s"
+                t = time.perf_counter()
+                r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})",
+                                    "wandb.mode=disabled", f"hydra.launcher.write_behind={behind}",
+                                    f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True, text=True,
+                                   env={**os.environ, "CI": "1", "RW_SWEEPS_THREADS": threads})
+                out.setdefault((threads or "default", behind), []).append(time.perf_counter() - t)
+                if r.returncode != 0:
+                    raise SystemExit(f"launch.py failed:\n{r.stderr[-2000:]}")
+                shutil.rmtree(sweep.parent, ignore_errors=True)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one baseline run, no 10,000-run grid")
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--streaming", action="store_true", help="only the streaming ratios (100,000 against 1,000 runs)")
     ap.add_argument("--against", type=Path, help="another checkout: the 10,000-run grid end to end, side by side")
+    ap.add_argument("--write-behind", action="store_true", help="only results written behind against in turn")
     args = ap.parse_args()
+    if args.write_behind:
+        w = write_behind()
+        for threads in ("1", "default"):
+            a, b = w[(threads, "false")], w[(threads, "true")]
+            print(f"2,000-run §5 grid, RW_SWEEPS_THREADS={threads}: in turn {a:.1f} s, written behind {b:.1f} s "
+                  f"= {b / a:.2f}× the time in turn (medians of 2, alternating)")
+        return
     if args.streaming or args.against:
         if args.streaming:
             s = streaming()

@@ -83,16 +83,11 @@ def test_small_writes_never_wait_for_a_chunks_results():
     assert fut.result(60) == "envelopes"
 
 
-def test_writing_behind_is_used_where_the_writer_has_a_core_to_itself(monkeypatch):
-    import torch
+def test_writing_behind_is_used_on_a_gpu_and_where_the_key_says(monkeypatch):
+    from rw_sweeps.core import resources
 
     cfg = validate(RunConfig(device="cpu"))
     assert packing.writes_behind(True, cfg) and not packing.writes_behind(False, cfg)  # the key decides when set
-    cores = len(__import__("os").sched_getaffinity(0))
-    monkeypatch.setenv("RW_SWEEPS_THREADS", str(cores))
-    assert not packing.writes_behind(None, cfg)  # the training takes every core
-    if cores > 1:
-        monkeypatch.setenv("RW_SWEEPS_THREADS", str(cores - 1))
-        assert packing.writes_behind(None, cfg)
-    monkeypatch.delenv("RW_SWEEPS_THREADS")
-    assert packing.writes_behind(None, cfg) == (torch.get_num_threads() < cores)
+    assert not packing.writes_behind(None, cfg)  # on a CPU the training uses the writer's cores
+    monkeypatch.setattr(resources, "resolve_device", lambda device: "cuda:0")  # as where a GPU is visible
+    assert packing.writes_behind(None, validate(RunConfig(device="cpu")))

@@ -46,7 +46,7 @@ class RwLauncherConf:
     pack: bool = True  # many same-shape runs per job, trained as one batched program (project's task only)
     memory_gb: Optional[float] = None  # packed: a chunk's memory budget (null: 2 GB on a CPU, a GPU's free memory)
     max_runs_per_job: Optional[int] = None  # packed: cap on runs per chunk (null: by memory only)
-    write_behind: Optional[bool] = None  # packed: write a chunk's results while the next trains (null: where a core is free for it)
+    write_behind: Optional[bool] = None  # packed: write a chunk's results while the next trains (null: on a GPU only)
     lean: bool = False  # packed: skip each run's .hydra/hydra.yaml and <job>.log (grids of 100k runs)
     wait_for_lock: bool = False  # another launch holds the sweep folder: wait for it (else: refuse, one line)
     overwrite: bool = False  # train over run folders that hold a run of another config (else: refuse, one line)

@@ -185,24 +185,18 @@ def plan(todo: list, p: dict[str, Any], pack: bool) -> Plan:
 
 def writes_behind(setting: Optional[bool], cfg: Any) -> bool:
     """Whether a chunk's results are written while the next chunk trains (`rw_sweeps.sweeps.writer`):
-    `hydra.launcher.write_behind`, or where it is null, where the writer has a core to itself: a chunk that
-    trains on a GPU (the host mostly waits on the device), or on a CPU whose training threads
-    (RW_SWEEPS_THREADS, else torch's) leave a core of this process free. On 2 cores with both training,
-    writing behind made a 5,000-run sweep 1.17× slower; with one training thread, 1.21× faster
-    (`benchmarks/bench_sweep.py --write-behind`)."""
+    `hydra.launcher.write_behind`, or where it is null, when the chunk trains on a GPU, where the host
+    mostly waits on the device. On a CPU the training uses the cores the writer would need: on 2 cores a
+    2,000-run §5 grid written behind took 1.14× as long as in turn with both cores training, and 0.99× with
+    one training thread, itself slower than two (`benchmarks/bench_sweep.py --write-behind`, medians of 2)."""
     if setting is not None:
         return bool(setting)
-    import torch
-
     from rw_sweeps.core.resources import resolve_device
 
     try:
-        if resolve_device(cfg.device).startswith("cuda"):
-            return True
+        return resolve_device(cfg.device).startswith("cuda")
     except Exception:  # noqa: BLE001 - the run itself says why its device is not there
         return False
-    threads = int(os.environ.get("RW_SWEEPS_THREADS", "0") or 0) or torch.get_num_threads()
-    return threads < len(os.sched_getaffinity(0))
 
 
 class RunsFailed(RuntimeError):

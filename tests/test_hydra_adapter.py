@@ -14,6 +14,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import CompactHydraException
 from omegaconf import OmegaConf
 
+import rw_sweeps.core.config  # noqa: F401 - the option schemas, stored in Hydra's ConfigStore as the app stores them
 from rw_sweeps.core.errors import ConfigError
 from rw_sweeps.sweeps import hydra_adapter as adapter
 
@@ -29,12 +30,18 @@ def test_the_basic_sweepers_grid_expansion_is_a_cartesian_product_in_order():
 
 
 def test_the_command_line_is_read_as_hydra_reads_it_and_help_is_left_to_hydra():
-    args, hydra, name = adapter.command_line(["-m", "data.p=0,1", "--config-name", "config"], str(ROOT / "launch.py"),
-                                             "conf", "config")
-    assert args.multirun and list(args.overrides) == ["data.p=0,1"] and name == "config"
-    cfg = hydra.compose_config(config_name=name, overrides=["data.p=0.3"], run_mode=__import__(
-        "hydra.types", fromlist=["RunMode"]).RunMode.RUN, with_log_configuration=False)
-    assert cfg.data.p == 0.3
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    try:
+        args, hydra, name = adapter.command_line(["-m", "data.p=0,1", "--config-name", "config"],
+                                                 str(ROOT / "launch.py"), "conf", "config")
+        assert args.multirun and list(args.overrides) == ["data.p=0,1"] and name == "config"
+        cfg = hydra.compose_config(config_name=name, overrides=["data.p=0.3"], run_mode=RunMode.RUN,
+                                   with_log_configuration=False)
+        assert cfg.data.p == 0.3
+    finally:
+        GlobalHydra.instance().clear()  # as the pre-check does: Hydra's own tests start from a clear one
     assert adapter.command_line(["--help"], str(ROOT / "launch.py"), "conf", "config") is None
 
 

@@ -391,10 +391,8 @@ class RwLauncher(Launcher):
         if all(getattr(s, "placed", None) is not None for s in specs):
             return {i for i, s in enumerate(specs) if isinstance(s.placed, dict)}
         default_subdir = planner.subdir == "${hydra.job.num}"
-        try:
-            found = placement.place(specs, self.sweep_dir, default_subdir, self.params.get("overwrite", False))
-        except placement.FolderTaken:
-            raise  # refused, before anything is written
+        # FolderTaken: refused, in one line, before anything is written
+        found = placement.place(specs, self.sweep_dir, default_subdir, self.params.get("overwrite", False))
         here = os.getpid()
         for i, s in enumerate(specs):
             s.placed, s.placed_in = found.done.get(i, False), here

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Iterator
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from hydra.core.utils import JobReturn, JobStatus
 

@@ -149,7 +149,7 @@ class Chunk:
         # anything trains, as its own job would. (Writing reads no environment variable: hydra.job.env_set,
         # process-wide, holds for the training.)
         deferred = not observed and not self.finished and len(specs) > 1
-        behind = deferred and self.specs[0].cfg is not None and writes_behind(self.write_behind, self.specs[0].cfg)
+        behind = deferred and specs[0].cfg is not None and writes_behind(self.write_behind, specs[0].cfg)
         with env_override(env):
             started = []
             for i, s in enumerate(specs):
@@ -159,7 +159,7 @@ class Chunk:
                         if not deferred:
                             self._files(s, yaml_of)
                 except Exception as exc:  # noqa: BLE001
-                    results[i] = (exc, [f"failed: {s.output_dir}: {type(exc).__name__}: {exc}"])
+                    results[i] = _failed(s, exc)
                     continue
                 if observed:
                     configs[i] = self.planner.config(s)
@@ -178,8 +178,7 @@ class Chunk:
                 for i, res in zip(started, trained.write() if trained is not None else []):
                     results[i] = res
                 for k, exc in (envelopes.result() if envelopes is not None else {}).items():
-                    i = started[k]
-                    results[i] = (exc, [f"failed: {specs[i].output_dir}: {type(exc).__name__}: {exc}"])
+                    results[started[k]] = _failed(specs[started[k]], exc)
             except Exception as exc:  # noqa: BLE001 - its runs fail, never the chunk trained next
                 for i in started:
                     if results[i] is None:
@@ -243,6 +242,11 @@ class Chunk:
         if file_fmt is not None and not self.lean and not self.finished:
             text = "".join(file_fmt.format(_record(line)) + "\n" for line in lines)
             append_text(Path(s.output_dir) / f"{s.name}.log", text)
+
+
+def _failed(s: Spec, exc: BaseException) -> tuple:
+    """A run that failed around its training (its folder, its `.hydra/` files): the job's value and line."""
+    return exc, [f"failed: {s.output_dir}: {type(exc).__name__}: {exc}"]
 
 
 def say(line: str) -> None:

@@ -174,7 +174,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             known[i] = {**s, "skipped": True}
         else:
             todo.append(i)
-    parts = [([i], Pending(lambda s=s: [s])) for i, s in known.items()]
+    parts = [(list(known), Pending(lambda: list(known.values())))] if known else []
     if todo:
         parts.append((todo, _per_group([cfgs[i] for i in todo], [run_dirs[i] for i in todo],
                                        [shape_key(cfgs[i]) for i in todo], progress)))

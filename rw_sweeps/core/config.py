@@ -90,6 +90,9 @@ class DataConfig:
     PER_RUN: ClassVar[tuple] = ()  # keys whose values differ within one batch (the rest is the run's shape)
     SEEDED: ClassVar[bool] = False  # do the family's rules depend on the run's seed (`with_seed`)?
     TARGETS: ClassVar[tuple] = ("last", "all")  # the data.target values it serves (`laws` for all)
+    # keys that name a file read when a config is validated, whose content the config then records; a stored
+    # config is judged without opening them (`stored`)
+    FILES: ClassVar[tuple] = ()
 
     def validate(self, seed: int) -> None:
         """The family's own rules (ConfigError, one line)."""
@@ -664,35 +667,71 @@ LEGACY_DEFAULTS = {
 }
 
 
-# Keys added to a schema since, per (group, option; None: every option): a run folder from before holds
-# none of them, and was trained as their defaults say (x_N predicted from the fixed training set, s_1 uniform).
-ADDED_DEFAULTS = {("data", None): {"target": "last", "online": False, "batch": 16},
-                  ("data", "binary_chain"): {"start": "uniform"}}
+def _default(f: dataclasses.Field):
+    """A field's schema default (its value or its factory's), or `dataclasses.MISSING` where it has none."""
+    if f.default is not dataclasses.MISSING and f.default is not MISSING:
+        return copy.deepcopy(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _filled(node: dict, cls) -> dict:
+    """`node` with every field of `cls` it lacks at that field's schema default."""
+    missing = [f for f in dataclasses.fields(cls) if f.name not in node]
+    if not missing:
+        return node
+    out = dict(node)
+    for f in missing:
+        value = _default(f)
+        if value is not dataclasses.MISSING:
+            out[f.name] = _as_dict(value) if dataclasses.is_dataclass(value) else value
+    return out
 
 
 def canonical(d: dict) -> dict:
-    """A config dict as the current schemas state it: the legacy keys of `LEGACY_DEFAULTS` dropped where
-    the run's option has no such key, the keys of `ADDED_DEFAULTS` filled in where they are missing (a copy;
-    anything else is left for `from_dict` to judge)."""
-    out = dict(d)
-    for (group, name), added in ADDED_DEFAULTS.items():
-        node = out.get(group)
-        if isinstance(node, dict) and name in (None, node.get("name")) and any(k not in node for k in added):
-            out[group] = {**node, **{k: v for k, v in added.items() if k not in node}}
-    for group, legacy in LEGACY_DEFAULTS.items():
+    """A config dict as the current schemas state it (a copy; anything else is left for `from_dict` to judge):
+
+    - a key the dict lacks reads at its schema default, for every key of every option (`_filled`): a
+      config.yaml written before a key existed was trained as that key's default says. This is the rule every
+      new key must keep — its default is the behaviour before it (tests/test_versions.py holds run folders
+      of older versions to it);
+    - the legacy keys of `LEGACY_DEFAULTS` are dropped where the run's option has no such key and the value is
+      that default (a value that differs was never a default, and is refused).
+    """
+    out = _filled(d, RunConfig)
+    for group in GROUPS:
         node = out.get(group)
         if not isinstance(node, dict) or node.get("name", _DEFAULTS[group]) not in OPTIONS[group]:
             continue
-        own = OPTIONS[group][node.get("name", _DEFAULTS[group])].__dataclass_fields__
-        out[group] = {k: v for k, v in node.items() if k in own or k not in legacy or v != legacy[k]}
+        cls = OPTIONS[group][node.get("name", _DEFAULTS[group])]
+        own = cls.__dataclass_fields__
+        legacy = LEGACY_DEFAULTS.get(group, {})
+        node = {k: v for k, v in node.items() if k in own or k not in legacy or v != legacy[k]}
+        out[group] = _filled(node, cls)
+    if isinstance(out.get("wandb"), dict):
+        out["wandb"] = _filled(out["wandb"], WandbConfig)
     return out
+
+
+def stored(d: dict) -> RunConfig:
+    """A run folder's config.yaml → a validated RunConfig, judged from what it records alone: no file it names
+    is opened (a family's `FILES` keys, such as `data.Pi_file`, are set aside: the recorded matrix serves), so
+    a planted config cannot make its reader hang on a FIFO or read /dev/zero."""
+    d = canonical({k: v for k, v in d.items() if k != "hydra"})
+    data = d.get("data")
+    if isinstance(data, dict) and data.get("name") in OPTIONS["data"]:
+        files = getattr(OPTIONS["data"][data["name"]], "FILES", ())
+        if any(data.get(k) is not None for k in files):
+            d = {**d, "data": {**data, **{k: None for k in files}}}
+    return validate(_build(RunConfig, d, "", False))
 
 
 def from_dict(d: dict, complete: bool = False) -> RunConfig:
     """A composed (resolved) config dict, or a run folder's config.yaml → a validated RunConfig. Hydra's own
     `hydra` node is ignored. `complete`: the dict was composed against the schema, so every key must be there."""
-    d = canonical({k: v for k, v in d.items() if k != "hydra"})
-    return validate(_build(RunConfig, d, "", complete))
+    d = {k: v for k, v in d.items() if k != "hydra"}
+    return validate(_build(RunConfig, d if complete else canonical(d), "", complete))
 
 
 def convert(task: dict, dotted: str, value: Any) -> Any:

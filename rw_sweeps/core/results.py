@@ -20,8 +20,9 @@ import yaml
 from .safefs import atomic_write, read_bytes, write_with
 from .yamltext import Templates
 
-SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml", "history.jsonl",
-                                                   "snapshots.jsonl", "checkpoint.pt")
+from . import contract
+from .contract import CHECKPOINT, CONFIG, HISTORY, SNAPSHOTS, SUMMARY  # noqa: F401 - the contract's names
+from .readers import Broken
 
 
 def run_id(run_dir: Path) -> str:
@@ -83,34 +84,20 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def read_summary(run_dir: Path) -> dict | None:
-    """The run's summary, or None when it is missing, unreadable or not a JSON object (an unfinished run)."""
+    """The run's summary if it meets the contract (`contract.read_summary`), else None (missing or broken)."""
     try:
-        s = json.loads((Path(run_dir) / SUMMARY).read_text())
-    except (OSError, ValueError):
+        return contract.read_summary(run_dir)
+    except (FileNotFoundError, Broken):
         return None
-    return s if isinstance(s, dict) else None
 
 
 def read_config(run_dir: Path) -> dict | None:
-    """The run's config, or None when it is missing, unreadable (bad bytes, bad YAML) or not a mapping."""
+    """The run's config.yaml as a mapping if it can be read under the contract, else None (missing or broken:
+    a link, a FIFO, too large, bad YAML, an anchor or alias, not a mapping)."""
     try:
-        c = yaml.safe_load((Path(run_dir) / CONFIG).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
+        return contract.read_config(run_dir)
+    except (FileNotFoundError, Broken):
         return None
-    return c if isinstance(c, dict) else None
-
-
-def complete(run_dir: Path) -> bool:
-    """Every file of the contract is there and parses: a summary says `done` only together with them."""
-    for name in (HISTORY, SNAPSHOTS):
-        try:
-            with open(Path(run_dir) / name, encoding="utf-8") as fh:
-                for line in fh:
-                    if not isinstance(json.loads(line), dict):
-                        return False
-        except (OSError, ValueError):
-            return False
-    return True
 
 
 # Where a run is logged, how often it is saved and what number its task returns: never what it computes, so

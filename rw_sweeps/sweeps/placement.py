@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rw_sweeps.core import results
-from rw_sweeps.core.config import ConfigError, RunConfig, from_dict
+from rw_sweeps.core import contract, results
+from rw_sweeps.core.config import ConfigError, RunConfig
 
 
 class FolderTaken(ConfigError):
@@ -81,11 +81,7 @@ def _run_config(folder: Path) -> dict | None:
     if folder.is_symlink():
         return None
     cfg = results.read_config(folder)
-    if cfg is None:
-        return None
-    try:
-        from_dict(cfg, complete=True)
-    except (ConfigError, TypeError, ValueError):
+    if cfg is None or contract.config_problem(cfg) is not None:
         return None
     return cfg
 

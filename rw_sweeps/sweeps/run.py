@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from rw_sweeps.core import results, trainer, training
+from rw_sweeps.core import contract, results, trainer, training
 from rw_sweeps.core.config import RunConfig, shape_key
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.training import Record
@@ -146,13 +146,10 @@ def failed_summary(cfg: RunConfig, run_dir: Path, error: str) -> dict:
 
 
 def done_summary(c: RunConfig, run_dir: Path, config: dict | None = None) -> dict | None:
-    """The run folder's summary if it says `done` for this config (`results.same_run`) and every file of
-    the contract is there and parses, else None. `config`: the folder's config.yaml, if already read."""
-    s = results.read_summary(run_dir)
-    if s is None or s.get("status") != "done":
-        return None
-    config = results.read_config(run_dir) if config is None else config
-    return s if results.same_run(config, c.to_dict()) and results.complete(run_dir) else None
+    """The run folder's summary if the contract judges it done (`contract.judge`) and it holds this config's
+    run (`results.same_run`), else None. `config`: the folder's config.yaml, if already read and validated."""
+    verdict = contract.judge(run_dir, config)
+    return verdict.summary if verdict.done and results.same_run(verdict.config, c.to_dict()) else None
 
 
 def execute(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
@@ -222,18 +219,26 @@ def run_line(summary: dict, tag: str = "") -> str:
 
 
 def _line(summary: dict, done: str) -> str:
-    s = summary
+    s = _Fields(summary)  # a summary of an older version may lack a field: it reads as null
     # the circle (and the QA tasks, as always) by p; the other families by name, since p may mean nothing there
-    what = f"p={s['p']}" if s.get("data") in (None, "random_walk", "qa_majority", "qa_preference") else f"data={s['data']}"
+    what = f"p={s['p']}" if s["data"] in (None, "random_walk", "qa_majority", "qa_preference") else f"data={s['data']}"
     if s["status"] != "done":
         return f"{s['status']}: {what} init={s['init']} seed={s['seed']}: {s['error']}"
     fmt = lambda x: "null" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
-    if "unigram_loss" in s:  # model=gpt: its loss beside the data family's two baselines
+    opt = "null" if s["opt_acc"] is None else f"{s['opt_acc']:.3f}"
+    if s["unigram_loss"] is not None:  # model=gpt: its loss beside the data family's two baselines
         return (f"{done}: {what} K={s['K']} N={s['N']} model={s['model']} n_layer={s['n_layer']} init={s['init']} "
                 f"seed={s['seed']} steps={s['steps']} test_loss={fmt(s['test_loss'])} opt_loss={fmt(s['opt_loss'])} "
                 f"unigram_loss={fmt(s['unigram_loss'])} relative_loss={fmt(s['relative_loss'])} "
-                f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
+                f"test_acc={fmt(s['test_acc'])} (OPT {opt}) parent_attention={fmt(s['parent_attention'])} "
                 f"break_step={s['symmetry_break_step']}")
     return (f"{done}: {what} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
-            f"test_acc={fmt(s['test_acc'])} (OPT {s['opt_acc']:.3f}) parent_attention={fmt(s['parent_attention'])} "
+            f"test_acc={fmt(s['test_acc'])} (OPT {opt}) parent_attention={fmt(s['parent_attention'])} "
             f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={s['symmetry_break_step']}")
+
+
+class _Fields(dict):
+    """A summary read for its line: a field it lacks is null."""
+
+    def __missing__(self, key):
+        return None

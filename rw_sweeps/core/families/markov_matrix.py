@@ -1,6 +1,7 @@
 """Any row-stochastic K×K Π, given as a list of rows or read from a file."""
 from __future__ import annotations
 
+import io
 import math
 import os
 from dataclasses import dataclass, field
@@ -9,7 +10,6 @@ from typing import Any, ClassVar, List, Optional
 import numpy as np
 
 from ..config import ConfigError, DataConfig, option
-from ..errors import one_line
 
 
 @option("data")
@@ -26,6 +26,7 @@ class MarkovMatrix(DataConfig):
     # run's config.yaml holds the matrix it was trained on.
     Pi_file: Optional[str] = None
     PER_RUN: ClassVar[tuple] = ("Pi", "Pi_file")
+    FILES: ClassVar[tuple] = ("Pi_file",)
 
     def validate(self, seed: int) -> None:
         if self.Pi_file is not None:  # the file replaces data.Pi (the default, or what a config.yaml recorded)
@@ -54,17 +55,32 @@ class MarkovMatrix(DataConfig):
         return np.array(self.Pi, dtype=np.float64).reshape(self.K, self.K)
 
 
+PI_FILE_CAP = 64 * 1024 * 1024  # a 2,000×2,000 Π as text is ~40 MB
+
+
 def _read_pi(path: str) -> list:
-    """data.Pi_file's matrix as a list of rows, or a one-line ConfigError."""
+    """data.Pi_file's matrix as a list of rows, or a one-line ConfigError. The file is read as the run-folder
+    files are (`readers`: a regular file only, never a FIFO or a device, at most PI_FILE_CAP bytes), and an
+    error names the file and the rule, never a line of its content (the path may be anyone's file)."""
+    from ..readers import Broken, read_bytes
+
     f = os.path.expanduser(path)
     try:
+        raw = read_bytes(f, PI_FILE_CAP, "data.Pi_file")
+    except FileNotFoundError:
+        raise ConfigError("data.Pi_file", path, "no such file") from None
+    except Broken as e:
+        raise ConfigError("data.Pi_file", path, e.why.replace("data.Pi_file ", "", 1)) from None
+    try:
         if f.endswith(".npy"):
-            P = np.load(f, allow_pickle=False)
+            P = np.load(io.BytesIO(raw), allow_pickle=False)
         else:
-            with open(f, encoding="utf-8") as fh:
-                P = np.loadtxt(fh.read().replace(",", " ").splitlines(), ndmin=2)
-    except (OSError, ValueError) as e:
-        raise ConfigError("data.Pi_file", path, f"must be a readable .npy or text matrix ({one_line(e)})") from None
+            P = np.loadtxt(raw.decode("utf-8").replace(",", " ").splitlines(), ndmin=2)
+    except (OSError, ValueError, UnicodeDecodeError, EOFError):
+        what = "a .npy array of numbers" if f.endswith(".npy") else "UTF-8 text: K rows of K numbers"
+        raise ConfigError("data.Pi_file", path, f"must hold {what}; it does not") from None
     if P.ndim != 2:
         raise ConfigError("data.Pi_file", path, f"must hold a 2-d matrix; it holds {P.ndim} dimension(s)")
+    if P.dtype.kind not in "fiu":
+        raise ConfigError("data.Pi_file", path, "must hold numbers")
     return [[float(x) for x in row] for row in P]

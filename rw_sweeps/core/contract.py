@@ -1,0 +1,281 @@
+"""The run-folder contract: what each file a run writes holds, and the one judgement of a finished run.
+
+A run folder (README, "Results") holds `config.yaml`, `summary.json`, `history.jsonl`, `snapshots.jsonl`
+and, while unfinished, `checkpoint.pt`. Each is read through `rw_sweeps.core.readers` (regular files only,
+capped, strict JSON, plain YAML) and checked against the format below. `judge` is the one function that
+says what a folder holds — the launcher (placement, skip), `run.done_summary`, analysis, status and the
+wandb export all ask it, so they cannot disagree:
+
+- **done**: a valid summary with status `done`; a valid config (its schema, read without opening any file
+  it names: the recorded `data.Pi` serves for `data.Pi_file`); the summary's copies of config keys equal
+  the config's; a history whose steps rise from its first row to the last, which is the summary's
+  `steps` and `eval_step` and the config's `optim.steps`, with the summary's metrics equal to that row's;
+  snapshots that parse, each at a step;
+- **failed** / **diverged**: a valid summary with that status and a valid config (retrained on a relaunch,
+  shown by analysis);
+- **unfinished**: no summary yet;
+- **corrupt**: anything else, with one line saying why (retrained on a relaunch, listed by analysis).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import readers
+from .readers import Broken, GiB, KiB, MiB
+
+SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml", "history.jsonl",
+                                                   "snapshots.jsonl", "checkpoint.pt")
+
+# Size caps, each far above what a run writes (a summary is ~1 KB, a config ~1 KB plus data.Pi, a history
+# row ~0.3 KB, a snapshot row K² floats): memory is bounded by these, whatever is planted.
+CAPS = {SUMMARY: 1 * MiB, CONFIG: 16 * MiB}
+LINE_CAPS = {HISTORY: 1 * MiB, SNAPSHOTS: 256 * MiB}
+FILE_CAPS = {HISTORY: 1 * GiB, SNAPSHOTS: 8 * GiB}
+RECORD_CAP = 256 * MiB  # a sweep's `.rw_sweep.json` (100,000 runs is ~5 MB)
+LOCK_CAP = 64 * KiB     # a lock's holder record
+STATUSES = ("done", "failed", "diverged")
+SEED_MAX = 2 ** 32 - 1
+
+
+# ------------------------------------------------------------------------------------------ field types
+@dataclass(frozen=True)
+class Field:
+    """One summary field: its type, its bounds, whether it may be null or left out (older versions wrote
+    fewer fields: a missing one reads as null)."""
+    kind: str  # int | num | str | bool | ints | list | any
+    lo: float | None = None
+    hi: float | None = None
+    required: bool = False
+    nullable: bool = True
+
+    def check(self, value) -> str | None:
+        """None if `value` fits, else what is wrong."""
+        if value is None:
+            return None if self.nullable else "must not be null"
+        k = self.kind
+        if k == "int":
+            ok = type(value) is int
+        elif k == "num":
+            ok = type(value) in (int, float) and math.isfinite(value)
+        elif k == "str":
+            ok = type(value) is str
+        elif k == "bool":
+            ok = type(value) is bool
+        elif k == "ints":
+            ok = type(value) is list and all(type(x) is int for x in value)
+        elif k == "list":
+            ok = type(value) is list
+        else:
+            ok = True
+        if not ok:
+            return f"must be {_KIND_NAMES[k]}"
+        if k in ("int", "num") and ((self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi)):
+            return f"must be in [{_fmt(self.lo)}, {_fmt(self.hi)}]"
+        return None
+
+
+_KIND_NAMES = {"int": "an integer", "num": "a finite number", "str": "a string", "bool": "true or false",
+               "ints": "a list of integers", "list": "a list", "any": "a JSON value"}
+
+
+def _fmt(x) -> str:
+    return "…" if x is None else f"{x:g}"
+
+
+_NUM, _RATE, _STEP = Field("num"), Field("num", 0, 1), Field("int", 0)
+SUMMARY_FIELDS = {
+    "status": Field("str", required=True, nullable=False),
+    "error": Field("str"),
+    "steps": Field("int", 0, required=True, nullable=False),
+    "eval_step": _STEP,
+    **{k: _RATE for k in ("test_acc", "opt_acc")},
+    **{k: _NUM for k in ("test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
+                         "attention_spread", "parents_attention", "opt_loss", "unigram_loss", "relative_loss",
+                         "kl_uniform", "kl_unigram", "kl_bigram", "p", "q", "sigma", "lr", "eps")},
+    "wall_s": Field("num", 0),
+    "trap": Field("bool"),
+    **{k: _STEP for k in ("symmetry_break_step", "prediction_break_step", "locked_position")},
+    "parent_positions": Field("ints"),
+    **{k: Field("list") for k in ("attn_parent", "induction")},
+    "seed": Field("int", 0, SEED_MAX, required=True, nullable=False),
+    "K": Field("int", 1, required=True, nullable=False),
+    "N": Field("int", 1, required=True, nullable=False),
+    "M": Field("int", 1),
+    **{k: Field("int", 1) for k in ("n_layer", "n_head")},
+    **{k: Field("bool") for k in ("tie", "online", "git_dirty")},
+    **{k: Field("str") for k in ("data", "init", "model", "precision", "optim", "target", "run_id",
+                                 "git_commit", "version", "torch_version", "host")},
+}
+# The summary's copies of config keys (for a reader of the one file): each must equal the config's.
+ECHOES = {"seed": "seed", "K": "data.K", "N": "data.N", "M": "model.M", "p": "data.p", "q": "data.q",
+          "data": "data.name", "init": "init.name", "model": "model.name", "lr": "optim.lr", "eps": "optim.eps",
+          "optim": "optim.name", "precision": "precision", "n_layer": "model.n_layer", "n_head": "model.n_head",
+          "tie": "model.tie", "target": "data.target", "online": "data.online"}
+
+
+def check_summary(s, path) -> dict:
+    """The summary if it meets the contract (every required field there, every known field of its type and
+    bounds; a field older versions did not write may be missing), else Broken naming the first field that
+    does not."""
+    if not isinstance(s, dict):
+        raise Broken(path, "summary.json is not a JSON object")
+    for key, f in SUMMARY_FIELDS.items():
+        if key not in s:
+            if f.required:
+                raise Broken(path, f"summary.json has no {key!r}")
+            continue
+        bad = f.check(s[key])
+        if bad:
+            raise Broken(path, f"summary.json: {key}={_show(s[key])} {bad}")
+    if s["status"] not in STATUSES:
+        raise Broken(path, f"summary.json: status={_show(s['status'])} is not one of {', '.join(STATUSES)}")
+    return s
+
+
+def _show(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
+# ------------------------------------------------------------------------------------------ the files
+def read_summary(run_dir) -> dict:
+    """The run's summary, checked (`check_summary`); FileNotFoundError if there is none, Broken if bad."""
+    path = Path(run_dir) / SUMMARY
+    return check_summary(readers.read_json(path, CAPS[SUMMARY], SUMMARY), path)
+
+
+def read_config(run_dir) -> dict:
+    """The run's config.yaml as a mapping (its schema is `config_valid`'s to judge); FileNotFoundError or
+    Broken."""
+    path = Path(run_dir) / CONFIG
+    cfg = readers.read_yaml(path, CAPS[CONFIG], CONFIG)
+    if not isinstance(cfg, dict):
+        raise Broken(path, "config.yaml is not a mapping")
+    return cfg
+
+
+def config_problem(cfg: dict) -> str | None:
+    """None if a stored config meets its schema (read as `config.stored` reads it: no file it names is
+    opened), else the one-line reason."""
+    from .config import ConfigError, stored
+
+    try:
+        stored(cfg)
+    except (ConfigError, TypeError, ValueError, OverflowError) as e:
+        return f"config.yaml does not meet the schema ({' '.join(str(e).split())[:200]})"
+    return None
+
+
+def rows(run_dir, name: str):
+    """The JSON objects of a `.jsonl` file of the contract, each checked (readers' rules), each a mapping
+    with an integer `step` >= 0; Broken otherwise."""
+    path = Path(run_dir) / name
+    for n, line in enumerate(readers.lines(path, LINE_CAPS[name], FILE_CAPS[name], name), 1):
+        if not line.strip():
+            continue
+        row = readers.json_value(line, path, f"{name} line {n}")
+        if not isinstance(row, dict):
+            raise Broken(path, f"{name} line {n} is not a JSON object")
+        step = row.get("step")
+        if type(step) is not int or step < 0:
+            raise Broken(path, f"{name} line {n}: step={_show(step)} must be an integer >= 0")
+        yield row
+
+
+def _dotted(cfg: dict, key: str):
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+_MISSING = object()
+
+
+def _same(a, b) -> bool:
+    if type(a) in (int, float) and type(b) in (int, float):
+        return float(a) == float(b)
+    return a == b
+
+
+# ------------------------------------------------------------------------------------------ the judgement
+@dataclass(frozen=True)
+class Verdict:
+    """What a run folder holds: `state` is done | failed | diverged | unfinished | corrupt; `summary` and
+    `config` are the checked files (None where they are not valid); `why` says why a folder is not done."""
+    state: str
+    summary: dict | None = None
+    config: dict | None = None
+    why: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state == "done"
+
+
+def judge(run_dir, config: dict | None = None) -> Verdict:
+    """The one judgement of a run folder (see the module's doc). `config`: its config.yaml, if already read
+    and found valid by the caller (placement reads every folder's config once)."""
+    run_dir = Path(run_dir)
+    try:
+        summary = read_summary(run_dir)
+    except FileNotFoundError:
+        return Verdict("unfinished", why="no summary.json")
+    except Broken as e:
+        return Verdict("corrupt", why=e.why)
+    if config is None:
+        try:
+            config = read_config(run_dir)
+        except FileNotFoundError:
+            return Verdict("corrupt", summary, why="no config.yaml")
+        except Broken as e:
+            return Verdict("corrupt", summary, why=e.why)
+        problem = config_problem(config)
+        if problem:
+            return Verdict("corrupt", summary, why=problem)
+    for key, dotted in ECHOES.items():
+        there = _dotted(config, dotted)
+        if summary.get(key) is not None and there is not _MISSING and there is not None and not _same(summary[key], there):
+            return Verdict("corrupt", summary, config, f"summary.json says {key}={_show(summary[key])}, "
+                                                        f"config.yaml says {dotted}={_show(there)}")
+    if summary["status"] != "done":
+        return Verdict(summary["status"], summary, config, why=f"its summary says {summary['status']}")
+    why = _done_files(run_dir, summary, config)
+    if why:
+        return Verdict("corrupt", summary, config, why)
+    return Verdict("done", summary, config)
+
+
+def _done_files(run_dir: Path, summary: dict, config: dict) -> str | None:
+    """None if the history and snapshots of a `done` summary are whole, else why not."""
+    steps = summary["steps"]
+    planned = _dotted(config, "optim.steps")
+    if type(planned) is int and steps != planned:
+        return f"summary.json says steps={steps}, config.yaml says optim.steps={planned}"
+    if summary.get("eval_step") != steps:
+        return f"summary.json says eval_step={summary.get('eval_step')} for a done run of {steps} steps"
+    try:
+        last, previous = None, -1
+        for row in rows(run_dir, HISTORY):
+            if row["step"] <= previous:
+                return f"history.jsonl: step {row['step']} follows step {previous}"
+            previous, last = row["step"], row
+        for _ in rows(run_dir, SNAPSHOTS):
+            pass
+    except FileNotFoundError as e:
+        return f"a done run without its {Path(e.filename).name}"
+    except Broken as e:
+        return e.why
+    if last is None:
+        return "history.jsonl is empty"
+    if last["step"] != steps:
+        return f"history.jsonl ends at step {last['step']}; summary.json says {steps} steps"
+    for key, value in last.items():
+        if key in SUMMARY_FIELDS and key != "step" and summary.get(key) is not None and value is not None \
+                and not _same(value, summary[key]):
+            return f"history.jsonl's last row has {key}={_show(value)}; summary.json says {_show(summary[key])}"
+    return None

@@ -1,0 +1,267 @@
+"""The one way this project reads a file that a stranger may have planted in a sweep folder.
+
+A sweep folder is shared: anything in it may be truncated, NUL-filled, a link, a FIFO, a device, huge,
+nested a million deep, or a YAML alias bomb. Every reader of a run or sweep file goes through here, and
+here a file is
+
+- opened without following a link (O_NOFOLLOW) and without waiting for a writer (O_NONBLOCK), and read
+  only if it is a regular file: a FIFO, a device or a folder at a file's name is refused, never read;
+- read to a cap on its size (`CAPS`, checked against fstat before a byte is read, and again while
+  reading), or line by line to a cap on a line, so memory stays bounded whatever is on the disk;
+- parsed as strict JSON (no NaN or Infinity, integers within int64, nesting at most `MAX_DEPTH`), or as
+  plain YAML: no tags, no anchors, no aliases, the same nesting limit.
+
+A file that breaks a rule raises `Broken`, whose message is one line: the file and why. A missing file
+raises FileNotFoundError, so a caller can tell "not written yet" from "damaged".
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+import orjson
+import yaml
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+MAX_DEPTH = 64  # the deepest a contract file nests is 4 (a snapshot's matrix in a row): 64 is generous
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class Broken(ValueError):
+    """A file that breaks the contract (README, "Faults"): one line naming the file and the rule."""
+
+    def __init__(self, path, why: str):
+        self.path, self.why = str(path), why
+        super().__init__(f"{path}: {why}")
+
+
+def _open(path, what: str):
+    """A binary file object for a regular file at `path`, never through a link, never blocking."""
+    try:
+        fd = os.open(path, _READ)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path)) from None
+        if e.errno == errno.ELOOP:
+            raise Broken(path, f"{what} is a symbolic link; it is not followed") from None
+        raise Broken(path, f"{what} cannot be opened ({os.strerror(e.errno or 0) or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Broken(path, f"{what} is not a regular file ({_kind(st.st_mode)}); it is not read")
+        fh = os.fdopen(fd, "rb", buffering=1 << 16)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fh, st
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def read_bytes(path, cap: int, what: str | None = None) -> bytes:
+    """A regular file's bytes, at most `cap` of them (Broken if it holds more: by its size, or as read)."""
+    what = what or Path(path).name
+    fh, st = _open(path, what)
+    with fh:
+        if st.st_size > cap:
+            raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {cap:,}")
+        raw = fh.read(cap + 1)
+    if len(raw) > cap:
+        raise Broken(path, f"{what} holds more than its cap of {cap:,} bytes")
+    return raw
+
+
+def lines(path, line_cap: int, total_cap: int, what: str | None = None) -> Iterator[bytes]:
+    """A regular file's lines (without their newline), each at most `line_cap` bytes, all at most `total_cap`:
+    memory bounded by one line, whatever the file's size."""
+    what = what or Path(path).name
+    fh, st = _open(path, what)
+    with fh:
+        if st.st_size > total_cap:
+            raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {total_cap:,}")
+        total, n = 0, 0
+        while True:
+            line = fh.readline(line_cap + 1)
+            if not line:
+                return
+            n += 1
+            total += len(line)
+            if total > total_cap:
+                raise Broken(path, f"{what} holds more than its cap of {total_cap:,} bytes")
+            if len(line) > line_cap and not (len(line) == line_cap + 1 and line.endswith(b"\n")):
+                raise Broken(path, f"{what}: line {n} is longer than its cap of {line_cap:,} bytes")
+            yield line.rstrip(b"\n")
+
+
+# ------------------------------------------------------------------------------------------ JSON
+def json_value(raw: bytes, path, what: str | None = None):
+    """Strict JSON: no NaN/Infinity (orjson refuses them, and numbers that overflow a double), integers within
+    int64, nesting at most MAX_DEPTH (orjson stops at 1024 without recursing in Python; `bounded` at 64)."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise Broken(path, f"{what or Path(path).name} is not valid JSON ({_short(e)})") from None
+    bounded(value, path, what)
+    return value
+
+
+def read_json(path, cap: int, what: str | None = None):
+    """A JSON file (read_bytes, then json_value)."""
+    return json_value(read_bytes(path, cap, what), path, what)
+
+
+def bounded(value, path, what: str | None = None) -> None:
+    """Broken unless every number is finite and every integer within int64, and nesting is at most MAX_DEPTH.
+    Iterative: a value nested deeper than Python's recursion limit is judged, not crashed on."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t is int:
+            if not INT_MIN <= v <= INT_MAX:
+                raise Broken(path, f"{what or Path(path).name} holds an integer outside int64 ({str(v)[:24]}…)")
+        elif t is float:
+            if v != v or v in (float("inf"), float("-inf")):
+                raise Broken(path, f"{what or Path(path).name} holds a non-finite number")
+        elif t is dict or t is list:
+            if depth > MAX_DEPTH:
+                raise Broken(path, f"{what or Path(path).name} nests deeper than {MAX_DEPTH} levels")
+            items = v.values() if t is dict else v
+            stack.extend((x, depth + 1) for x in items if type(x) in (dict, list, int, float))
+
+
+# ------------------------------------------------------------------------------------------ YAML
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SAFE = yaml.SafeLoader("")
+# `<indent>- item` | `<indent>key:` | `<indent>key: value`
+_LINE = re.compile(r"( *)(?:- (.*)|([A-Za-z_][\w.-]*):(?: (.*))?)\Z")
+
+
+class _NotPlain(Exception):
+    """A line outside the plain block subset: PyYAML reads the file instead (after the event check)."""
+
+
+def yaml_value(text: str, path, what: str | None = None):
+    """Plain YAML, as `yaml.safe_load` reads it, refusing tags, anchors and aliases (an alias bomb expands
+    a kilobyte into gigabytes) and nesting deeper than MAX_DEPTH. The configs this project writes are
+    plain block YAML, read by a fast line reader (each distinct scalar typed by PyYAML's own resolver);
+    anything else is first checked event by event, which builds nothing, then loaded."""
+    what = what or Path(path).name
+    try:
+        value = _block_yaml(text)
+    except _NotPlain:
+        _check_events(text, path, what)
+        try:
+            value = yaml.load(text, Loader=_Loader)
+        except yaml.YAMLError as e:
+            raise Broken(path, f"{what} is not valid YAML ({_short(e)})") from None
+    except RecursionError:
+        raise Broken(path, f"{what} nests deeper than {MAX_DEPTH} levels") from None
+    bounded(value, path, what)
+    return value
+
+
+def read_yaml(path, cap: int, what: str | None = None):
+    """A YAML file (read_bytes as UTF-8, then yaml_value)."""
+    raw = read_bytes(path, cap, what)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Broken(path, f"{what or Path(path).name} is not UTF-8 text ({_short(e)})") from None
+    return yaml_value(text, path, what)
+
+
+def _check_events(text: str, path, what: str) -> None:
+    depth = 0
+    try:
+        for ev in yaml.parse(text, Loader=_Loader):
+            if isinstance(ev, yaml.AliasEvent) or getattr(ev, "anchor", None) is not None:
+                raise Broken(path, f"{what} uses a YAML anchor or alias; the contract allows neither")
+            tag = getattr(ev, "tag", None)
+            implicit = getattr(ev, "implicit", True)
+            if tag is not None and not (implicit is True or (isinstance(implicit, tuple) and any(implicit))):
+                raise Broken(path, f"{what} uses a YAML tag ({tag[:40]}); the contract allows none")
+            if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise Broken(path, f"{what} nests deeper than {MAX_DEPTH} levels")
+            elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError as e:
+        raise Broken(path, f"{what} is not valid YAML ({_short(e)})") from None
+
+
+def _block_yaml(text: str):
+    root: dict = {}
+    stack: list = [(0, root)]    # open containers, innermost last, with their lines' indent
+    pending = None               # (indent, dict, key) of a `key:` whose block may follow
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        m = _LINE.match(line)
+        if not m:
+            raise _NotPlain(line)
+        indent, item, key, value = len(m[1]), m[2], m[3], m[4]
+        if pending:              # open the block of the last `key:`: a list or a mapping
+            p_indent, parent, p_key = pending
+            pending = None
+            if item is not None and indent >= p_indent:   # lists may sit at the key's indent
+                parent[p_key] = []
+                stack.append((indent, parent[p_key]))
+            elif indent > p_indent:
+                parent[p_key] = {}
+                stack.append((indent, parent[p_key]))
+            if len(stack) > MAX_DEPTH + 1:
+                raise _NotPlain(line)  # the event check names the rule
+        while stack[-1][0] > indent or (item is None and isinstance(stack[-1][1], list)
+                                         and stack[-1][0] == indent):
+            stack.pop()
+        depth, box = stack[-1]
+        if depth != indent or isinstance(box, list) != (item is not None):
+            raise _NotPlain(line)
+        if item is not None:
+            box.append(_scalar(item))
+        elif value is None:      # null unless a block follows
+            if key in box:
+                raise _NotPlain(line)  # a repeated key: PyYAML's own rule decides
+            box[key] = None
+            pending = (indent, box, key)
+        else:
+            if key in box:
+                raise _NotPlain(line)
+            box[key] = _scalar(value)
+    return root
+
+
+def _scalar(v: str):
+    if v == "[]":                # fresh containers: never shared through the cache
+        return []
+    if v == "{}":
+        return {}
+    return _plain(v)
+
+
+@lru_cache(maxsize=1 << 16)
+def _plain(v: str):
+    if (v[:1] in "'\"[]{}&*!|>%@`#?,-:" and not (v[:1] == "-" and v[1:2].isdigit())) \
+            or ": " in v or " #" in v or v.endswith(":") or v != v.strip():
+        raise _NotPlain(v)
+    tag = _SAFE.resolve(yaml.ScalarNode, v, (True, False))
+    return _SAFE.yaml_constructors[tag](_SAFE, yaml.ScalarNode(tag, v))
+
+
+def _short(e: BaseException) -> str:
+    return " ".join(str(e).split())[:160]

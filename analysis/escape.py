@@ -33,7 +33,7 @@ import pandas as pd               # noqa: E402
 
 from rw_sweeps.core.safefs import atomic_write  # noqa: E402
 
-from .fastyaml import load_yaml   # noqa: E402
+from rw_sweeps.core import contract, readers   # noqa: E402
 from .phase import _fmt, phase_diagram   # noqa: E402
 
 ESCAPE = "escape"
@@ -84,18 +84,18 @@ def _sweep_predictions(sweep: Path, runs: pd.DataFrame, predict, progress) -> di
     keyed, todo = {}, []
     for path, rid in zip(runs["path"], runs.get("run_id", runs["path"])):
         rid = rid if isinstance(rid, str) and rid else Path(path).name
-        text = (Path(path) / "config.yaml").read_bytes()
+        text = readers.read_bytes(Path(path) / contract.CONFIG, contract.CAPS[contract.CONFIG])
         sha = hashlib.sha1(text).hexdigest()
         keyed[path] = rid
         hit = cache.get(rid)
         if not (hit and hit.get("config_sha1") == sha):
             todo.append((path, rid, sha, text))
     if todo:
-        from rw_sweeps.core.config import from_dict   # the analysis reads files; only the theory needs it
+        from rw_sweeps.core.config import stored   # the analysis reads files; only the theory needs it
         todo.sort(key=lambda item: _trajectory_order(item[3]))
         for i in range(0, len(todo), CHUNK):
             part = todo[i:i + CHUNK]
-            cfgs = [from_dict(load_yaml(text.decode("utf-8"))) for _, _, _, text in part]
+            cfgs = [stored(_yaml(path, text)) for path, _, _, text in part]
             for (_, rid, sha, _), r in zip(part, predict(cfgs)):
                 cache[rid] = {"config_sha1": sha, **{k: r.get(k) for k in KEEP}}
             _write_cache(cache_file, cache)
@@ -106,24 +106,32 @@ def _sweep_predictions(sweep: Path, runs: pd.DataFrame, predict, progress) -> di
 
 def _trajectory_order(text: bytes) -> str:
     """A run's config without σ and precision: runs sharing it share the theory's trajectory."""
-    cfg = load_yaml(text.decode("utf-8"))
+    cfg = dict(_yaml("config.yaml", text))
     cfg.pop("precision", None)
     if isinstance(cfg.get("init"), dict):
         cfg["init"] = {k: v for k, v in cfg["init"].items() if k != "sigma"}
     return json.dumps(cfg, sort_keys=True, default=str)
 
 
+def _yaml(path, text: bytes) -> dict:
+    """A run's config.yaml (already judged by the contract when the table was loaded), read as it reads it."""
+    return readers.yaml_value(text.decode("utf-8"), Path(path) / contract.CONFIG)
+
+
 def _progress(done: int, total: int) -> None:
     print(f"theory: {done}/{total} escape runs predicted", file=sys.stderr, flush=True)
 
 
+CACHE_CAP = 1 << 30  # the theory cache's bytes (a few hundred a run)
+
+
 def _read_cache(f: Path) -> dict:
     try:
-        data = json.loads(f.read_text())
-        return data["runs"] if data.get("version") == CACHE_VERSION else {}
+        data = readers.read_json(f, CACHE_CAP)
+        return data["runs"] if data.get("version") == CACHE_VERSION and isinstance(data["runs"], dict) else {}
     except FileNotFoundError:
         return {}
-    except (ValueError, KeyError, TypeError, OSError) as e:   # torn or foreign: predict again
+    except (ValueError, KeyError, TypeError, AttributeError, OSError) as e:   # torn or foreign: predict again
         warnings.warn(f"ignoring unreadable theory cache {f}: {e}")
         return {}
 

@@ -1,8 +1,10 @@
 """Sweep and run folders -> one tidy table (one row per run), per the README's results contract.
 
-Only the results contract is read (config.yaml, summary.json, history.jsonl, snapshots.jsonl);
-the training code is never imported. Each sweep is consolidated into `<sweep>/runs.parquet`,
-refreshed from the mtimes of its runs' files, so a warm load of 10,000 runs is a few stats each.
+Every run folder is judged by the contract's one function (`rw_sweeps.core.contract.judge`), the same the
+launcher skips by, so a run is `done` here exactly when a relaunch would skip it; the training code is
+never imported. Each sweep is consolidated into `<sweep>/runs.parquet`, sealed with the user's key
+(`rw_sweeps.core.seal`) and trusted row by row only where the run's files still hash to what the row was
+built from: a warm load reads and hashes the files, and parses none of them.
 """
 from __future__ import annotations
 
@@ -16,18 +18,19 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 from tqdm import tqdm
 
+from rw_sweeps.core import contract, readers, seal
+from rw_sweeps.core.config import canonical
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core.safefs import write_with
-
-from .fastyaml import load_yaml
+from rw_sweeps.core.safefs import atomic_write, write_with
 
 CACHE_NAME = "runs.parquet"
-CACHE_VERSION = 3   # bump when the row format changes: old caches are then rebuilt
+SEAL_NAME = ".runs.parquet.seal"   # the cache's seal (rw_sweeps.core.seal), beside it
+CACHE_VERSION = 4   # bump when the row format changes: old caches are then rebuilt
+CACHE_CAP = 4 << 30  # bytes: a cache larger than this is not read (rebuilt in memory)
 _META_KEY = b"rw_sweeps.analysis"
-_BOOK = ["_run", "_cfg_mtime", "_cfg_size", "_sum_mtime", "_sum_size"]   # cache-only columns
+_BOOK = ["_run", "_digest"]   # cache-only columns: the run's folder name, the digest of its files
 
 
 def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
@@ -117,29 +120,36 @@ def load_snapshots(runs, columns=None) -> pd.DataFrame:
 
 def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
     cached, meta = (pd.DataFrame(), {}) if refresh or not cache else _read_cache(sweep)
-    # run folder -> (its row in the cache, the file stamps that row was read from)
-    stamps = ({r: (i, s) for i, (r, *s) in enumerate(zip(*(cached[c].tolist() for c in _BOOK)))}
-              if len(cached) else {})
+    # run folder -> (its row in the cache, the digest of the files that row was read from)
+    known = ({r: (i, d) for i, (r, d) in enumerate(zip(cached["_run"].tolist(), cached["_digest"].tolist()))}
+             if len(cached) else {})
     keep, todo, skipped = [], [], []
     for entry in _run_entries(sweep):
-        stats = _stat_run(entry.path)
-        if stats is None:                  # a numbered job folder with nothing in it yet
+        if entry.is_symlink():
+            skipped.append(_skip(entry.path, "corrupt", "the run folder is a symbolic link; it is not followed"))
+            continue
+        try:
+            digest = _digest(entry.path)
+        except readers.Broken as e:
+            skipped.append(_skip(entry.path, "corrupt", e.why))
+            continue
+        if digest is None:                 # a numbered job folder with nothing in it yet
             skipped.append(_skip(entry.path, "unfinished", "no config.yaml or summary.json"))
             continue
-        i, old = stamps.get(entry.name, (None, None))
-        if old is not None and tuple(old) == stats:
+        i, old = known.get(entry.name, (None, None))
+        if old is not None and old == digest:
             keep.append(i)
         else:
-            todo.append((entry, stats))
+            todo.append((entry, digest))
 
     new_rows, config_keys = [], set(meta.get("config_keys", []))
     bar = tqdm(todo, desc=f"reading {sweep.name}", unit="run", disable=_quiet(progress, len(todo)))
-    for entry, stats in bar:
+    for entry, digest in bar:
         row, cfg_keys, problem = _read_run(Path(entry.path))
         if problem:
             skipped.append(problem)
             continue
-        row.update(zip(_BOOK, (entry.name, *stats)))
+        row.update(_run=entry.name, _digest=digest)
         new_rows.append(row)
         config_keys |= cfg_keys
 
@@ -163,33 +173,44 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
 
 def _run_entries(sweep: Path):
     """Candidate run folders: numbered job folders (even empty ones count as unfinished), and
-    any other visible sub-folder holding a run's files."""
+    any other visible sub-folder holding a run's files; a link at a folder's place is reported, not followed."""
     with os.scandir(sweep) as it:
         for e in it:
             if e.name.startswith((".", "_")) or not e.is_dir():
                 continue
-            if e.name.isdigit() or _is_run_dir(Path(e.path)):
+            if e.name.isdigit() or e.is_symlink() or _is_run_dir(Path(e.path)):
                 yield e
 
 
-def _stat_run(path):
-    """(config mtime, size, summary mtime, size); -1 for a missing file; None if both missing."""
-    out = []
-    for name in ("config.yaml", "summary.json"):
-        try:
-            st = os.stat(os.path.join(path, name))
-            out += [st.st_mtime_ns, st.st_size]
-        except FileNotFoundError:
-            out += [-1, -1]
-    return None if out[0] == out[2] == -1 else tuple(out)
+_FILES = ((contract.CONFIG, contract.CAPS[contract.CONFIG]), (contract.SUMMARY, contract.CAPS[contract.SUMMARY]),
+          (contract.HISTORY, contract.FILE_CAPS[contract.HISTORY]),
+          (contract.SNAPSHOTS, contract.FILE_CAPS[contract.SNAPSHOTS]))
+
+
+def _digest(path) -> str | None:
+    """One digest of the contract files a run's row and its judgement come from (a missing file counts as
+    such); None when the folder has neither a config nor a summary. Broken for a file that is not one."""
+    parts = [readers.digest(os.path.join(path, name), cap, name) for name, cap in _FILES]
+    if parts[0] is None and parts[1] is None:
+        return None
+    return b"".join(p if p is not None else b"-" * 16 for p in parts).hex()
 
 
 def _read_cache(sweep: Path):
+    """The sweep's cache, if its seal verifies (it was written by this user's analysis); else nothing."""
     f = sweep / CACHE_NAME
-    if not f.exists():
+    try:
+        raw = readers.read_bytes(f, CACHE_CAP, CACHE_NAME)
+        mark = readers.read_bytes(sweep / SEAL_NAME, 1024, SEAL_NAME).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return pd.DataFrame(), {}
+    except readers.Broken as e:
+        warnings.warn(f"ignoring the cache: {e}")
+        return pd.DataFrame(), {}
+    if not seal.verify(mark, b"runs.parquet", raw):   # planted, edited or another user's: rebuilt
         return pd.DataFrame(), {}
     try:
-        table = pq.read_table(f)
+        table = pq.read_table(pa.BufferReader(raw))
         meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
         if meta.get("version") != CACHE_VERSION or not set(_BOOK) <= set(table.column_names):
             return pd.DataFrame(), {}      # another format (or the CLI's output table): rebuild
@@ -227,7 +248,11 @@ def _write_cache(sweep: Path, df: pd.DataFrame, config_keys):
         meta = {**(table.schema.metadata or {}),
                 _META_KEY: json.dumps({"version": CACHE_VERSION, "config_keys": config_keys})}
         table = table.replace_schema_metadata(meta)
-        write_with(f, lambda fh: pq.write_table(table, fh))  # the one atomic writer
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        raw = sink.getvalue().to_pybytes()
+        write_with(f, lambda fh: fh.write(raw))  # the one atomic writer
+        atomic_write(sweep / SEAL_NAME, seal.seal(b"runs.parquet", raw) + "\n")
     except OSError as e:                   # a read-only sweep folder still loads, just uncached
         warnings.warn(f"could not write cache {f}: {e}")
 
@@ -246,76 +271,32 @@ def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 # one run folder
 
-# Keys of the results contract whose type a table column relies on (a number written as text would make
-# the column mixed, and Parquet refuses it): such a folder is corrupt, never a crash.
+# The columns whose type a table relies on (a number written as text would make the column mixed, and
+# Parquet refuses it): the contract's summary fields, and the config keys every run has.
 _NUM = (int, float)
+_KINDS = {"int": int, "num": _NUM, "bool": bool, "str": str}
+SUMMARY_TYPES = {k: _KINDS[f.kind] for k, f in contract.SUMMARY_FIELDS.items() if f.kind in _KINDS}
 CONTRACT_TYPES = {"seed": int, "data.K": int, "data.N": int, "data.n_train": int, "data.n_test": int,
-                  "model.M": int, "optim.steps": int, "eval_every": int, "data.p": _NUM, "init.sigma": _NUM,
-                  "optim.lr": _NUM, "optim.eps": _NUM, "model.pos_scale": _NUM, "model.normalize": str,
-                  "model.ffn": str, "optim.name": str, "optim.beta1": _NUM, "optim.beta2": _NUM,
-                  "optim.adam_eps": _NUM}
-# Keys added after some run folders were written. An old folder trained what they now default to (plain GD,
-# the FFN after the attention), so it reads as such: a table mixing old and new runs shows no false axis.
-# summary.json's fields that the tables compute with, and their types (None is allowed for each: a metric
-# that is undefined); a run whose summary says otherwise is corrupt, and so is one of an unknown status.
-SUMMARY_TYPES = {**{k: _NUM for k in ("test_acc", "test_loss", "train_loss", "test_kl", "parent_attention",
-                                      "v_pi_cosine", "pred_dist", "attention_spread", "opt_acc", "wall_s",
-                                      "parents_attention")},
-                 **{k: int for k in ("eval_step", "symmetry_break_step", "prediction_break_step", "locked_position",
-                                      "steps")},
-                 "trap": bool, "error": str}
-STATUSES = ("done", "failed", "diverged")
+                  "optim.steps": int, "eval_every": int, "optim.lr": _NUM, "optim.eps": _NUM, "optim.name": str}
+STATUSES = contract.STATUSES
 # summary.json's copies of config keys (for a reader of the one file): the table has the config's own column
 # (`data.p`, `optim.lr`, `init.sigma`, …), once; σ of a zero-init run is no column (it has none)
 ECHOED = ("p", "K", "N", "M", "model", "data", "sigma", "lr", "eps", "seed", "precision", "init")
 INT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is int)  # nullable integers: Int64
-LEGACY_DEFAULTS = {"model.ffn": "after", "optim.name": "gd", "optim.beta1": 0.9, "optim.beta2": 0.999,
-                   "optim.adam_eps": 1e-8}
 LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
 
 
 def _read_run(path: Path):
-    """-> (row, config keys, None) or (None, None, skip record)."""
-    try:
-        with open(path / "summary.json", "rb") as f:
-            summary = json.load(f)
-    except FileNotFoundError:
-        return None, None, _skip(path, "unfinished", "no summary.json")
-    except (ValueError, OSError) as e:
-        return None, None, _skip(path, "corrupt", f"summary.json: {_short(e)}")
-    if not isinstance(summary, dict):
-        return None, None, _skip(path, "corrupt", "summary.json is not a JSON object")
-    if summary.get("status") not in STATUSES:
-        return None, None, _skip(path, "corrupt", f"summary.json: status={summary.get('status')!r} is not one of "
-                                 f"{', '.join(STATUSES)}")
-    for key, kind in SUMMARY_TYPES.items():
-        v = summary.get(key)
-        if v is not None and not _is(v, kind):
-            what = "number" if kind is _NUM else kind.__name__
-            return None, None, _skip(path, "corrupt", f"summary.json: {key}={v!r} is not a {what}")
-    try:
-        with open(path / "config.yaml", encoding="utf-8") as f:
-            config = load_yaml(f.read())
-    except FileNotFoundError:
-        return None, None, _skip(path, "corrupt", "no config.yaml")
-    except (yaml.YAMLError, OSError, ValueError) as e:
-        return None, None, _skip(path, "corrupt", f"config.yaml: {_short(e)}")
-    if not isinstance(config, dict):
-        return None, None, _skip(path, "corrupt", "config.yaml is not a mapping")
+    """-> (row, config keys, None) or (None, None, skip record), as the contract judges the folder."""
+    verdict = contract.judge(path)
+    if verdict.state == "unfinished":
+        return None, None, _skip(path, "unfinished", verdict.why)
+    if verdict.state == "corrupt":
+        return None, None, _skip(path, "corrupt", verdict.why)
+    summary, config = verdict.summary, canonical(verdict.config)  # a key older versions lacked, at its default
     row = flatten_config(config)
     if isinstance(row.get("model.normalize"), bool):
         row["model.normalize"] = LEGACY_NORMALIZE[row["model.normalize"]]
-    for key, value in LEGACY_DEFAULTS.items():
-        row.setdefault(key, value)
-    for key, kind in CONTRACT_TYPES.items():   # the results contract's types (README, "Results")
-        v = row.get(key)
-        if v is not None and not _is(v, kind):
-            what = "number" if kind is _NUM else kind.__name__
-            return None, None, _skip(path, "corrupt", f"config.yaml: {key}={v!r} is not a {what}")
-    if summary.get("status") == "done":
-        for name in ("history.jsonl", "snapshots.jsonl"):
-            if not os.path.isfile(path / name) or os.path.getsize(path / name) == 0:
-                return None, None, _skip(path, "corrupt", f"a done run without its {name}")
     cfg_keys = set(row)
     for k, v in summary.items():           # the config wins where both say it (seed, init, ...)
         if k not in ECHOED:
@@ -346,24 +327,23 @@ def flatten_config(config: dict, prefix: str = "") -> dict:
 
 
 def _read_jsonl(f: Path):
+    """The rows of a history or snapshots file that meet the contract; a file that breaks it (a link, a FIFO,
+    a line over its cap) yields what came before, with a warning: a run still being written must not break
+    a plot."""
     try:
-        with open(f, "rb") as fh:
-            for line in fh:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(r, dict):
-                    yield r
+        for row in contract.rows(f.parent, f.name):
+            yield row
     except FileNotFoundError:
         return
+    except readers.Broken as e:
+        warnings.warn(f"skipping the rest of {f}: {e.why}")
 
 
 # ---------------------------------------------------------------------------------------------
 # small helpers
 
 def _is_run_dir(p: Path) -> bool:
-    return (p / "config.yaml").exists() or (p / "summary.json").exists()
+    return os.path.lexists(p / "config.yaml") or os.path.lexists(p / "summary.json")
 
 
 def _iter_runs(runs, columns):

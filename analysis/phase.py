@@ -8,7 +8,6 @@ Theorem 4.1 predicts failure (zero init, p in {0, 1}, N = rK + 1: accuracy 1/K).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import warnings
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from matplotlib.backend_bases import FigureCanvasBase   # noqa: E402
 from matplotlib.colors import LogNorm, Normalize         # noqa: E402
 from matplotlib.patches import Patch, Rectangle          # noqa: E402
 
-from rw_sweeps.core import results   # noqa: E402
+from rw_sweeps.core import contract, readers, results   # noqa: E402
 
 from .load import config_keys     # noqa: E402
 
@@ -407,15 +406,10 @@ def _opt_axis(ax, ps):
 
 def _first_step_at(history: Path, threshold: float) -> float:
     try:
-        with open(history, "rb") as f:
-            for line in f:          # stop at the first hit: most runs succeed early
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                acc = r.get("test_acc") if isinstance(r, dict) else None
-                if acc is not None and acc >= threshold:
-                    return float(r["step"])
-    except FileNotFoundError:
+        for r in contract.rows(history.parent, history.name):   # stop at the first hit: most runs succeed early
+            acc = r.get("test_acc")
+            if type(acc) in (int, float) and acc >= threshold:
+                return float(r["step"])
+    except (FileNotFoundError, readers.Broken):
         pass
     return math.nan

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from analysis import figures, load_runs
-from analysis.fastyaml import _block_yaml
+from rw_sweeps.core.readers import block_yaml as _block_yaml
 from analysis.phase import add_success, phase_diagram
 
 from .conftest import ROOT, launch

@@ -408,7 +408,7 @@ def test_analysis_counts_ill_typed_and_unknown_status_summaries_as_corrupt_and_r
     reasons = sorted(s["reason"] for s in runs.attrs["skipped"])
     assert [s["status"] for s in runs.attrs["skipped"]] == ["corrupt", "corrupt"]
     assert "status='pending-review' is not one of done, failed, diverged" in reasons[0]
-    assert "test_acc='high' is not a number" in reasons[1]
+    assert "test_acc='high' must be a finite number" in reasons[1]
 
 
 def test_the_escape_theory_is_judged_on_late_breaking_trap_runs_apart_from_the_rest():

@@ -150,7 +150,7 @@ _SAFE = yaml.SafeLoader("")
 _LINE = re.compile(r"( *)(?:- (.*)|([A-Za-z_][\w.-]*):(?: (.*))?)\Z")
 
 
-class _NotPlain(Exception):
+class NotPlain(Exception):
     """A line outside the plain block subset: PyYAML reads the file instead (after the event check)."""
 
 
@@ -161,8 +161,8 @@ def yaml_value(text: str, path, what: str | None = None):
     anything else is first checked event by event, which builds nothing, then loaded."""
     what = what or Path(path).name
     try:
-        value = _block_yaml(text)
-    except _NotPlain:
+        value = block_yaml(text)
+    except NotPlain:
         _check_events(text, path, what)
         try:
             value = yaml.load(text, Loader=_Loader)
@@ -204,7 +204,9 @@ def _check_events(text: str, path, what: str) -> None:
         raise Broken(path, f"{what} is not valid YAML ({_short(e)})") from None
 
 
-def _block_yaml(text: str):
+def block_yaml(text: str):
+    """The plain block subset of YAML this project writes (nested `key: value` mappings, `- item` lists,
+    plain scalars), read line by line, ~3× faster than libyaml; NotPlain for any other line."""
     root: dict = {}
     stack: list = [(0, root)]    # open containers, innermost last, with their lines' indent
     pending = None               # (indent, dict, key) of a `key:` whose block may follow
@@ -213,7 +215,7 @@ def _block_yaml(text: str):
             continue
         m = _LINE.match(line)
         if not m:
-            raise _NotPlain(line)
+            raise NotPlain(line)
         indent, item, key, value = len(m[1]), m[2], m[3], m[4]
         if pending:              # open the block of the last `key:`: a list or a mapping
             p_indent, parent, p_key = pending
@@ -225,23 +227,23 @@ def _block_yaml(text: str):
                 parent[p_key] = {}
                 stack.append((indent, parent[p_key]))
             if len(stack) > MAX_DEPTH + 1:
-                raise _NotPlain(line)  # the event check names the rule
+                raise NotPlain(line)  # the event check names the rule
         while stack[-1][0] > indent or (item is None and isinstance(stack[-1][1], list)
                                          and stack[-1][0] == indent):
             stack.pop()
         depth, box = stack[-1]
         if depth != indent or isinstance(box, list) != (item is not None):
-            raise _NotPlain(line)
+            raise NotPlain(line)
         if item is not None:
             box.append(_scalar(item))
         elif value is None:      # null unless a block follows
             if key in box:
-                raise _NotPlain(line)  # a repeated key: PyYAML's own rule decides
+                raise NotPlain(line)  # a repeated key: PyYAML's own rule decides
             box[key] = None
             pending = (indent, box, key)
         else:
             if key in box:
-                raise _NotPlain(line)
+                raise NotPlain(line)
             box[key] = _scalar(value)
     return root
 
@@ -258,10 +260,33 @@ def _scalar(v: str):
 def _plain(v: str):
     if (v[:1] in "'\"[]{}&*!|>%@`#?,-:" and not (v[:1] == "-" and v[1:2].isdigit())) \
             or ": " in v or " #" in v or v.endswith(":") or v != v.strip():
-        raise _NotPlain(v)
+        raise NotPlain(v)
     tag = _SAFE.resolve(yaml.ScalarNode, v, (True, False))
     return _SAFE.yaml_constructors[tag](_SAFE, yaml.ScalarNode(tag, v))
 
 
 def _short(e: BaseException) -> str:
     return " ".join(str(e).split())[:160]
+
+
+def digest(path, cap: int, what: str | None = None) -> bytes | None:
+    """The BLAKE2b digest of a regular file's bytes, read in blocks (memory bounded), at most `cap` of them;
+    None if there is no file. Broken for a link, a FIFO, a device or a file over its cap."""
+    import hashlib
+
+    what = what or Path(path).name
+    try:
+        fh, st = _open(path, what)
+    except FileNotFoundError:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    with fh:
+        if st.st_size > cap:
+            raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {cap:,}")
+        total = 0
+        while block := fh.read(1 << 20):
+            total += len(block)
+            if total > cap:
+                raise Broken(path, f"{what} holds more than its cap of {cap:,} bytes")
+            h.update(block)
+    return h.digest()

@@ -9,6 +9,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from rw_sweeps.core.safefs import owned_dirs
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
 
 TABLE_METRICS = ("status", "success", "test_acc", "opt_acc", "test_kl", "parent_attention", "v_pi_cosine",
@@ -50,7 +51,10 @@ def log_analysis(sweep_dir: Path, w: dict) -> None:
     from .phase import swept_keys
 
     sweep_dir = Path(sweep_dir).absolute()
-    folder = sweep_dir / "wandb_analysis"
+    folder = owned_dirs(sweep_dir, "wandb_analysis")  # every folder written by path: a planted link refused
+    owned_dirs(folder, "report")
+    owned_dirs(folder, "wandb")
+    owned_dirs(folder, ".wandb_data")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a stale Parquet cache is rebuilt; nothing for a sweep's log
         rep = build([sweep_dir], folder / "report")

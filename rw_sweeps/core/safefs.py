@@ -5,7 +5,9 @@ link or file planted at that name makes the open fail instead of redirecting the
 its target (a rename replaces a planted link itself, never what it points to); readers so see the old
 file or the new one, never half of one. Logs are appended through O_NOFOLLOW, and a run folder or its
 `.hydra` that is a symbolic link is refused (`PlantedLink`) rather than followed. Files get the
-permissions the umask allows, as `open` would give them (group-readable on a shared file system).
+permissions the umask allows, as `open` would give them (group-readable on a shared file system). A write
+killed outright (SIGKILL, a second signal) leaves its temp file; `remove_stale_temps` removes those of a
+sweep folder when the next launch holds its lock.
 """
 from __future__ import annotations
 
@@ -13,12 +15,18 @@ import errno
 import io
 import logging
 import os
+import re
 import secrets
+import stat
+import time
 from pathlib import Path
 from typing import Callable
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{16}\.tmp", re.DOTALL)  # `write_with`'s temp names, and only those
+STALE_TEMP_S = 10.0  # a temp file untouched this long has no writer left (a live write keeps it fresh)
+_NOT_OURS = frozenset({"wandb", ".wandb_data", ".submitit"})  # folders other programs write: never ours
 _READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -40,6 +48,16 @@ def ensure_dir(path: Path) -> Path:
     return path
 
 
+def owned_dirs(root: Path, *parts: str) -> Path:
+    """`root/parts…`, each folder on the way created if missing and refused if it is a link (`ensure_dir`):
+    for folders another library writes into by path (wandb's `dir`, its data folder, the sweep's report),
+    which it would follow."""
+    path = ensure_dir(Path(root))
+    for part in parts:
+        path = ensure_dir(path / part)
+    return path
+
+
 def refuse_links(run_dir: Path, hydra_subdir: str | None = ".hydra") -> None:
     """Raise PlantedLink if a run folder, its Hydra folder or a file in either is a symbolic link: for code
     that writes there with plain `open` (Hydra's own `run_job`), which would follow it."""
@@ -52,6 +70,35 @@ def refuse_links(run_dir: Path, hydra_subdir: str | None = ".hydra") -> None:
             for entry in os.scandir(folder):
                 if entry.is_symlink():
                     raise PlantedLink(f"{entry.path} is a symbolic link; refusing to write through it")
+
+
+def remove_stale_temps(root: Path, older_than_s: float = STALE_TEMP_S) -> int:
+    """Remove the temp files that killed writes left under `root` (a sweep folder whose lock the caller
+    holds, so no other launch writes there): only names `write_with` makes (`.<name>.<16 hex digits>.tmp`),
+    only regular files and links (a link itself, never what it points to), only those unmodified for
+    `older_than_s` seconds (a write still going keeps its file fresh). Folders are entered only when they
+    are real folders (a link to a folder is never followed), except those of wandb and submitit. Returns
+    how many were removed; a file that cannot be looked at or removed is left as it is."""
+    now, removed = time.time(), 0
+    stack = [os.fspath(root)]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.name.endswith(".tmp") and TEMP_NAME.fullmatch(entry.name):
+                        st = entry.stat(follow_symlinks=False)
+                        if (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and now - st.st_mtime >= older_than_s:
+                            os.unlink(entry.path)
+                            removed += 1
+                    elif entry.name not in _NOT_OURS and entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                except OSError:
+                    continue
+    return removed
 
 
 def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from rw_sweeps.core import results
+from rw_sweeps.core import readers, results
 from rw_sweeps.core.config import RunConfig
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.theory import predict_each
@@ -38,17 +38,23 @@ def config_id(cfg: RunConfig) -> str:
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
+OUT_CAP = 1 << 30  # bytes of an --out file (a few hundred a run)
+
+
 def _finished(out: Path | None, ids: list[str]) -> tuple[dict[int, str], bool]:
     """The lines an earlier, maybe interrupted, prediction of this very grid left in `out`, by job (a torn
     line, or a line of another grid's run, is not kept), and whether the file ends in the middle of a line."""
     done: dict[int, str] = {}
     if out is None or not out.exists():
         return done, False
-    text = out.read_text(encoding="utf-8")
+    try:  # the file this command writes, read back under the contract's rules (a regular file, capped)
+        text = readers.read_bytes(out, OUT_CAP).decode("utf-8", "replace")
+    except readers.Broken as e:
+        raise SystemExit(f"error: --out {e}") from None
     for line in text.splitlines():
         try:
-            row = json.loads(line)
-        except ValueError:
+            row = readers.json_value(line.encode(), out)
+        except readers.Broken:
             continue
         job = row.get("job") if isinstance(row, dict) else None
         if isinstance(job, int) and 0 <= job < len(ids) and row.get("config_id") == ids[job]:

@@ -43,7 +43,8 @@ import threading
 from pathlib import Path
 
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core.safefs import write_with
+from rw_sweeps.core import readers
+from rw_sweeps.core.safefs import owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
@@ -203,6 +204,7 @@ def _init(cfg: dict, run_dir: Path, run_id: str):
     """The training run's wandb run: id from its folder, the sweep as its group, its config."""
     wandb = _wandb()
     w = cfg["wandb"]
+    owned_dirs(run_dir, "wandb")  # wandb writes into <run>/wandb by path: a link planted there is refused
     if w["mode"] == "offline":
         _drop_partial(Path(run_dir) / "wandb", run_id)
     tags = list(w.get("tags") or []) + ([cfg["experiment"]] if cfg.get("experiment") else [])
@@ -239,10 +241,16 @@ def _log_one(e: dict) -> None:
     _close(run, e["history"], e["summary"], e["run_dir"], e["run_id"], e["cfg"]["wandb"]["mode"])
 
 
+MARKER_CAP = 4096  # bytes of `.wandb_exported.json` (three short fields)
+
+
 def summary_hash(run_dir: Path) -> str | None:
+    """SHA-1 of the run's summary.json as the contract reads it (a regular file within its cap), or None."""
+    from rw_sweeps.core.contract import CAPS, SUMMARY
+
     try:
-        return hashlib.sha1((Path(run_dir) / "summary.json").read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha1(readers.read_bytes(Path(run_dir) / SUMMARY, CAPS[SUMMARY])).hexdigest()
+    except (OSError, readers.Broken):
         return None
 
 
@@ -259,8 +267,8 @@ def mark_exported(run_dir: Path, run_id: str, mode: str) -> None:
 def is_exported(run_dir: Path, run_id: str, mode: str) -> bool:
     """The marker says this run, with this very summary.json, is logged as `run_id` in this mode."""
     try:
-        m = json.loads((Path(run_dir) / EXPORTED).read_text())
-    except (OSError, ValueError):
+        m = readers.read_json(Path(run_dir) / EXPORTED, MARKER_CAP)
+    except (OSError, readers.Broken):
         return False
     return (isinstance(m, dict) and m.get("run_id") == run_id and m.get("mode") == mode
             and m.get("summary_sha1") == summary_hash(run_dir))
@@ -274,8 +282,9 @@ def _log_job(entries: list[dict]) -> None:
     swept = sorted(k for k in flat[0] if k not in common)
     job_id = hashlib.sha1("".join(sorted(str(e["run_dir"]) for e in entries)).encode()).hexdigest()[:16]
     sweep_dir = Path(entries[0]["run_dir"]).parent
-    folder = sweep_dir / "wandb_jobs" / job_id
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = owned_dirs(sweep_dir, "wandb_jobs", job_id)  # never through a planted link
+    owned_dirs(folder, "wandb")
+    owned_dirs(folder, ".wandb_data")
     if w["mode"] == "offline":
         _drop_partial(folder / "wandb", job_id)
     # wandb stages artifact files under ~/.local/share/wandb unless told otherwise: keep everything that

@@ -13,11 +13,11 @@ contiguous slices of the runs. Prints one line: exported, skipped (already / unf
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 from pathlib import Path
 
+from rw_sweeps.core import contract, readers, results
 from rw_sweeps.core.errors import one_line
 
 
@@ -34,17 +34,17 @@ def run_folders(sweep: Path) -> list[Path]:
 
 def _entry(run_dir: Path, mode: str) -> dict | None:
     """The run as `tracking._log_one` takes it, or None when it is unfinished (or unreadable)."""
-    from rw_sweeps.core import results
-    summary = results.read_summary(run_dir)
-    cfg = results.read_config(run_dir) if summary is not None else None
-    if summary is None or cfg is None or not isinstance(cfg.get("wandb"), dict):
+    verdict = contract.judge(run_dir)  # the launcher's and analysis's one judgement
+    if verdict.state not in contract.STATUSES:
+        return None
+    summary, cfg = verdict.summary, verdict.config
+    if not isinstance(cfg.get("wandb"), dict):
         return None
     try:
-        with open(run_dir / results.HISTORY, encoding="utf-8") as fh:
-            history = [json.loads(line) for line in fh if line.strip()]
-    except (OSError, ValueError):
+        history = list(contract.rows(run_dir, results.HISTORY))
+    except (OSError, readers.Broken):
         history = [] if summary.get("status") == "failed" else None  # a failed run may have none
-    if history is None or any(not isinstance(r, dict) or "step" not in r for r in history):
+    if history is None:
         return None
     cfg = {**cfg, "wandb": {**cfg["wandb"], "mode": mode}}
     if not cfg["wandb"].get("group"):

@@ -35,8 +35,10 @@ class FolderTaken(ConfigError):
 
 @dataclass
 class Placement:
-    """What `place` found: the summaries of the runs already done, by the spec's index."""
+    """What `place` found, by the spec's index: the summaries of the runs already done, and why a run whose
+    folder holds its config but breaks the contract is trained again."""
     done: dict = field(default_factory=dict)
+    retrain: dict = field(default_factory=dict)
 
 
 def _key(cfg: dict) -> tuple:
@@ -112,8 +114,6 @@ def _number(folder: str) -> tuple:
 
 def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = False) -> Placement:
     """Give every spec its folder (see the module's doc); raise FolderTaken on the first conflict."""
-    from .run import done_summary
-
     sweep_dir = Path(sweep_dir)
     own = [s.output_dir for s in specs]  # absolute paths as strings: a grid of 100,000 runs builds no Path each
     if not default_subdir and len(set(own)) < len(own):  # a subdir that does not name every swept key
@@ -170,9 +170,12 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                           f"or choose another hydra.sweep.dir")
     for i, s in enumerate(specs):
         if s.output_dir in found:  # only a folder that holds this run's config can hold its finished results
-            summary = done_summary(s.cfg, Path(s.output_dir), found[s.output_dir])
-            if summary is not None:
-                out.done[i] = summary
+            verdict = contract.judge(Path(s.output_dir), found[s.output_dir])
+            if verdict.done and results.same_run(verdict.config, s.cfg.to_dict()):
+                out.done[i] = verdict.summary
+            elif verdict.state == "corrupt":  # its files break the contract: trained again, and said why
+                out.retrain[i] = verdict.why
+                print(f"retraining {s.output_dir}: {verdict.why}", flush=True)
     return out
 
 

@@ -166,11 +166,13 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     `done_checked`: the caller found none of them done already (the launcher's placement, this launch)."""
     todo, known = [], {}
     for i, (c, d) in enumerate(zip(cfgs, run_dirs)):
-        s = None if done_checked else done_summary(c, d)
-        if s is not None:
-            known[i] = {**s, "skipped": True}
-        else:
-            todo.append(i)
+        verdict = None if done_checked else contract.judge(d)
+        if verdict is not None and verdict.done and results.same_run(verdict.config, c.to_dict()):
+            known[i] = {**verdict.summary, "skipped": True}
+            continue
+        if verdict is not None and verdict.state == "corrupt":  # as placement says it for a sweep's runs
+            print(f"retraining {d}: {verdict.why}", flush=True)
+        todo.append(i)
     parts = [(list(known), Pending(lambda: list(known.values())))] if known else []
     if todo:
         parts.append((todo, _per_group([cfgs[i] for i in todo], [run_dirs[i] for i in todo],

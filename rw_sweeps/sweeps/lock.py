@@ -3,9 +3,12 @@ SLURM sweep's launcher has returned, the job arrays that still write into the fo
 one atomic step, before anything else is written: the holder record is written to a fresh private file and
 hard-linked to the lock's name (atomic on local and NFS file systems, and a reader never finds it empty).
 A second launch refuses in one line naming the holder, or waits for it with
-`hydra.launcher.wait_for_lock=true`. A lock whose process is gone (same host) or whose jobs have all ended
-is stale and taken over; a lock that cannot be read or validated is reported, never taken over silently,
-except a very young empty one (a launch of an older version creating it), which counts as held.
+`hydra.launcher.wait_for_lock=true`. A holder process is named by its pid and its start time (a pid is
+reused once its process has ended). A lock whose process is gone (same host: no such pid, or a pid now
+given to a process that started at another time) or whose jobs have all ended is stale and taken over; a
+lock that cannot be read (read through `readers`: a regular file within LOCK_CAP, strict JSON) or validated
+is reported in one line, never taken over silently, except a very young empty one (a launch of an older
+version creating it), which counts as held.
 """
 from __future__ import annotations
 
@@ -17,8 +20,12 @@ import socket
 import time
 from pathlib import Path
 
+from rw_sweeps.core import readers
+from rw_sweeps.core.contract import LOCK_CAP
 from rw_sweeps.core.errors import Refused
-from rw_sweeps.core.safefs import atomic_write, read_bytes
+from rw_sweeps.core.safefs import atomic_write
+
+from .status import PENDING, RUNNING, alive, is_pid, is_start, process_start, shown, slurm_states
 
 LOCK = ".rw_lock"
 
@@ -32,12 +39,12 @@ class SweepLocked(Refused):
 
 
 def _valid(holder) -> bool:
-    """A holder record as `acquire` and `hand_to_jobs` write it."""
+    """A holder record as `acquire` and `hand_to_jobs` write it (older versions wrote no `start`)."""
     if not isinstance(holder, dict):
         return False
     pid, since, arrays = holder.get("pid"), holder.get("since"), holder.get("arrays", [])
-    return (isinstance(holder.get("host"), str) and (pid is None or (isinstance(pid, int) and not isinstance(pid, bool)
-            and pid > 0)) and isinstance(since, (int, float)) and not isinstance(since, bool)
+    return (isinstance(holder.get("host"), str) and (pid is None or is_pid(pid)) and is_start(holder.get("start"))
+            and isinstance(since, (int, float)) and not isinstance(since, bool)
             and math.isfinite(since) and 0 <= since < 1e11 and isinstance(arrays, list)
             and all(isinstance(a, str) for a in arrays) and (pid is not None or bool(arrays)))
 
@@ -46,24 +53,23 @@ def _read(path: Path) -> tuple[str, dict | None, int | None]:
     """("held" | "gone" | "young" | "bad", the holder record, the file's inode)."""
     try:
         st = os.lstat(path)
-        raw = read_bytes(path)
+        raw = readers.read_bytes(path, LOCK_CAP, LOCK)  # a link, FIFO, device or huge file: Broken, not read
     except FileNotFoundError:
         return "gone", None, None
-    except OSError:
+    except (OSError, readers.Broken):
         return "bad", None, None
     if not raw.strip():
         return ("young" if abs(time.time() - st.st_mtime) < YOUNG_S else "bad"), None, st.st_ino
     try:
-        holder = json.loads(raw)
-    except ValueError:
+        holder = readers.json_value(raw, path, LOCK)  # strict JSON, nesting bounded (no RecursionError)
+    except readers.Broken:
         return "bad", None, st.st_ino
     return ("held" if _valid(holder) else "bad"), (holder if isinstance(holder, dict) else None), st.st_ino
 
 
 def _held(holder: dict) -> bool:
-    """Is the holder still at work: its SLURM jobs pending or running, or its process alive (same host)?"""
-    from .status import PENDING, RUNNING, _alive, slurm_states
-
+    """Is the holder still at work: its SLURM jobs pending or running, or its process alive (same host:
+    its pid, started at its recorded start time)?"""
     if holder.get("arrays"):
         states = slurm_states(holder["arrays"])
         if states is None:
@@ -76,13 +82,13 @@ def _held(holder: dict) -> bool:
     if holder.get("host") != socket.gethostname():
         return True  # a process on another host: it cannot be checked from here
     pid = holder.get("pid")
-    return isinstance(pid, int) and _alive(pid)
+    return is_pid(pid) and alive(pid, holder.get("start"))
 
 
 def describe(holder: dict, sweep_dir: Path) -> str:
-    who = [f"pid {holder['pid']} on {holder.get('host')}"] if holder.get("pid") else []
-    if holder.get("arrays"):
-        who.append(f"SLURM job(s) {', '.join(holder['arrays'])}")
+    who = [f"pid {holder['pid']} on {shown(holder.get('host'))}"] if holder.get("pid") else []
+    if holder.get("arrays"):  # the host and job ids are a stranger's text: escaped, as status prints them
+        who.append(f"SLURM job(s) {shown(', '.join(holder['arrays']))}")
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["since"]))
     return (f"sweep folder {sweep_dir} is in use by {' and '.join(who) or 'another launch'} (since {since}); "
             f"wait for it with hydra.launcher.wait_for_lock=true, or remove {Path(sweep_dir) / LOCK} if it is gone")
@@ -114,7 +120,8 @@ def acquire(sweep_dir: Path, wait: bool = False, poll_s: float = 2.0) -> dict:
     """Take the sweep's lock for this process, or raise SweepLocked (or wait for it). Taking a lock this
     process holds already is a no-op."""
     path = Path(sweep_dir) / LOCK
-    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(), "arrays": []}
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "start": process_start(os.getpid()), "since": time.time(),
+          "arrays": []}
     if str(path.resolve()) in _HELD:
         return me
     from rw_sweeps.core.safefs import ensure_dir
@@ -155,8 +162,8 @@ def hand_to_jobs(sweep_dir: Path, arrays: list[str]) -> None:
     """A detached SLURM sweep: the lock now belongs to its jobs, until they have all ended."""
     path = Path(sweep_dir) / LOCK
     _, holder, _ = _read(path)
-    if holder is not None and holder.get("pid") == os.getpid():
-        holder.update(pid=None, arrays=sorted(set(holder.get("arrays", [])) | set(arrays)))
+    if _mine(holder):
+        holder.update(pid=None, start=None, arrays=sorted(set(holder.get("arrays", [])) | set(arrays)))
         atomic_write(path, json.dumps(holder))
 
 
@@ -164,5 +171,12 @@ def release(sweep_dir: Path) -> None:
     path = Path(sweep_dir) / LOCK
     _HELD.discard(str(path.resolve()))
     _, holder, _ = _read(path)
-    if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+    if _mine(holder):
         path.unlink(missing_ok=True)
+
+
+def _mine(holder: dict | None) -> bool:
+    """Does the holder record name this process (its host, pid and, where recorded, start time)? A lock left
+    by an earlier process with this pid is not ours to release or hand on."""
+    return (holder is not None and holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
+            and holder.get("start") in (None, process_start(os.getpid())))

@@ -24,8 +24,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rw_sweeps.core import results
+from rw_sweeps.core import readers, results
 from rw_sweeps.core.console import prog
+from rw_sweeps.core.contract import RECORD_CAP
+from rw_sweeps.core.readers import Broken
+
 STATE = ".rw_sweep.json"
 FINAL = ("done", "skipped", "failed", "diverged")
 # SLURM job states (sacct/squeue). A requeued or preempted job comes back: it is waiting, not gone.
@@ -38,7 +41,7 @@ GRACE_S = 15.0  # how long an ended job's summaries may take to show up (shared 
 
 def summary_line(label: str, counts: Counter) -> str:
     """The one line that ends every sweep, blocking or followed."""
-    return (f"sweep {label}: {sum(counts[k] for k in FINAL)} runs: {counts['done']} done, "
+    return (f"sweep {shown(label)}: {sum(counts[k] for k in FINAL)} runs: {counts['done']} done, "
             f"{counts['skipped']} skipped, {counts['failed']} failed, {counts['diverged']} diverged")
 
 
@@ -57,7 +60,7 @@ def new_record(label: str, backend: str, detached: bool = False) -> dict:
     rec = {"version": 1, "sweep": label, "backend": backend, "detached": detached, "submitted": time.time(),
            "runs": [], "skipped": [], "stale": {}, "jobs": {}, "arrays": []}
     if backend != "slurm":  # jobs run under this process: when it is gone, so are they
-        rec.update(host=socket.gethostname(), pid=os.getpid())
+        rec.update(host=socket.gethostname(), pid=os.getpid(), start=process_start(os.getpid()))
     return rec
 
 
@@ -66,10 +69,81 @@ def write_record(sweep_dir: Path, rec: dict) -> None:
 
 
 def read_record(sweep_dir: Path) -> dict | None:
+    """The sweep's record, checked (`check_record`); None only if there is none (Hydra's own launcher wrote
+    no record: the folders are read instead). Broken, in one line, if it cannot be read or breaks the
+    contract: a link, a FIFO, over RECORD_CAP, not strict JSON, nested too deep, a field of the wrong type."""
+    path = Path(sweep_dir) / STATE
     try:
-        return json.loads((Path(sweep_dir) / STATE).read_text())
-    except (OSError, ValueError):
+        rec = readers.read_json(path, RECORD_CAP, STATE)
+    except FileNotFoundError:
         return None
+    return check_record(rec, path)
+
+
+PID_MAX = 2 ** 31 - 1  # os.kill takes a C int: a larger pid would raise instead of answering
+
+
+def is_pid(v) -> bool:
+    return type(v) is int and 1 <= v <= PID_MAX  # type(): true/false are not pids; 0 and -1 signal groups
+
+
+def is_start(v) -> bool:
+    return v is None or (type(v) is int and v >= 0)  # null where the writer had no /proc
+
+
+def _text(v) -> bool:
+    return type(v) is str and "\0" not in v  # a NUL in a path makes every os call raise ValueError
+
+
+def _texts(v) -> bool:
+    return type(v) is list and all(map(_text, v))
+
+
+# Every field status reads: (its check, what it must be). Required unless in OPTIONAL: `host`, `pid` and
+# `start` are written for local sweeps only (and `start` only by versions that record it).
+RECORD_FIELDS = {
+    "version": (lambda v: type(v) is int and v == 1, "1"),
+    "sweep": (_text, "a text"),
+    "backend": (_text, "a text"),
+    "detached": (lambda v: type(v) is bool, "true or false"),
+    "submitted": (lambda v: type(v) in (int, float) and 0 <= v < 1e11, "a time in seconds since 1970"),
+    "runs": (_texts, "a list of run names"),
+    "skipped": (_texts, "a list of run names"),
+    "stale": (lambda v: type(v) is dict and all(type(f) is list and len(f) == 2 and all(type(x) is int for x in f)
+                                                for f in v.values()), "a mapping of run names to [inode, mtime]"),
+    "jobs": (lambda v: type(v) is dict and all(map(_texts, v.values())), "a mapping of job ids to run names"),
+    "arrays": (_texts, "a list of job ids"),
+    "host": (_text, "a text"),
+    "pid": (is_pid, f"a process id (1 to {PID_MAX})"),
+    "start": (is_start, "a start time in clock ticks, or null"),
+}
+OPTIONAL = {"host", "pid", "start"}
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a text", int: "an integer", float: "a number",
+               bool: "true or false", type(None): "null"}
+
+
+def check_record(rec, path) -> dict:
+    """The record if every field status reads is there (but OPTIONAL ones) with its type and bounds, else
+    Broken naming the first that is not (its JSON type, never its content)."""
+    if type(rec) is not dict:
+        raise Broken(path, f"{STATE} is not a JSON object")
+    for key, (ok, what) in RECORD_FIELDS.items():
+        if key not in rec:
+            if key not in OPTIONAL:
+                raise Broken(path, f"{STATE} has no {key!r}")
+        elif not ok(rec[key]):
+            raise Broken(path, f"{key} must be {what} (it is {_JSON_TYPES.get(type(rec[key]), '?')})")
+    return rec
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def shown(text) -> str:
+    """`text` safe to print on a terminal: every control character (C0, DEL, C1 — and so ESC, which starts
+    every escape sequence — and Unicode's line separators and bidi overrides) as a visible escape (`\\x1b`),
+    so a label, run name or error planted in a sweep folder cannot clear the screen or forge lines."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}", str(text))
 
 
 # ------------------------------------------------------------------------------------------ SLURM
@@ -130,18 +204,47 @@ class _Ended(dict):
         return super().get(key, "ENDED")
 
 
-def _alive(pid: int) -> bool:
+# ------------------------------------------------------------------------------------------ processes
+# A pid alone does not name a process: once it has ended, its pid may be given to an unrelated one, which
+# would then hold a lock or keep a sweep "pending" forever. A pid and its start time name one process.
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of /proc/<pid>/stat from field 3 (state) on, or None (no such process, or no /proc)."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()  # after the last ')': the name may hold ') '
+    except (OSError, IndexError):
+        return None
+
+
+def _started(fields: list[bytes] | None) -> int | None:
+    try:
+        return int(fields[22 - 3]) if fields else None  # field 22; `fields` starts at field 3
+    except (IndexError, ValueError):
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """When process `pid` started: field 22 (`starttime`, clock ticks since boot) of /proc/<pid>/stat;
+    None where there is no /proc (macOS) or no such process."""
+    return _started(_proc_stat(pid))
+
+
+def alive(pid: int, start: int | None = None) -> bool:
+    """Is process `pid` running (not a zombie), and, where `start` and its start time are both known, the
+    very process that started then? A record without a start time (an older version) is judged by pid."""
+    if not is_pid(pid):
+        return False
+    fields = _proc_stat(pid)
+    if fields:
+        now = _started(fields)
+        return fields[0] not in (b"Z", b"X") and (start is None or now is None or now == start)
+    try:  # no /proc: ask the kernel whether the pid exists (its start time cannot be known)
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 # ------------------------------------------------------------------------------------------ the sweep
@@ -187,12 +290,16 @@ class Sweep:
             return None
         return results.read_summary(run_dir)
 
+    def _checkpoint(self, name: str) -> bool:
+        """Has the run a checkpoint (it is being trained)? os.path.exists: a name too long to look up has none."""
+        return os.path.exists(os.path.join(self.dir, name, "checkpoint.pt"))
+
     def job_states(self) -> dict | None:
         rec = self.record
         if rec.get("backend") == "slurm":
             return slurm_states(rec["arrays"])
         if rec.get("pid") and rec.get("host") == socket.gethostname():
-            state = "LIVE" if _alive(rec["pid"]) else "ENDED"
+            state = "LIVE" if alive(rec["pid"], rec.get("start")) else "ENDED"
             return _Const(state)
         return None
 
@@ -216,11 +323,11 @@ class Sweep:
             if state is not None and (state in RUNNING | PENDING or state == "LIVE"):
                 self.ended_at.pop(job, None)  # (back) in the queue: a requeued job may end again later
             if state is None:  # nothing to ask: a checkpoint means it is being trained
-                out[name] = "running" if (self.dir / name / "checkpoint.pt").exists() else "pending"
+                out[name] = "running" if self._checkpoint(name) else "pending"
             elif state in RUNNING:
                 out[name] = "running"
             elif state == "LIVE":  # a local sweep's process: the run with a checkpoint is the one training
-                out[name] = "running" if (self.dir / name / "checkpoint.pt").exists() else "pending"
+                out[name] = "running" if self._checkpoint(name) else "pending"
             elif state in PENDING:
                 out[name] = "pending"
             else:  # the job has ended and this run has no summary (yet?)
@@ -248,7 +355,7 @@ class Sweep:
             from tqdm import tqdm
 
             # nrows: some terminals (e.g. under `script`) report no height, and tqdm would then draw nothing
-            bar = tqdm(total=len(self.runs), desc=f"sweep {self.dir.name}", file=sys.stderr, nrows=10,
+            bar = tqdm(total=len(self.runs), desc=shown(f"sweep {self.dir.name}"), file=sys.stderr, nrows=10,
                        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} runs [{elapsed}{postfix}]")
         last_ask, snap, states = float("-inf"), None, None
         try:
@@ -308,11 +415,15 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seconds an ended job's summaries may take to appear before its runs are failed ({GRACE_S:g})")
     args = ap.parse_args(argv)
     if not args.sweep_dir.is_dir():
-        print(f"error: no sweep folder {args.sweep_dir}", file=sys.stderr)
+        print(shown(f"error: no sweep folder {args.sweep_dir}"), file=sys.stderr)
         return 2
-    sweep = Sweep(args.sweep_dir, grace_s=args.grace)
+    try:
+        sweep = Sweep(args.sweep_dir, grace_s=args.grace)
+    except Broken as e:  # a record that breaks the contract: refused in one line, never guessed around
+        print(shown(f"error: {e}"), file=sys.stderr)
+        return 2
     if not sweep.recorded:
-        print(f"note: {args.sweep_dir} has no {STATE} (Hydra's own launcher): runs counted from its folders",
+        print(shown(f"note: {args.sweep_dir} has no {STATE} (Hydra's own launcher): runs counted from its folders"),
               file=sys.stderr)
         if args.wait and not sweep.runs:
             print("error: nothing to follow", file=sys.stderr)
@@ -323,13 +434,13 @@ def main(argv: list[str] | None = None) -> int:
         sweep.grace_s = 0.0
         snap = sweep.poll()
     for name, err in snap.errors.items():
-        print(f"failed {sweep.dir / name}: {err}", file=sys.stderr)
+        print(shown(f"failed {sweep.dir / name}: {err}"), file=sys.stderr)
     if args.wait:
         print(summary_line(sweep.label, snap.counts), flush=True)
     else:
         jobs = Counter(snap.jobs.values())
-        print(f"sweep {sweep.label}: {len(sweep.runs)} runs: {_progress_text(snap.counts)}"
-              + (f"; jobs: {', '.join(f'{n} {s}' for s, n in sorted(jobs.items()))}" if jobs else ""), flush=True)
+        tail = f"; jobs: {', '.join(f'{n} {s}' for s, n in sorted(jobs.items()))}" if jobs else ""
+        print(shown(f"sweep {sweep.label}: {len(sweep.runs)} runs: {_progress_text(snap.counts)}{tail}"), flush=True)
     return 1 if snap.counts["failed"] else 0
 
 

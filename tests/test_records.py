@@ -251,3 +251,22 @@ def test_a_lock_names_its_host_and_jobs_escaped(tmp_path):
     assert lock.describe(content, tmp_path).startswith(
         f"sweep folder {tmp_path} is in use by SLURM job(s) 1\\x1b[H (since ")
     assert "evil\\x1b[2J" in lock.describe({**content, "pid": 7}, tmp_path)
+
+
+def test_status_judges_a_run_as_the_launcher_and_analysis_do(tmp_path):
+    """One contract: a done summary over a shortened history is failed (corrupt) for status, corrupt for
+    analysis, and retrained by a relaunch; the intact run is done for all three."""
+    from analysis import load_runs
+
+    from ._fake_runs import make_sweep
+
+    sweep = tmp_path / "s"
+    make_sweep(sweep, {"data.p": [0.5, 1.0]}, seeds=(0,))
+    rows = (sweep / "0" / "history.jsonl").read_text().splitlines()
+    (sweep / "0" / "history.jsonl").write_text("\n".join(rows[:2]) + "\n")
+    r = subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.status", str(sweep)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and "1 done, 0 skipped, 1 failed" in r.stdout, r.stdout + r.stderr
+    assert f"failed {sweep / '0'}: corrupt: history.jsonl ends at step 1; summary.json says 10 steps" in r.stderr
+    runs = load_runs(sweep, progress=False, cache=False)
+    assert runs["run"].tolist() == ["1"] and runs.attrs["skipped"][0]["status"] == "corrupt"

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rw_sweeps.core import readers, results
+from rw_sweeps.core import contract, readers, results
 from rw_sweeps.core.console import prog
 from rw_sweeps.core.contract import RECORD_CAP
 from rw_sweeps.core.readers import Broken
@@ -281,14 +281,23 @@ class Sweep:
         self.runs = list(self.record["runs"])
         self.skipped = set(self.record["skipped"])
         self.job_of = {r: j for j, rs in self.record["jobs"].items() for r in rs}
+        self._judged: dict = {}  # run name → (its summary's fingerprint, its verdict)
 
-    def summary(self, name: str) -> dict | None:
-        """The run's summary if it was written by this sweep (not one left over from an earlier one)."""
+    def verdict(self, name: str):
+        """The contract's judgement of the run (`contract.judge`, as the launcher and analysis judge it) if this
+        sweep wrote its summary (not one left over from an earlier one), else None; judged once per summary."""
         run_dir = self.dir / name
-        stale = self.record["stale"].get(name)
-        if stale is not None and fingerprint(run_dir) == stale:
+        fp = fingerprint(run_dir)
+        if fp is None or fp == self.record["stale"].get(name):
             return None
-        return results.read_summary(run_dir)
+        hit = self._judged.get(name)
+        if hit is not None and hit[0] == fp:
+            return hit[1]
+        v = contract.judge(run_dir)
+        if v.state == "unfinished":
+            return None
+        self._judged[name] = (fp, v)
+        return v
 
     def _checkpoint(self, name: str) -> bool:
         """Has the run a checkpoint (it is being trained)? os.path.exists: a name too long to look up has none."""
@@ -312,11 +321,11 @@ class Sweep:
             if name in self.skipped:
                 out[name] = "skipped"
                 continue
-            s = self.summary(name)
-            if s is not None:
-                out[name] = s.get("status") if s.get("status") in ("done", "failed", "diverged") else "failed"
+            v = self.verdict(name)
+            if v is not None:  # a corrupt folder is failed: a relaunch trains it again
+                out[name] = v.state if v.state in contract.STATUSES else "failed"
                 if out[name] == "failed":
-                    errors[name] = s.get("error") or "failed"
+                    errors[name] = (v.summary or {}).get("error") or f"corrupt: {v.why}"
                 continue
             job = self.job_of.get(name)
             state = jobs.get(job, "UNKNOWN") if jobs is not None and job is not None else None

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, List, Optional
 import numpy as np
 
 from ..config import ConfigError, DataConfig, option
+from ..readers import Broken, read_bytes
 
 
 @option("data")
@@ -62,8 +63,6 @@ def _read_pi(path: str) -> list:
     """data.Pi_file's matrix as a list of rows, or a one-line ConfigError. The file is read as the run-folder
     files are (`readers`: a regular file only, never a FIFO or a device, at most PI_FILE_CAP bytes), and an
     error names the file and the rule, never a line of its content (the path may be anyone's file)."""
-    from ..readers import Broken, read_bytes
-
     f = os.path.expanduser(path)
     try:
         raw = read_bytes(f, PI_FILE_CAP, "data.Pi_file")

@@ -31,7 +31,7 @@ SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml"
 # Size caps, each far above what a run writes (a summary is ~1 KB, a config ~1 KB plus data.Pi, a history
 # row ~0.3 KB, a snapshot row K² floats): memory is bounded by these, whatever is planted.
 CAPS = {SUMMARY: 1 * MiB, CONFIG: 16 * MiB}
-LINE_CAPS = {HISTORY: 1 * MiB, SNAPSHOTS: 256 * MiB}
+LINE_CAPS = {HISTORY: 1 * MiB, SNAPSHOTS: 32 * MiB}  # a snapshot row of K = 1,000 (V alone) is ~20 MB
 FILE_CAPS = {HISTORY: 1 * GiB, SNAPSHOTS: 8 * GiB}
 RECORD_CAP = 256 * MiB  # a sweep's `.rw_sweep.json` (100,000 runs is ~5 MB)
 LOCK_CAP = 64 * KiB     # a lock's holder record
@@ -237,6 +237,9 @@ def judge(run_dir, config: dict | None = None) -> Verdict:
         problem = config_problem(config)
         if problem:
             return Verdict("corrupt", summary, why=problem)
+    from .config import canonical
+
+    config = canonical(config)  # a key the file lacks, at its schema default (as the launcher reads it)
     for key, dotted in ECHOES.items():
         there = _dotted(config, dotted)
         if summary.get(key) is not None and there is not _MISSING and there is not None and not _same(summary[key], there):
@@ -263,9 +266,13 @@ def _done_files(run_dir: Path, summary: dict, config: dict) -> str | None:
         for row in rows(run_dir, HISTORY):
             if row["step"] <= previous:
                 return f"history.jsonl: step {row['step']} follows step {previous}"
+            for key, value in row.items():  # a metric a summary also holds: of the same type and bounds
+                f = SUMMARY_FIELDS.get(key)
+                bad = f.check(value) if f is not None and key != "steps" else None
+                if bad:
+                    return f"history.jsonl at step {row['step']}: {key}={_show(value)} {bad}"
             previous, last = row["step"], row
-        for _ in rows(run_dir, SNAPSHOTS):
-            pass
+        snaps = [row for row in rows(run_dir, SNAPSHOTS)]
     except FileNotFoundError as e:
         return f"a done run without its {Path(e.filename).name}"
     except Broken as e:
@@ -278,4 +285,27 @@ def _done_files(run_dir: Path, summary: dict, config: dict) -> str | None:
         if key in SUMMARY_FIELDS and key != "step" and summary.get(key) is not None and value is not None \
                 and not _same(value, summary[key]):
             return f"history.jsonl's last row has {key}={_show(value)}; summary.json says {_show(summary[key])}"
+    return _snapshots_problem(snaps, summary, config, steps)
+
+
+def _snapshots_problem(snaps: list, summary: dict, config: dict, steps: int) -> str | None:
+    """None if a done run's snapshots are the ones its config asks for (`snapshot_steps` up to the last step,
+    and the last step) and its last one is the run's own (the summary's `parents_attention` is the sum of
+    its attention over `parent_positions`), else why not."""
+    asked = _dotted(config, "snapshot_steps")
+    if isinstance(asked, list) and all(type(s) is int for s in asked):
+        want = sorted({s for s in asked if s <= steps} | {steps})
+        have = [row["step"] for row in snaps]
+        if have != want:
+            return f"snapshots.jsonl holds steps {_show(have)}; the config asks for {_show(want)}"
+    parents, total = summary.get("parent_positions"), summary.get("parents_attention")
+    attention = snaps[-1].get("attention") if snaps else None
+    if isinstance(parents, list) and total is not None and isinstance(attention, list):
+        try:
+            mine = float(sum(attention[j - 1] for j in parents))
+        except (IndexError, TypeError):
+            return "snapshots.jsonl's last attention does not cover the summary's parent_positions"
+        if mine != total:
+            return (f"snapshots.jsonl's last attention gives parents_attention={_show(mine)}; summary.json says "
+                    f"{_show(total)}")
     return None

@@ -31,7 +31,16 @@ class ConfigError(Refused):
 
     def __init__(self, key: str, value: Any, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
-        super().__init__(f"invalid config: {key}={value!r}: {allowed}")
+        super().__init__(f"invalid config: {key}={shown(value)}: {allowed}")
+
+
+VALUE_CHARS = 120  # a value longer than this (a whole Π matrix, a planted string) is cut in a message
+
+
+def shown(value: Any) -> str:
+    """A value as a message shows it: its repr, cut to VALUE_CHARS (one line stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= VALUE_CHARS else f"{text[:VALUE_CHARS - 1]}… ({len(text):,} characters)"
 
 
 def one_line(exc: BaseException) -> str:

@@ -17,6 +17,7 @@ raises FileNotFoundError, so a caller can tell "not written yet" from "damaged".
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -114,8 +115,28 @@ def json_value(raw: bytes, path, what: str | None = None):
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise Broken(path, f"{what or Path(path).name} is not valid JSON ({_short(e)})") from None
+    if _LONG_DIGITS.search(raw):  # orjson reads an integer beyond 64 bits as a float: ask the standard parser
+        _no_long_ints(raw, path, what)
     bounded(value, path, what)
     return value
+
+
+# a run of 20 digits or more not inside a fraction or exponent (it may be inside a string: checked exactly)
+_LONG_DIGITS = re.compile(rb"(?<![\d.eE+])\d{20,}")
+
+
+def _no_long_ints(raw: bytes, path, what) -> None:
+    """Broken if the JSON holds an integer outside int64 (the standard parser keeps its integers exact; the
+    text already parsed with orjson, so its nesting is at most 1024)."""
+    def parse_int(text: str) -> int:
+        if len(text.lstrip("-")) > 19 or not INT_MIN <= int(text) <= INT_MAX:
+            raise Broken(path, f"{what or Path(path).name} holds an integer outside int64 ({text[:24]}…)")
+        return int(text)
+
+    try:
+        json.loads(raw, parse_int=parse_int)
+    except RecursionError:
+        raise Broken(path, f"{what or Path(path).name} nests deeper than {MAX_DEPTH} levels") from None
 
 
 def read_json(path, cap: int, what: str | None = None):

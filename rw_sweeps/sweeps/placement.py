@@ -26,6 +26,8 @@ from pathlib import Path
 
 from rw_sweeps.core import contract, results
 from rw_sweeps.core.config import ConfigError, RunConfig
+from rw_sweeps.core.errors import shown
+from rw_sweeps.core.readers import Broken
 
 
 class FolderTaken(ConfigError):
@@ -77,19 +79,25 @@ def repeats(specs: list) -> dict[int, int]:
     return out
 
 
-def _run_config(folder: Path) -> dict | None:
-    """The config of the run in `folder`, or None when it holds no readable, valid one (a damaged folder
-    is retrained over, as before). A folder that is a link is nobody's run."""
+def _run_config(folder: Path) -> tuple[dict | None, str | None]:
+    """(the config of the run in `folder`, None) or (None, why it holds none it can be judged by: its
+    config.yaml breaks the contract or the schema; None when there is simply none). A damaged folder is
+    trained over, with one line; a folder that is a link is nobody's run."""
     if folder.is_symlink():
-        return None
-    cfg = results.read_config(folder)
-    if cfg is None or contract.config_problem(cfg) is not None:
-        return None
-    return cfg
+        return None, None
+    try:
+        cfg = contract.read_config(folder)
+    except FileNotFoundError:
+        return None, None
+    except Broken as e:
+        return None, e.why
+    problem = contract.config_problem(cfg)
+    return (None, problem) if problem else (cfg, None)
 
 
-def existing(sweep_dir: Path, extra: list[str]) -> dict[str, dict]:
-    """Every run folder of the sweep with a readable config, by path: its direct subfolders and `extra` ones."""
+def existing(sweep_dir: Path, extra: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
+    """Every run folder of the sweep with a readable config, by path (its direct subfolders and `extra`
+    ones), and the folders whose config.yaml cannot be judged, with why."""
     folders: list[str] = []
     try:
         with os.scandir(sweep_dir) as it:
@@ -99,12 +107,14 @@ def existing(sweep_dir: Path, extra: list[str]) -> dict[str, dict]:
     seen = set(folders)
     root = str(sweep_dir)  # the sweep's direct subfolders were all seen above; a run elsewhere is looked up
     folders += [f for f in extra if os.path.dirname(f) != root and f not in seen and os.path.exists(f)]
-    out = {}
+    out, damaged = {}, {}
     for f in folders:
-        cfg = _run_config(Path(f))
+        cfg, why = _run_config(Path(f))
         if cfg is not None:
             out[f] = cfg
-    return out
+        elif why is not None:
+            damaged[f] = why
+    return out, damaged
 
 
 def _number(folder: str) -> tuple:
@@ -126,7 +136,7 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                                   "the other; name every swept key in it, e.g. "
                                   "hydra.sweep.subdir='${hydra.job.override_dirname}'")
             first[d] = i
-    found = existing(sweep_dir, own)
+    found, damaged = existing(sweep_dir, own)
     by_key: dict[tuple, list[str]] = {}
     for folder, cfg in found.items():
         by_key.setdefault(_key(cfg), []).append(folder)
@@ -175,13 +185,16 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                 out.done[i] = verdict.summary
             elif verdict.state == "corrupt":  # its files break the contract: trained again, and said why
                 out.retrain[i] = verdict.why
-                print(f"retraining {s.output_dir}: {verdict.why}", flush=True)
+        elif s.output_dir in damaged:  # its config.yaml cannot be judged: whatever it held is trained over
+            out.retrain[i] = damaged[s.output_dir]
+        if i in out.retrain:
+            print(f"retraining {s.output_dir}: {out.retrain[i]}", flush=True)
     return out
 
 
 def check_run_folder(run_dir: Path, cfg: dict, overwrite: bool = False) -> None:
     """A single run (`hydra.run.dir`): refuse, in one line, a folder that holds a run of another config."""
-    found = _run_config(Path(run_dir))
+    found, _ = _run_config(Path(run_dir))
     if found is None or overwrite or _key(found) == _key(cfg):
         return
     raise FolderTaken("hydra.run.dir", str(run_dir), f"holds a run of another config ({_difference(found, cfg)}); "
@@ -207,8 +220,10 @@ def writable(sweep_dir: Path) -> bool:
 
 
 def _difference(there: dict, here: dict) -> str:
-    """The first three keys that differ, with both values: `optim.steps=5 there, 10 here`."""
-    return ", ".join(f"{k}={_get(there, k)!r} there, {_get(here, k)!r} here"
+    """The first three keys that differ, with both values as the schemas read them (a key a stored config
+    lacks at its default): `optim.steps=5 there, 10 here`."""
+    there, here = results.identity(there), results.identity(here)
+    return ", ".join(f"{k}={shown(_get(there, k))} there, {shown(_get(here, k))} here"
                      for k in results.differing_keys(there, here)[:3])
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core import readers
-from rw_sweeps.core.safefs import owned_dirs, write_with
+from rw_sweeps.core.safefs import PlantedLink, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
@@ -139,11 +139,16 @@ class Live:
         self.runs: list = [None] * len(cfgs)
         self.sent = [0] * len(cfgs)  # history rows handed to wandb, per run
         self.walls: dict = {}
+        self.refused: set = set()
         for r in range(len(cfgs)):
             submit(self._start, r)
 
     def _start(self, r: int) -> None:
-        self.runs[r] = _init(self.cfgs[r], self.run_dirs[r], self.run_ids[r])
+        try:
+            self.runs[r] = _init(self.cfgs[r], self.run_dirs[r], self.run_ids[r])
+        except PlantedLink:
+            self.refused.add(r)  # a link at its wandb folder: refused once (warned), not replayed at the end
+            raise
 
     def __call__(self, recs: list, walls: dict) -> None:
         self.walls = walls
@@ -168,7 +173,7 @@ class Live:
     def _end(self, r: int, rest: list, summary: dict | None) -> None:
         run, self.runs[r] = self.runs[r], None
         if run is None:
-            if summary is not None:  # its start failed (warned): replay it whole
+            if summary is not None and r not in self.refused:  # its start failed (warned): replay it whole
                 _log_one({"cfg": self.cfgs[r], "run_dir": self.run_dirs[r], "run_id": self.run_ids[r],
                           "history": rest, "summary": summary})
             return

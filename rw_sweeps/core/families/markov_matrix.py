@@ -30,8 +30,15 @@ class MarkovMatrix(DataConfig):
     FILES: ClassVar[tuple] = ("Pi_file",)
 
     def validate(self, seed: int) -> None:
-        if self.Pi_file is not None:  # the file replaces data.Pi (the default, or what a config.yaml recorded)
-            self.Pi = _read_pi(self.Pi_file)
+        if self.Pi_file is None:
+            return self._check()
+        self.Pi = _read_pi(self.Pi_file, self.K)  # the file replaces data.Pi (the default, or a recorded one)
+        try:
+            self._check()
+        except ConfigError as e:  # the user wrote the file, not data.Pi: name it
+            raise ConfigError("data.Pi_file", self.Pi_file, e.allowed) from None
+
+    def _check(self) -> None:
         P, K = self.Pi, self.K
         if P is None:
             raise ConfigError("data.Pi", P, "must be a K×K row-stochastic matrix (a list of rows)")
@@ -56,13 +63,14 @@ class MarkovMatrix(DataConfig):
         return np.array(self.Pi, dtype=np.float64).reshape(self.K, self.K)
 
 
-PI_FILE_CAP = 64 * 1024 * 1024  # a 2,000×2,000 Π as text is ~40 MB
+PI_FILE_CAP = 16 * 1024 * 1024  # a 900×900 Π as text is ~16 MB
 
 
-def _read_pi(path: str) -> list:
+def _read_pi(path: str, K: int) -> list:
     """data.Pi_file's matrix as a list of rows, or a one-line ConfigError. The file is read as the run-folder
-    files are (`readers`: a regular file only, never a FIFO or a device, at most PI_FILE_CAP bytes), and an
-    error names the file and the rule, never a line of its content (the path may be anyone's file)."""
+    files are (`readers`: a regular file only, never a FIFO or a device, at most PI_FILE_CAP bytes); a text
+    file must hold data.K rows (counted before a number is parsed); an error names the file and the rule,
+    never a line of its content (the path may be anyone's file)."""
     f = os.path.expanduser(path)
     try:
         raw = read_bytes(f, PI_FILE_CAP, "data.Pi_file")
@@ -74,7 +82,11 @@ def _read_pi(path: str) -> list:
         if f.endswith(".npy"):
             P = np.load(io.BytesIO(raw), allow_pickle=False)
         else:
-            P = np.loadtxt(raw.decode("utf-8").replace(",", " ").splitlines(), ndmin=2)
+            rows = [r for r in raw.decode("utf-8").replace(",", " ").splitlines() if r.strip()]
+            if len(rows) != K:
+                raise ConfigError("data.Pi_file", path, f"must hold data.K={K} rows of {K} numbers; it holds "
+                                  f"{len(rows):,} rows")
+            P = np.loadtxt(rows, ndmin=2)
     except (OSError, ValueError, UnicodeDecodeError, EOFError):
         what = "a .npy array of numbers" if f.endswith(".npy") else "UTF-8 text: K rows of K numbers"
         raise ConfigError("data.Pi_file", path, f"must hold {what}; it does not") from None

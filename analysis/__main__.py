@@ -172,6 +172,27 @@ CAPTIONS = {"success_step": ". A cell's step is over the runs that reached OPT â
 
 
 def main(argv=None) -> int:
+    """The command (`python -m analysis`, `rw-analysis`). Run as a program (argv None), Ctrl-C, SIGTERM and
+    SIGHUP end it with one line and exit 130, 143 or 129 (`rw_sweeps.sweeps.signals`), never a traceback;
+    called with an argv (from Python), the caller's signal handling stays as it is."""
+    if argv is not None:
+        return _main(argv)
+    from rw_sweeps.sweeps import signals
+
+    signals.install()
+    try:
+        code = _main(argv)
+    except KeyboardInterrupt as exc:
+        code = signals.stopping(exc)
+        print(f"\n{signals.how(code)}: the report is not complete; run the same command again", file=sys.stderr,
+              flush=True)
+        signals.said()
+        return code
+    signals.finishing()
+    return code
+
+
+def _main(argv=None) -> int:
     ap, args = parse_args(argv)
     try:
         rep = build(args.sweeps, args.out, args.x, args.y, args.row, args.col, args.metric, args.tol,

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -429,14 +430,20 @@ class RwLauncher(Launcher):
         return out
 
     def _lock(self) -> None:
-        """One launch per sweep folder (`rw_sweeps.sweeps.lock`), held until this process ends."""
+        """One launch per sweep folder (`rw_sweeps.sweeps.lock`), held until this process ends, also when a
+        signal ends it (`rw_sweeps.sweeps.signals.on_stop`). Once it is held, the temp files that killed
+        writes left in the folder are removed (no other launch can be writing them)."""
         import atexit
 
-        from rw_sweeps.sweeps import lock
-        if self.record is not None:
+        from rw_sweeps.core.safefs import remove_stale_temps
+        from rw_sweeps.sweeps import lock, signals
+        if self.record is not None or getattr(self, "_locked", None) == self.sweep_dir:
             return  # a later batch of this sweep: already held
         lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])  # SweepLocked: refused, in one line
-        atexit.register(lock.release, self.sweep_dir)
+        self._locked = sweep_dir = self.sweep_dir
+        atexit.register(lock.release, sweep_dir)
+        signals.on_stop(lambda: lock.release(sweep_dir))
+        remove_stale_temps(sweep_dir)
 
     # ---------------------------------------------------------------------------------------- record
     def _record(self, specs, done, todo) -> dict:
@@ -512,19 +519,23 @@ class RwLauncher(Launcher):
         queue = [(i, payload) for i, payload in enumerate(payloads) if payload is not None]
         running: Dict[int, Any] = {}
         out: list = [[] if payload is None else None for payload in payloads]
-        while queue or running:
-            for slot in range(len(executors)):
-                if slot not in running and queue and (not pinned or queue[0][0] == slot):
-                    i, payload = queue.pop(0)
-                    running[slot] = (executors[slot].submit(payload), i)
-            time.sleep(0.02)
-            for slot, (fut, i) in list(running.items()):
-                if fut.done():
-                    del running[slot]
-                    try:
-                        out[i] = fut.result()
-                    except Exception as exc:  # noqa: BLE001 - its runs say why on disk
-                        out[i] = exc
+        try:
+            while queue or running:
+                for slot in range(len(executors)):
+                    if slot not in running and queue and (not pinned or queue[0][0] == slot):
+                        i, payload = queue.pop(0)
+                        running[slot] = (executors[slot].submit(payload), i)
+                time.sleep(0.02)
+                for slot, (fut, i) in list(running.items()):
+                    if fut.done():
+                        del running[slot]
+                        try:
+                            out[i] = fut.result()
+                        except Exception as exc:  # noqa: BLE001 - its runs say why on disk
+                            out[i] = exc
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the jobs checkpoint and end first
+            _stop_local_jobs([fut for fut, _ in running.values()], exc)
+            raise
         return out
 
     def _slurm(self, payloads: list, names: list, rec: Optional[dict]) -> Optional[list]:
@@ -557,7 +568,9 @@ class RwLauncher(Launcher):
                  f"not the jobs; follow again with: {follow})")
         try:
             status.Sweep(self.sweep_dir, record=rec).follow(interval=p["poll_s"])
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # the jobs go on: the lock is theirs until they have ended
+            from rw_sweeps.sweeps import lock
+            lock.hand_to_jobs(self.sweep_dir, rec["arrays"])
             raise Interrupted(f"\nstopped waiting; the jobs go on ({ids}). Follow them with: {follow}\n"
                               f"or cancel them with: scancel {' '.join(rec['arrays'])}") from None
         return [_result_or_error(j, wait=False) for j in submitted]
@@ -603,6 +616,63 @@ def _from_folder(spec, error: Any, summary: Optional[dict]) -> JobReturn:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+LOCAL_STOP_S = 300.0  # how long an interrupted launch waits for its local jobs to checkpoint and end
+
+
+def _stop_local_jobs(jobs: list, exc: BaseException) -> None:
+    """The launching process was interrupted while local submitit jobs ran: each job's task process (the
+    child of submitit's controller) gets SIGINT, so that it checkpoints its runs at the end of the current
+    step and ends, writing the results it has finished; the launch then ends once they have (at most
+    LOCAL_STOP_S). Not the controller: it would SIGKILL its task a second later. Not SIGTERM: inside a
+    submitit job it is only logged. A job left running would go on writing into the sweep after its lock
+    is released."""
+    from rw_sweeps.sweeps import signals
+
+    signals.stopping(exc)  # a second signal within a second is the same request; a later one stops at once
+    for job in jobs:
+        for pid in _children(_local_pid(job)):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except OSError:
+                pass
+    end = time.monotonic() + LOCAL_STOP_S
+    while any(not job.done() for job in jobs) and time.monotonic() < end:
+        time.sleep(0.05)
+    for job in jobs:
+        if not job.done():
+            job.cancel()
+
+
+def _local_pid(job) -> Optional[int]:
+    """A submitit LocalJob's process (its controller): its job id is that process's pid."""
+    try:
+        return int(job.job_id)
+    except (TypeError, ValueError):
+        return None
+
+
+def _children(pid: Optional[int]) -> List[int]:
+    """The processes whose parent is `pid` (Linux /proc; none elsewhere)."""
+    if pid is None:
+        return []
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(name))
+    return out
+
+
 def _wait_for_writes() -> None:
     """This process's results still being written (`rw_sweeps.sweeps.writer`), then its queued wandb logging
     (`rw_sweeps.sweeps.tracking`, which the writes feed), before its work counts as ended."""

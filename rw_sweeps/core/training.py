@@ -446,14 +446,17 @@ class _Log:
 
 
 PROGRESS_S = float(os.environ.get("RW_SWEEPS_PROGRESS_S", 30))  # seconds between progress lines in logs
-SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGUSR2", "SIGTERM", "SIGINT") if hasattr(signal, n))
+SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
 
 
 class _SaveOnSignal:
-    """Defers USR2 (SLURM's warning before a preemption or the time limit; submitit requeues on it), SIGTERM
-    and SIGINT to the end of the current step, where every run is checkpointed; then the signal's own
-    handler runs (submitit's requeue, Ctrl-C's KeyboardInterrupt, the default exit). A preempted or
-    interrupted batch so loses at most one step per run, even with checkpoint_every=0."""
+    """Defers USR2 (SLURM's warning before a preemption or the time limit; submitit requeues on it), SIGTERM,
+    SIGINT and SIGHUP to the end of the current step, where every run is checkpointed; then the signal's own
+    handler runs (submitit's requeue, the front door's interruption, Ctrl-C's KeyboardInterrupt, the default
+    exit). A preempted or interrupted batch so loses at most one step per run, even with checkpoint_every=0.
+    A handler that prints its own line (`speaks`, the front door's) gets no line from here; one that can
+    take a signal back for later (`later`, the front door's) gets the signal that came after the last step,
+    to raise once the batch's results are written (a finished batch needs no checkpoint)."""
 
     def __init__(self) -> None:
         self.pending: list[int] = []
@@ -467,16 +470,23 @@ class _SaveOnSignal:
         return self
 
     def __exit__(self, *exc) -> None:
+        previous = dict(self.previous)
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous.clear()
+        if self.pending:  # came after the last step: handed back to a handler that can take it later
+            signum, self.pending[:] = self.pending[0], []
+            later = getattr(previous.get(signum), "later", None)
+            if callable(later):
+                later(signum)
 
     def deliver(self) -> None:
         if not self.pending:
             return
         signum, self.pending[:] = self.pending[0], []
         handler = self.previous.get(signum)
-        print(f"rw_sweeps: signal {signal.Signals(signum).name}: every run checkpointed", file=sys.stderr, flush=True)
+        if not getattr(handler, "speaks", False):
+            print(f"rw_sweeps: signal {signal.Signals(signum).name}: every run checkpointed", file=sys.stderr, flush=True)
         if callable(handler):
             handler(signum, None)  # may raise (KeyboardInterrupt) or exit (submitit's requeue)
         elif handler == signal.SIG_DFL:

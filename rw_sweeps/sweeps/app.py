@@ -77,7 +77,7 @@ def train(cfg: DictConfig) -> Any:
 
     from rw_sweeps.core.resources import check
 
-    from . import run
+    from . import run, signals
 
     hc = HydraConfig.get()
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -100,7 +100,9 @@ def train(cfg: DictConfig) -> Any:
     if rc.wandb.group is None:
         group = wandb_group(hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir)
         rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
-    summary = run.execute([rc], [Path(hc.runtime.output_dir)])[0]
+    trained = run.train([rc], [Path(hc.runtime.output_dir)])
+    with signals.deferred():  # a signal while its results are written: raised once they are
+        summary = trained.write()[0]
     if hc.mode.name == "RUN":  # a single run ends here: its wandb run first (a multirun's launcher waits)
         from . import tracking
 
@@ -254,11 +256,15 @@ def _register_resolvers() -> None:
 def run_front_door(main: Callable, argv: list[str], calling_file: str, config_path: str) -> None:
     """launch.py's and `rw-launch`'s `__main__`: the pre-check, Hydra, then the exit status. A launch the
     project refuses (`rw_sweeps.core.errors.Refused`, raised by the pre-check, the sweeper or the launcher
-    before any job starts) is one line and exit 2."""
+    before any job starts) is one line and exit 2. Ctrl-C, SIGTERM and SIGHUP take one path
+    (`rw_sweeps.sweeps.signals`): what is in flight is checkpointed or written, one line, the lock released,
+    exit 130, 143 or 129."""
     from rw_sweeps.core.errors import Interrupted, Refused
 
+    from . import signals
     from .hydra_adapter import errors_reach_caller
 
+    signals.install()
     _register_resolvers()
     try:
         try:
@@ -267,20 +273,39 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
             raise exc if isinstance(exc, Refused) else Refused(one_line(exc)) from exc
         with errors_reach_caller():
             main()
+        signals.check()  # a signal held for after the last results were written
     except Refused as exc:  # one line, no traceback, before any job started
         print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        signals.finishing()
         sys.exit(2)
-    except Interrupted as exc:  # Ctrl-C while waiting for SLURM: the jobs go on, and the line says so
-        print(exc.message, file=sys.stderr, flush=True)
-        sys.exit(130)
-    except KeyboardInterrupt:  # one line; finished runs are on disk, the others checkpointed at their step
-        from . import writer
-
-        writer.flush()  # the results of a chunk that finished before the interrupt
-        print("\ninterrupted: finished runs are kept and the others checkpointed; run the same command "
-              "again to resume", file=sys.stderr, flush=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: one line; finished runs are on disk
+        _stopped(exc, exc.message if isinstance(exc, Interrupted) else None)
+    except SystemExit:  # Hydra's own exits (--help, --cfg, an error it reports)
+        signals.finishing()
+        raise
+    signals.finishing()  # a signal from here on ends the process at once, with its code
     sys.exit(exit_status())
+
+
+def _stopped(exc: BaseException, message: Optional[str]) -> None:
+    """The orderly end after a signal: later signals raise nothing (`signals.stopping`); the results of a
+    chunk that finished before it are written; one line; the queued wandb logging; the lock released; exit
+    with the signal's code. `message`: the line (waiting for SLURM: the jobs go on), else the default one."""
+    from . import signals, tracking, writer
+
+    code = signals.stopping(exc)
+    try:
+        writer.flush()  # the results of a chunk that finished before the signal
+    except BaseException:  # noqa: BLE001 - the line and the exit code still follow
+        pass
+    print(message if message is not None else signals.line(code), file=sys.stderr, flush=True)
+    signals.said()
+    try:
+        tracking.wait()  # their wandb runs and markers, before the lock goes
+    except BaseException:  # noqa: BLE001
+        pass
+    signals.cleanup()  # the sweep's lock
+    sys.exit(code)
 
 
 def cli() -> None:

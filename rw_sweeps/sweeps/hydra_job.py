@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
 from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir
-from . import writer
+from . import signals, writer
 from .packing import writes_behind
 from .hydra_adapter import WrittenLater, observes_jobs, yaml_str_representer
 from .planner import Spec, replaced
@@ -150,6 +150,8 @@ class Chunk:
         # process-wide, holds for the training.)
         deferred = not observed and not self.finished and len(specs) > 1
         behind = deferred and specs[0].cfg is not None and writes_behind(self.write_behind, specs[0].cfg)
+        returns = [LazyJobReturn(s, overrides=list(s.overrides), working_dir=s.output_dir, task_name=s.name)
+                   for s in specs]
         with env_override(env):
             started = []
             for i, s in enumerate(specs):
@@ -169,8 +171,6 @@ class Chunk:
             todo = [specs[i] for i in started]
             envelopes = writer.submit(lambda: self._envelopes(todo, yaml_of)) if deferred and todo else None
             trained = self.batch(todo) if todo else None
-        returns = [LazyJobReturn(s, overrides=list(s.overrides), working_dir=s.output_dir, task_name=s.name)
-                   for s in specs]
 
         def finish() -> None:
             """The chunk's results written; each job's return, log lines and on_job_end."""
@@ -198,12 +198,15 @@ class Chunk:
             if self.said_after:
                 say(self.said_after)
 
-        if behind:
-            written = writer.submit(finish, results=True)
-            for ret in returns:
-                ret.written_by(written)
-        else:
-            finish()
+        # A signal from here on (or one the training loop handed back after its last step) is raised once
+        # the chunk's results are written or handed to the writer: nothing finished is lost.
+        with signals.deferred():
+            if behind:
+                written = writer.submit(finish, results=True)
+                for ret in returns:
+                    ret.written_by(written)
+            else:
+                finish()
         return returns
 
     def _envelopes(self, specs: list, yaml_of: YamlTemplates) -> dict[int, BaseException]:

@@ -630,7 +630,10 @@ def _stop_local_jobs(jobs: list, exc: BaseException) -> None:
 
     signals.stopping(exc)  # a second signal within a second is the same request; a later one stops at once
     for job in jobs:
-        for pid in _children(_local_pid(job)):
+        tasks = _children(_local_pid(job))
+        if not tasks:  # none found (no /proc): submitit's own cancel (SIGINT to its controller)
+            job.cancel()
+        for pid in tasks:
             try:
                 os.kill(pid, signal.SIGINT)
             except OSError:

@@ -202,7 +202,7 @@ def _main(argv=None) -> int:
     if not len(rep.runs):
         print(f"error: no finished runs in {' '.join(map(str, args.sweeps))} "
               f"({len(rep.skipped)} folders skipped); see {rep.path}", file=sys.stderr)
-        return 1
+        return 2
     if args.wandb:
         x, y, row, col = rep.axes
         log_to_wandb(args.out, rep.runs, rep.figures, args.wandb_mode, config={

@@ -10,8 +10,13 @@
 3. The sweep's JobReturns are returned, batch by batch, as Hydra's sweepers return them.
 The sweep's analysis run is not the sweeper's: `conf/config.yaml` attaches it as a Hydra callback
 (`analysis.callback.WandbAnalysis`, on `on_multirun_end`).
+
+`hydra/sweeper=optuna` is hydra-optuna-sweeper's own; one thing is added to it here (`_optuna_without_a_best`):
+a study in which no trial completed (every run diverged or failed) ends with one line and exit 2, its runs
+kept, instead of Optuna's `ValueError: No trials are completed yet` and a traceback.
 """
 
+import functools
 import logging
 import os
 import sys
@@ -158,3 +163,65 @@ class RwSweeper(basic_sweeper()):
         if counts["failed"]:
             note_failed()
         return returns
+
+
+# ------------------------------------------------------------------------------ hydra/sweeper=optuna
+OPTUNA_IMPL = "hydra_plugins.hydra_optuna_sweeper._impl"  # the sweep itself; imported on the first study only
+
+
+def _optuna_without_a_best(impl) -> None:
+    """Wrap hydra-optuna-sweeper's `OptunaSweeperImpl.sweep`: a study with no completed trial, whose best
+    trial Optuna cannot name, is refused in one line (`error: every trial of the study failed or diverged (N
+    trials): no best value; …`, exit 2 at the front door); the trials' run folders are kept, and written first
+    if written behind. Any other error is the sweeper's own."""
+    cls = getattr(impl, "OptunaSweeperImpl", None)
+    if cls is None or getattr(cls.sweep, "_rw_sweeps", False):
+        return
+    sweep = cls.sweep
+
+    @functools.wraps(sweep)
+    def wrapped(self, arguments):
+        try:
+            return sweep(self, arguments)
+        except ValueError as exc:
+            if "No trials are completed yet" not in str(exc):
+                raise
+            from rw_sweeps.sweeps import writer
+
+            writer.flush()
+            where = OmegaConf.select(self.config, "hydra.sweep.dir", default=None) if self.config else None
+            raise Refused(f"every trial of the study failed or diverged ({self.n_trials} trials): no best value"
+                          + (f"; their runs are in {where}" if where else "")) from None
+
+    wrapped._rw_sweeps = True
+    cls.sweep = wrapped
+
+
+class _OptunaImplFinder:
+    """Finds hydra-optuna-sweeper's `_impl` as Python would, and wraps its sweep once it is loaded. Plugin
+    modules are executed again by Hydra's plugin scan (which skips `_impl`, and imports it only when a study
+    starts), so the wrap is applied to the module a study uses, whatever the order of the scan."""
+    _rw_sweeps = True
+
+    def find_spec(self, name, path=None, target=None):
+        if name != OPTUNA_IMPL:
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _optuna_without_a_best(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if OPTUNA_IMPL in sys.modules:
+    _optuna_without_a_best(sys.modules[OPTUNA_IMPL])
+elif not any(getattr(f, "_rw_sweeps", False) for f in sys.meta_path):
+    sys.meta_path.insert(0, _OptunaImplFinder())

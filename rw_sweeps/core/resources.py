@@ -4,6 +4,7 @@ work fails in one line (`invalid config: model.M=30000: one run needs ~7.3 GB �
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from . import trainer
@@ -23,9 +24,16 @@ def bytes_per_run(c: RunConfig) -> int:
 
 
 def run_bytes(cfg: RunConfig) -> tuple[int, str]:
-    """Peak bytes of one run, and the key that drives it: the batched data and state (as
-    bytes_per_run), the K×K matrices (Π, V, Πᵀ), and for init=gaussian the draw of W: the dense
-    (K+M)² float64 with init.draw=dense, only the N×M positions (gram=numeric) with the compact draw."""
+    """Peak bytes of one run (estimate), and the key that drives it (`cause`)."""
+    total, largest = estimate(cfg)
+    return total, cause(cfg, total, largest)
+
+
+def estimate(cfg: RunConfig) -> tuple[int, str]:
+    """Peak bytes of one run, and the key of the estimate's largest term: the batched data and state (as
+    bytes_per_run), the K×K matrices (Π, V, Πᵀ), and for init=gaussian the draw of W: the dense (K+M)²
+    float64 with init.draw=dense, only the N×M positions (gram=numeric) with the compact draw. Another
+    model's trainer estimates its own (`run_bytes`)."""
     if not isinstance(cfg.model, ModelConfig):
         return trainer.of(cfg).run_bytes(cfg)
     d, m = cfg.data, cfg.model
@@ -38,6 +46,24 @@ def run_bytes(cfg: RunConfig) -> tuple[int, str]:
         "data.n_train" if d.n_train >= d.n_test else "data.n_test": bytes_per_run(cfg),
     }
     return sum(terms.values()), max(terms, key=terms.get)
+
+
+def cause(cfg: RunConfig, total: int, largest: str) -> str:
+    """The key a refusal names: of the integer keys of the run's data and model above their schema defaults,
+    the one whose default alone would shrink the estimate the most, if that is more than half of it (what is
+    out of scale: `model.d_model=65536`, a huge `data.N` or `data.n_train`); else the key of the largest term."""
+    best, saved = largest, total // 2
+    for group in ("data", "model"):
+        part = getattr(cfg, group)
+        for f in dataclasses.fields(part):
+            value, default = getattr(part, f.name), f.default
+            if type(value) is not int or type(default) is not int or value <= default:
+                continue
+            at_default = dataclasses.replace(cfg, **{group: dataclasses.replace(part, **{f.name: default})})
+            less = total - estimate(at_default)[0]
+            if less > saved:
+                best, saved = f"{group}.{f.name}", less
+    return best
 
 
 def available_bytes(device: str) -> int | None:
@@ -98,9 +124,8 @@ def check(cfg: RunConfig) -> None:
     need, key = run_bytes(cfg)
     free = available_bytes(device)
     if free is not None and need > free:
-        value = {"model.M": getattr(cfg.model, "M", None), "data.n_train": cfg.data.n_train,
-                 "data.n_test": cfg.data.n_test, "data.K": cfg.data.K, "data.N": cfg.data.N,
-                 "data.batch": cfg.data.batch}[key]
+        group, name = key.split(".", 1)
+        value = getattr(getattr(cfg, group), name, None)
         raise ConfigError(key, value, f"one run needs ~{need / 2**30:.1f} GB (estimate), more than the "
                           f"{free / 2**30:.1f} GB free on {device} here")
 

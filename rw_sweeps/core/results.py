@@ -17,12 +17,12 @@ from pathlib import Path
 
 import yaml
 
-from .safefs import atomic_write, read_bytes, write_with
+from .safefs import atomic_write, write_with
 from .yamltext import Templates
 
 from . import contract
 from .contract import CHECKPOINT, CONFIG, HISTORY, SNAPSHOTS, SUMMARY  # noqa: F401 - the contract's names
-from .readers import Broken
+from .readers import Broken, GiB
 
 
 def run_id(run_dir: Path) -> str:
@@ -133,11 +133,20 @@ def differing_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
     return out
 
 
+CHECKPOINT_CAP = 64 * GiB  # read whole into memory; only a regular file is read, never a FIFO or device
+
+
 def save_checkpoint(run_dir: Path, blob: dict) -> None:
-    """The training state of an unfinished run (`rw_sweeps.core.training.checkpoint`: tensors and plain data)."""
+    """The training state of an unfinished run (`rw_sweeps.core.training.checkpoint`: tensors and plain data),
+    sealed (`rw_sweeps.core.seal`) over its config's identity, its folder's run_id and every value it holds:
+    `load_checkpoint` resumes only what this user's code wrote for this run in this folder."""
     import torch
 
-    write_with(Path(run_dir) / CHECKPOINT, lambda fh: torch.save(blob, fh))
+    from . import seal
+
+    blob = {k: v for k, v in blob.items() if k != "seal"}
+    sealed = {**blob, "seal": seal.seal(*_sealed_parts(blob, run_dir))}
+    write_with(Path(run_dir) / CHECKPOINT, lambda fh: torch.save(sealed, fh))
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -145,23 +154,138 @@ def has_checkpoint(run_dir: Path) -> bool:
     return os.path.lexists(Path(run_dir) / CHECKPOINT)
 
 
-def load_checkpoint(cfg: dict, run_dir: Path) -> dict | None:
-    """A run's checkpoint if it exists and belongs to this config (`same_run`), else None. It is read with
-    `weights_only=True` (tensors and plain containers only: a pickle that would run code is refused) and
-    never through a link planted at its name."""
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def load_checkpoint(cfg: dict, run_dir: Path, say=_say) -> dict | None:
+    """The run's checkpoint if it is this run's own, else None: read as a regular file only (never through a
+    link, never a FIFO), loaded with `weights_only=True` (tensors and plain containers: a pickle that would run
+    code is refused), its seal verified (written by this user's code for this folder, not edited since) and its
+    config this run's (`same_run`). A checkpoint refused is one line through `say` — `<run_dir>: its checkpoint
+    is not this run's (<why>); starting over` (stdout; `say=None`: silent) — and the run starts over (its next
+    checkpoint replaces the file)."""
+    blob, why = _read_checkpoint(cfg, Path(run_dir))
+    if why is not None and say is not None:
+        say(f"{run_dir}: its checkpoint is not this run's ({why}); starting over")
+    return blob
+
+
+def _read_checkpoint(cfg: dict, run_dir: Path) -> tuple[dict | None, str | None]:
+    """(the checkpoint, None) if it is this run's own, else (None, why); (None, None) if there is none."""
     import io
 
     import torch
 
+    from . import readers, seal
+
     try:
-        raw = read_bytes(Path(run_dir) / CHECKPOINT)
-    except OSError:  # missing, or a link: start over
-        return None
+        fh, st = readers._open(run_dir / CHECKPOINT, CHECKPOINT)  # a regular file, no link, never blocking
+        with fh:
+            if st.st_size > CHECKPOINT_CAP:
+                raise Broken(run_dir / CHECKPOINT, f"{CHECKPOINT} is {st.st_size:,} bytes; its cap is {CHECKPOINT_CAP:,}")
+            raw = fh.read(st.st_size + 1)
+        if len(raw) != st.st_size:
+            return None, "it changed while it was read"
+    except FileNotFoundError:
+        return None, None
+    except (Broken, OSError) as exc:  # a link, a FIFO, a folder, over its cap, unreadable
+        return None, _reason(exc.why if isinstance(exc, Broken) else str(exc))
     try:
         blob = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - a torn, foreign or code-carrying file: start over
-        return None
-    return blob if isinstance(blob, dict) and same_run(blob.get("config"), cfg) else None
+    except Exception as exc:  # noqa: BLE001 - torn, foreign, or a pickle that would run code
+        return None, _reason(f"it does not load as tensors and plain data: {type(exc).__name__}")
+    if not isinstance(blob, dict) or not isinstance(blob.get("config"), dict):
+        return None, "not a checkpoint: no config"
+    stored = blob.pop("seal", None)
+    if stored is None:
+        return None, "it has no seal"
+    try:
+        parts = _sealed_parts(blob, run_dir)
+        verified = seal.verify(stored, *parts)
+    except Exception as exc:  # noqa: BLE001 - a config the schemas cannot read, a value no checkpoint holds, no key
+        return None, _reason(f"it cannot be checked: {type(exc).__name__}: {exc}")
+    if not verified:
+        return None, "its seal does not verify: edited, or written for another folder or by another user"
+    if not same_run(blob["config"], cfg):
+        changed = differing_keys(blob["config"], cfg)
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        return None, f"a run of another config: {', '.join(changed[:3]) or 'its config'}{more} differ"
+    return blob, None
+
+
+def _reason(text: str, cap: int = 200) -> str:
+    """A refusal's reason on one short line."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= cap else text[:cap - 1] + "…"
+
+
+def _sealed_parts(blob: dict, run_dir: Path) -> tuple[bytes, ...]:
+    """What a checkpoint's seal is over (the blob without its `seal` key, written for `run_dir`): the identity
+    of its config as sorted JSON, the folder's run_id and the digest of every value it holds (`digest`)."""
+    who = json.dumps(identity(blob["config"]), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return b"rw-sweeps checkpoint", who.encode(), run_id(run_dir).encode(), digest(blob)
+
+
+def digest(value) -> bytes:
+    """SHA-256 of a canonical encoding of plain data and tensors, walked in a fixed order: mappings by sorted
+    key, sequences in order, every tensor by dtype, shape and bytes, every scalar by type and exact value (a
+    float by its 8 bytes). Two values digest alike only if they hold the same things; a type it does not know
+    raises TypeError."""
+    h = hashlib.sha256()
+    _walk(value, h.update)
+    return h.digest()
+
+
+def _walk(x, put) -> None:
+    import struct
+
+    import numpy as np
+    import torch
+
+    def walk(x) -> None:
+        if x is None:
+            put(b"N")
+        elif isinstance(x, bool):
+            put(b"T" if x else b"F")
+        elif isinstance(x, int):
+            text = str(x).encode()
+            put(b"i%d:" % len(text) + text)
+        elif isinstance(x, float):
+            put(b"f" + struct.pack("<d", x))
+        elif isinstance(x, str):
+            text = x.encode("utf-8", "surrogatepass")
+            put(b"s%d:" % len(text) + text)
+        elif isinstance(x, (bytes, bytearray)):
+            put(b"b%d:" % len(x) + bytes(x))
+        elif isinstance(x, dict):
+            items = sorted(x.items(), key=lambda kv: (type(kv[0]).__name__, str(kv[0])))
+            put(b"d%d:" % len(items))
+            for k, v in items:
+                walk(k)
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            if all(type(v) is float for v in x):  # the common case (a history's, a snapshot's numbers): one pass
+                put(b"v%d:" % len(x) + struct.pack(f"<{len(x)}d", *x))
+                return
+            put(b"l%d:" % len(x))
+            for v in x:
+                walk(v)
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().to("cpu").contiguous().reshape(-1)
+            head = f"{t.dtype}{tuple(x.shape)}".encode()
+            put(b"t%d:" % len(head) + head)
+            put(t.view(torch.uint8).numpy().data if t.numel() else b"")
+        elif isinstance(x, np.ndarray):
+            head = f"{x.dtype.str}{x.shape}".encode()
+            put(b"a%d:" % len(head) + head)
+            put(np.ascontiguousarray(x).tobytes())
+        elif isinstance(x, np.generic):
+            walk(x.item())
+        else:
+            raise TypeError(f"a checkpoint holds no {type(x).__name__}")
+
+    walk(x)
 
 
 def drop_checkpoint(run_dir: Path) -> None:

@@ -56,22 +56,25 @@ def run_batch(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None
     return train_same_shape(cfgs, run_dirs, progress).write()
 
 
-def train_same_shape(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None) -> Pending:
+def train_same_shape(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
+                     resumed: list | None = None, said: set | None = None) -> Pending:
     """Train every run (runs of one shape, one batched program); the Pending writes each run's folder and
-    wandb run and returns the summaries."""
+    wandb run and returns the summaries. `resumed`: the runs' checkpoints, already read (else read here);
+    `said`: the lines about checkpoints this batch has printed, so that none is printed twice."""
     if not cfgs:
         return Pending(list)
     if len({shape_key(c) for c in cfgs}) > 1:
         raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.core.config.shape_key first")
     t0 = time.time()
-    resumed = [results.load_checkpoint(c.to_dict(), d) if results.has_checkpoint(d) else None
-               for c, d in zip(cfgs, run_dirs)]
-    for d, b in zip(run_dirs, resumed):
-        if b is not None:
-            print(f"resuming {d} from its checkpoint at step {b['state']['step']}", flush=True)
+    said = set() if said is None else said
+    if resumed is None:
+        resumed = _resume(cfgs, run_dirs, said)
     step = [b["state"]["step"] if b else 0 for b in resumed]
-    if len(set(step)) > 1:  # runs checkpointed at different steps continue as separate batches
-        return _per_group(cfgs, run_dirs, step, progress)
+    if len(set(step)) > 1:  # runs checkpointed at different steps continue as separate batches, from what was read
+        return Pending.joined(len(cfgs), [
+            (idx, train_same_shape([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress,
+                                   [resumed[i] for i in idx], said))
+            for idx in training.group_by(step, lambda k: k).values()])
     live = _live(cfgs, run_dirs)
     try:
         records = trainer.of(cfgs[0]).train(cfgs, [Path(d) for d in run_dirs], progress,
@@ -80,13 +83,29 @@ def train_same_shape(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool
         if live is not None:
             live.finish({})  # what was streamed ends here; a retried run starts its wandb run afresh
             live = None
-        if len(cfgs) > 1:
-            return Pending.joined(len(cfgs), [([i], train_same_shape([c], [d], progress=False))
+        if len(cfgs) > 1:  # each again alone, from the checkpoint it has now (the failed attempt's, if it saved one)
+            return Pending.joined(len(cfgs), [([i], train_same_shape([c], [d], False, said=said))
                                               for i, (c, d) in enumerate(zip(cfgs, run_dirs))])
         traceback.print_exc(file=sys.stderr)
         records = [Record(cfgs[0], Path(run_dirs[0]), status="failed", error=one_line(exc))]
     wall = (time.time() - t0) / len(cfgs)
     return Pending(lambda: _write(records, wall, live))
+
+
+def _resume(cfgs: list[RunConfig], run_dirs: list[Path], said: set) -> list:
+    """Each run's checkpoint if it is the run's own (`results.load_checkpoint`), else None; one line per run
+    (`resuming …`, or why its checkpoint is refused), printed once however often the batch reads it."""
+    def say(line: str) -> None:
+        if line not in said:
+            said.add(line)
+            print(line, flush=True)
+
+    resumed = [results.load_checkpoint(c.to_dict(), d, say) if results.has_checkpoint(d) else None
+               for c, d in zip(cfgs, run_dirs)]
+    for d, b in zip(run_dirs, resumed):
+        if b is not None:
+            say(f"resuming {d} from its checkpoint at step {b['state']['step']}")
+    return resumed
 
 
 def _write(records: list[Record], wall: float, live) -> list[dict]:

@@ -341,8 +341,11 @@ def prefetch(cfgs: list[RunConfig]) -> None:
 
 
 def run_bytes(cfg: RunConfig) -> tuple[int, str]:
-    """Peak bytes of one run (estimate) and the key that drives it: the attention maps (n·H·T² per layer,
-    kept for the backward pass) and the stream's activations (n·T·width, a dozen per layer)."""
+    """Peak bytes of one run (estimate) and the key of its largest term: the attention maps (n·H·T² per
+    layer, kept for the backward pass: data.N), the stream's activations (n·T·width, a dozen per layer: the
+    number of sequences, data.n_test, data.n_train or data.batch) or the parameters with their gradients and
+    optimiser state (model.d_model, or model.M with embed=fixed). `rw_sweeps.core.resources.cause` names the
+    key a refusal shows."""
     d, m = cfg.data, cfg.model
     item = 8 if cfg.precision == "float64" else 4
     n_train, train_key = (d.batch, "data.batch") if d.online else (d.n_train, "data.n_train")
@@ -353,8 +356,9 @@ def run_bytes(cfg: RunConfig) -> tuple[int, str]:
     stream = n * T * D * (12 + 4 * m.mlp) * m.n_layer + n * T * d.K * 12
     params = sum(math.prod(p.shape) for p in model.params_of(m, d.K, d.N)) * 6
     total = (attn + stream + params) * item + 4096
-    key = "data.N" if attn >= stream else "data.n_test" if d.n_test >= n_train else train_key
-    return total, key
+    terms = {"data.N": attn, "data.n_test" if d.n_test >= n_train else train_key: stream,
+             "model.M" if m.embed == "fixed" else "model.d_model": params}
+    return total, max(terms, key=terms.get)
 
 
 def summary(rec: Record, wall: float) -> dict:

@@ -61,9 +61,12 @@ def option(group: str):
 
 
 def _store(group: str, name: str, cls: type) -> None:
+    """The schema as `schema/<group>/<name>` in Hydra's ConfigStore, outside the option group, so it is never a
+    choice of `<group>` (`glob(*)`, `--help`, shell completion, "Available options"); the option's YAML extends it
+    into its own node with `- /schema/<group>/<name>@_here_`."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(group=group, name=f"{name}_schema", node=cls, provider="rw_sweeps")
+    ConfigStore.instance().store(group=f"schema/{group}", name=name, node=cls, provider="rw_sweeps")
 
 
 def choice(key: str, value: Any, allowed) -> None:
@@ -927,8 +930,9 @@ def wandb_group(folder: str) -> str:
 
 
 def register() -> None:
-    """RunConfig as Hydra's schema for `conf/config.yaml` (`defaults: [run_schema, ...]`): each group typed
-    by its base schema, so that any option's schema merges into it."""
+    """RunConfig as Hydra's schema for `conf/config.yaml` (`defaults: [/schema/run@_here_, ...]`): each group
+    typed by its base schema, so that any option's schema merges into it. Stored as `schema/run`, beside the
+    options' schemas, not as a root config (a primary config or choice of its own)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -937,7 +941,7 @@ def register() -> None:
     node.model = OmegaConf.structured(ModelBase)
     node.init = OmegaConf.structured(InitConfig)
     node.optim = OmegaConf.structured(OptimConfig)
-    ConfigStore.instance().store(name="run_schema", node=node, provider="rw_sweeps")
+    ConfigStore.instance().store(group="schema", name="run", node=node, provider="rw_sweeps")
 
 
 from . import families  # noqa: E402,F401 - every data family declares itself (`@option("data")`)

@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     called with an argv (from Python), the caller's signal handling stays as it is."""
     if argv is not None:
         return _main(argv)
-    from rw_sweeps.sweeps import signals
+    from rw_sweeps.core import signals
 
     signals.install()
     try:

@@ -192,7 +192,7 @@ def test_cli_rejects_bad_input_in_one_line(sweep, tmp_path, capsys, argv, messag
 
 def test_cli_on_a_sweep_with_no_finished_run_says_so(tmp_path, capsys):
     (tmp_path / "empty" / "0").mkdir(parents=True)
-    assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 1
+    assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
     assert "no finished runs" in capsys.readouterr().err
     assert "unfinished" in (tmp_path / "out" / "index.html").read_text()
 

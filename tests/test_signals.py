@@ -211,7 +211,7 @@ def test_a_later_second_signal_stops_at_once_with_the_first_ones_code_and_releas
     script.write_text(f"""
 import sys, time
 sys.path.insert(0, {str(ROOT)!r})
-from rw_sweeps.sweeps import signals
+from rw_sweeps.core import signals
 signals.install()
 signals.on_stop(lambda: open({str(marker)!r}, "w").close())
 try:

@@ -436,7 +436,8 @@ class RwLauncher(Launcher):
         import atexit
 
         from rw_sweeps.core.safefs import remove_stale_temps
-        from rw_sweeps.sweeps import lock, signals
+        from rw_sweeps.core import signals
+        from rw_sweeps.sweeps import lock
         if self.record is not None or getattr(self, "_locked", None) == self.sweep_dir:
             return  # a later batch of this sweep: already held
         lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])  # SweepLocked: refused, in one line
@@ -626,7 +627,7 @@ def _stop_local_jobs(jobs: list, exc: BaseException) -> None:
     LOCAL_STOP_S). Not the controller: it would SIGKILL its task a second later. Not SIGTERM: inside a
     submitit job it is only logged. A job left running would go on writing into the sweep after its lock
     is released."""
-    from rw_sweeps.sweeps import signals
+    from rw_sweeps.core import signals
 
     signals.stopping(exc)  # a second signal within a second is the same request; a later one stops at once
     for job in jobs:

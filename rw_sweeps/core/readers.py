@@ -43,7 +43,7 @@ class Broken(ValueError):
         super().__init__(f"{path}: {why}")
 
 
-def _open(path, what: str):
+def open_regular(path, what: str):
     """A binary file object for a regular file at `path`, never through a link, never blocking."""
     try:
         fd = os.open(path, _READ)
@@ -75,7 +75,7 @@ def _kind(mode: int) -> str:
 def read_bytes(path, cap: int, what: str | None = None) -> bytes:
     """A regular file's bytes, at most `cap` of them (Broken if it holds more: by its size, or as read)."""
     what = what or Path(path).name
-    fh, st = _open(path, what)
+    fh, st = open_regular(path, what)
     with fh:
         if st.st_size > cap:
             raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {cap:,}")
@@ -89,7 +89,7 @@ def lines(path, line_cap: int, total_cap: int, what: str | None = None) -> Itera
     """A regular file's lines (without their newline), each at most `line_cap` bytes, all at most `total_cap`:
     memory bounded by one line, whatever the file's size."""
     what = what or Path(path).name
-    fh, st = _open(path, what)
+    fh, st = open_regular(path, what)
     with fh:
         if st.st_size > total_cap:
             raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {total_cap:,}")
@@ -297,7 +297,7 @@ def digest(path, cap: int, what: str | None = None) -> bytes | None:
 
     what = what or Path(path).name
     try:
-        fh, st = _open(path, what)
+        fh, st = open_regular(path, what)
     except FileNotFoundError:
         return None
     h = hashlib.blake2b(digest_size=16)

@@ -180,7 +180,7 @@ def _read_checkpoint(cfg: dict, run_dir: Path) -> tuple[dict | None, str | None]
     from . import readers, seal
 
     try:
-        fh, st = readers._open(run_dir / CHECKPOINT, CHECKPOINT)  # a regular file, no link, never blocking
+        fh, st = readers.open_regular(run_dir / CHECKPOINT, CHECKPOINT)  # a regular file, no link, never blocking
         with fh:
             if st.st_size > CHECKPOINT_CAP:
                 raise Broken(run_dir / CHECKPOINT, f"{CHECKPOINT} is {st.st_size:,} bytes; its cap is {CHECKPOINT_CAP:,}")

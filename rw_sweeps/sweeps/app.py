@@ -77,7 +77,9 @@ def train(cfg: DictConfig) -> Any:
 
     from rw_sweeps.core.resources import check
 
-    from . import run, signals
+    from rw_sweeps.core import signals
+
+    from . import run
 
     hc = HydraConfig.get()
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -261,7 +263,7 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
     exit 130, 143 or 129."""
     from rw_sweeps.core.errors import Interrupted, Refused
 
-    from . import signals
+    from rw_sweeps.core import signals
     from .hydra_adapter import errors_reach_caller
 
     signals.install()
@@ -291,7 +293,9 @@ def _stopped(exc: BaseException, message: Optional[str]) -> None:
     """The orderly end after a signal: later signals raise nothing (`signals.stopping`); the results of a
     chunk that finished before it are written; one line; the queued wandb logging; the lock released; exit
     with the signal's code. `message`: the line (waiting for SLURM: the jobs go on), else the default one."""
-    from . import signals, tracking, writer
+    from rw_sweeps.core import signals
+
+    from . import tracking, writer
 
     code = signals.stopping(exc)
     try:

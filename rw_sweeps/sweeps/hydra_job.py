@@ -28,7 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
 from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir
-from . import signals, writer
+from rw_sweeps.core import signals
+
+from . import writer
 from .packing import writes_behind
 from .hydra_adapter import WrittenLater, observes_jobs, yaml_str_representer
 from .planner import Spec, replaced

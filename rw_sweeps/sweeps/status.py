@@ -299,6 +299,11 @@ class Sweep:
         self._judged[name] = (fp, v)
         return v
 
+    def summary(self, name: str) -> dict | None:
+        """The run's summary if the contract judges the run finished (done, failed or diverged), else None."""
+        v = self.verdict(name)
+        return v.summary if v is not None and v.state in contract.STATUSES else None
+
     def _checkpoint(self, name: str) -> bool:
         """Has the run a checkpoint (it is being trained)? os.path.exists: a name too long to look up has none."""
         return os.path.exists(os.path.join(self.dir, name, "checkpoint.pt"))

@@ -19,7 +19,7 @@ import time
 import torch
 
 from rw_sweeps.core import adam, data as data_mod, engine, fused, model, training
-from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, RunConfig, validate, option_config
+from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, RunConfig, validate, option_config
 
 READINGS = [  # name, model keys, optim name
     ("default: normalize=none, GD (kernel)", dict(normalize="none"), "gd"),

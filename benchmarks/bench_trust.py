@@ -26,20 +26,21 @@ from pathlib import Path
 
 from rw_sweeps.sweeps import placement, run
 from rw_sweeps.core import training
-from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.optimisers.gd import Gd
 
 W = dataclasses.replace(RunConfig().wandb, mode="disabled")
 
 
 def trapped_batch(R: int, steps: int, eval_every: int) -> list[RunConfig]:
     return [validate(RunConfig(seed=s, data=data_config(p=1.0), model=ModelConfig(normalize="whole"),
-                               init=GaussianInit("gaussian", 1e-8), optim=OptimConfig(lr=0.01, steps=steps),
+                               init=GaussianInit("gaussian", 1e-8), optim=Gd(lr=0.01, steps=steps),
                                eval_every=eval_every, wandb=W)) for s in range(R)]
 
 
 def typical_batch(R: int, steps: int, eval_every: int) -> list[RunConfig]:
     """§5 zero init at p = 0.5: the attention breaks at once and the check stops after a few evaluations."""
-    return [validate(RunConfig(seed=s, optim=OptimConfig(steps=steps), eval_every=eval_every, wandb=W))
+    return [validate(RunConfig(seed=s, optim=Gd(steps=steps), eval_every=eval_every, wandb=W))
             for s in range(R)]
 
 
@@ -88,7 +89,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         sweep = Path(d) / "S"
         cfgs = [validate(RunConfig(seed=s, data=data_config(n_train=64, n_test=64), model=ModelConfig(M=200),
-                                   optim=OptimConfig(steps=2), wandb=W)) for s in range(a.runs)]
+                                   optim=Gd(steps=2), wandb=W)) for s in range(a.runs)]
         run.execute(cfgs, [sweep / str(i) for i in range(a.runs)], progress=False)
         placed, done = [], []
         for _ in range(a.reps):

@@ -12,8 +12,9 @@ import torch
 from rw_sweeps.core import adam, config, model, oracle, results, training
 from rw_sweeps.sweeps import run
 from rw_sweeps.core import data as data_mod
-from rw_sweeps.core.config import (AdamConfig, ConfigError, FfnModelConfig, GaussianInit, InitConfig, ModelConfig,
-                                   OptimConfig, RunConfig, data_config, from_dict, validate)
+from rw_sweeps.core.config import (ConfigError, FfnModelConfig, GaussianInit, InitConfig, ModelConfig,
+                                   RunConfig, data_config, from_dict, validate)
+from rw_sweeps.core.optimisers.adam import Adam
 
 from .test_config import checked
 
@@ -23,14 +24,14 @@ DENSE = GaussianInit("gaussian", 0.05, draw="dense")  # the oracle starts from t
 
 def cfg(**kw) -> RunConfig:
     base = dict(data=data_config(K=5, N=21, p=0.7, n_train=100, n_test=50), model=ModelConfig(M=64),
-                optim=AdamConfig(name="adam", lr=0.003, steps=T), snapshot_steps=[0, 10, T],
+                optim=Adam(name="adam", lr=0.003, steps=T), snapshot_steps=[0, 10, T],
                 wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     base.update(kw)
     return validate(RunConfig(**base))
 
 
-def opt(**kw) -> OptimConfig:
-    return AdamConfig(**{"lr": 0.003, "steps": T, **kw})
+def opt(**kw) -> Adam:
+    return Adam(**{"lr": 0.003, "steps": T, **kw})
 
 
 CASES = {  # normalize=auto: none for zero init, whole for Gaussian

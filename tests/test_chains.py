@@ -19,7 +19,8 @@ import yaml
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import config, fused, markov, model, oracle, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import GaussianInit, ModelConfig, OptimConfig, data_config
+from rw_sweeps.core.config import GaussianInit, ModelConfig, data_config
+from rw_sweeps.core.optimisers.gd import Gd
 
 from .conftest import launch, summaries
 from .test_engine import cfg
@@ -89,7 +90,7 @@ def _summary(c, tmp_path) -> dict:
 @pytest.mark.parametrize("seed", [0, 1, 2, 7])
 @pytest.mark.parametrize("p", [0.5, 0.7, 0.15])
 def test_random_walk_opt_acc_is_max_p(p, seed, tmp_path):
-    c = cfg(seed=seed, data=data_config(K=5, N=21, p=p, n_train=20, n_test=30), optim=OptimConfig(steps=1))
+    c = cfg(seed=seed, data=data_config(K=5, N=21, p=p, n_train=20, n_test=30), optim=Gd(steps=1))
     assert _summary(c, tmp_path)["opt_acc"] == max(p, 1 - p) == c.opt_acc
 
 
@@ -97,7 +98,7 @@ def test_binary_chain_opt_acc_is_the_stationary_value(tmp_path):
     """p = 0.2, q = 0.3: the stationary law is (q, p)/(p + q) = (0.6, 0.4), so the Bayes accuracy tends to
     0.6·0.8 + 0.4·0.7 = 0.76 (|1 − p − q| = 0.5: s_{N−1} is stationary to 2⁻¹⁹ after N − 2 = 19 steps)."""
     c = cfg(data=data_config(name="binary_chain", K=2, N=21, p=0.2, q=0.3, n_train=20, n_test=20000),
-            optim=OptimConfig(steps=1))
+            optim=Gd(steps=1))
     s = _summary(c, tmp_path)
     assert abs(s["opt_acc"] - 0.76) < 0.01, s["opt_acc"]
     _, test = data_mod.make(c.data, c.seed)  # exactly the test set's mean max_j P(y = j | context)
@@ -110,7 +111,7 @@ def _engine_equals_oracle(data: dict, tmp_path, T: int = 20):
     Gaussian W: V, a, c and the test attention to 1e-8 after T steps, the accuracy exactly, and V moved.
     Returns the run's config, record and final V."""
     c = cfg(data=data_config(N=13, n_train=64, n_test=64, **data), model=ModelConfig(M=40),
-            init=GaussianInit("gaussian", 0.02, "dense"), optim=OptimConfig(lr=1.0, steps=T), eval_every=T,
+            init=GaussianInit("gaussian", 0.02, "dense"), optim=Gd(lr=1.0, steps=T), eval_every=T,
             snapshot_steps=[0])
     rec = training.train([c], [tmp_path], progress=False)[0]
     assert rec.status == "done" and rec.steps == T
@@ -249,7 +250,7 @@ def test_new_sampler_matches_pi(family):
 def test_graph_walk_cycle_is_the_half_circle(tmp_path):
     """graph=cycle goes through the circle's own sampler: the same data, Π and opt_acc as random_walk p = 0.5."""
     kw = dict(K=6, N=13, n_train=40, n_test=300)
-    g, w = (cfg(data=data_config(**kw, **extra), optim=OptimConfig(steps=2))
+    g, w = (cfg(data=data_config(**kw, **extra), optim=Gd(steps=2))
             for extra in (dict(name="graph_walk", graph="cycle"), dict(p=0.5)))
     for a, b in zip(data_mod.make(g.data, g.seed), data_mod.make(w.data, w.seed)):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.y, b.y) and torch.equal(a.P_true, b.P_true)
@@ -303,7 +304,7 @@ CYCLE_5 = [[0, 0, 1, 0, 0], [0, 0, 0, 1, 0], [0, 0, 0, 0, 1], [1, 0, 0, 0, 0], [
     (dict(name="graph_walk", graph="cycle", K=4, N=9), False),
 ])
 def test_trap_flag(data, trap, tmp_path):
-    c = cfg(data=data_config(n_train=50, n_test=10, **data), model=ModelConfig(M=data["N"] + 1), optim=OptimConfig(steps=1))
+    c = cfg(data=data_config(n_train=50, n_test=10, **data), model=ModelConfig(M=data["N"] + 1), optim=Gd(steps=1))
     s = _summary(c, tmp_path)
     assert s["trap"] is trap
     train, _ = data_mod.make(c.data, c.seed)  # directly: within each cycle, every histogram against the first
@@ -427,7 +428,7 @@ def test_icl_markov_opt_acc_grows_with_N(tmp_path):
     assert acc[2] == pytest.approx(1 / 3, abs=1e-15)
     assert 0.46 < acc[5] < 0.49 and 0.555 < acc[20] < 0.585 and 0.595 < acc[100] < 0.625, acc
     assert acc[2] < acc[5] < acc[20] < acc[100] <= 1
-    c = cfg(data=data_config(N=20, n_train=10, n_test=20000, **ICL), model=ModelConfig(M=40), optim=OptimConfig(steps=1))
+    c = cfg(data=data_config(N=20, n_train=10, n_test=20000, **ICL), model=ModelConfig(M=40), optim=Gd(steps=1))
     s = _summary(c, tmp_path)
     assert s["opt_acc"] == data_mod.make(c.data, c.seed)[1].P_true.max(1).values.mean().item() and c.opt_acc is None
 
@@ -435,7 +436,7 @@ def test_icl_markov_opt_acc_grows_with_N(tmp_path):
 def test_kth_order_opt_acc_is_the_tensor_s(tmp_path):
     """opt_acc = mean over the test set of max_j T[context, j]: ≤ 1, and near the mean of T's row maxima
     over uniform contexts (the chain's contexts are not exactly uniform)."""
-    c = cfg(data=data_config(N=21, n_train=10, n_test=5000, **KTH), model=ModelConfig(M=40), optim=OptimConfig(steps=1))
+    c = cfg(data=data_config(N=21, n_train=10, n_test=5000, **KTH), model=ModelConfig(M=40), optim=Gd(steps=1))
     s = _summary(c, tmp_path)
     _, test = data_mod.make(c.data, c.seed)
     T = markov.kth_tensor(3, 2, 1.0, c.seed)
@@ -494,8 +495,8 @@ def test_parent_positions_are_the_last_k_for_an_order_k_chain(tmp_path):
     # parents_attention is the final mean attention on them (from the last snapshot, taken at the last step)
     from rw_sweeps.core.training import parent_positions
 
-    kth = cfg(data=data_config(name="kth_order", K=3, N=13, order=3, n_train=64, n_test=64), optim=OptimConfig(steps=3))
-    walk = cfg(data=data_config(K=4, N=13, n_train=64, n_test=64), optim=OptimConfig(steps=3))
+    kth = cfg(data=data_config(name="kth_order", K=3, N=13, order=3, n_train=64, n_test=64), optim=Gd(steps=3))
+    walk = cfg(data=data_config(K=4, N=13, n_train=64, n_test=64), optim=Gd(steps=3))
     assert parent_positions(kth) == [10, 11, 12] and parent_positions(walk) == [12]
     s_kth, s_walk = (run.run_batch([c], [tmp_path / n], progress=False)[0] for c, n in ((kth, "k"), (walk, "w")))
     snaps = [json.loads(line) for line in (tmp_path / "k" / "snapshots.jsonl").read_text().splitlines()]

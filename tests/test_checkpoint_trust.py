@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rw_sweeps.core import results, training
-from rw_sweeps.core.config import ModelConfig, OptimConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.sweeps import run
 
 from .conftest import launch
@@ -36,7 +37,7 @@ def own_key(tmp_path, monkeypatch):
 
 def cfg(lr: float = 1.0, seed: int = 3) -> RunConfig:
     return validate(RunConfig(data=data_config(K=5, N=21, p=0.7, n_train=60, n_test=40), model=ModelConfig(M=64),
-                              optim=OptimConfig(lr=lr, steps=12), eval_every=4, checkpoint_every=2,
+                              optim=Gd(lr=lr, steps=12), eval_every=4, checkpoint_every=2,
                               snapshot_steps=[0, 4, 8], seed=seed,
                               wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
 

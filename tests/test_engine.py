@@ -10,12 +10,13 @@ import torch
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import engine, model, oracle, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import FfnModelConfig, GaussianInit, InitConfig, ModelConfig, OptimConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import FfnModelConfig, GaussianInit, InitConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.optimisers.gd import Gd
 
 
 def cfg(**kw) -> RunConfig:
     base = dict(data=data_config(K=5, N=21, p=0.7, n_train=100, n_test=50), model=ModelConfig(M=64),
-                optim=OptimConfig(lr=0.5, steps=50), wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
+                optim=Gd(lr=0.5, steps=50), wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     base.update(kw)
     return validate(RunConfig(**base))
 
@@ -38,14 +39,14 @@ def trajectory(c: RunConfig, steps: int, on: str = "train"):
 
 ORACLE_CASES = {
     "zero": {},
-    "zero-sum": dict(optim=OptimConfig(lr=0.005, steps=50, reduction="sum")),
+    "zero-sum": dict(optim=Gd(lr=0.005, steps=50, reduction="sum")),
     "gaussian": dict(init=GaussianInit("gaussian", 0.01)),
     "gaussian-normalized": dict(init=GaussianInit("gaussian", 0.05), model=ModelConfig(M=64, normalize=True)),
-    "zero-normalized": dict(model=ModelConfig(M=64, normalize=True), optim=OptimConfig(lr=5.0, steps=50)),
+    "zero-normalized": dict(model=ModelConfig(M=64, normalize=True), optim=Gd(lr=5.0, steps=50)),
     "M+1-scaled": dict(model=ModelConfig(M=64, pos_denom="M+1", pos_scale=0.5), init=GaussianInit("gaussian", 0.02)),
     "ffn-gaussian": dict(model=FfnModelConfig(name="transformer_ffn", M=64, m=7), init=GaussianInit("gaussian", 0.1)),
     "ffn-gaussian-normalized": dict(model=FfnModelConfig(name="transformer_ffn", M=64, m=7, normalize=True),
-                                    init=GaussianInit("gaussian", 0.1), optim=OptimConfig(lr=2.0, steps=50)),
+                                    init=GaussianInit("gaussian", 0.1), optim=Gd(lr=2.0, steps=50)),
     "float32": dict(precision="float32"),
 }
 
@@ -66,7 +67,7 @@ def test_engine_matches_the_literal_oracle(case):
 def test_the_ffn_from_zero_init_is_a_fixed_point(tmp_path):
     """F.1 from A = V = W = 0: f ≡ 0, and every gradient carries a factor A or ReLU'(0) = 0, so nothing ever
     moves: the loss stays −log ε and the attention uniform, in the engine as in the oracle."""
-    c = cfg(model=FfnModelConfig(name="transformer_ffn", M=64, m=7), optim=OptimConfig(lr=5.0, steps=20))
+    c = cfg(model=FfnModelConfig(name="transformer_ffn", M=64, m=7), optim=Gd(lr=5.0, steps=20))
     ref = oracle.train(c, 20)
     assert all(float(r[3]["A"].abs().max()) == 0 and float(r[3]["V"].abs().max()) == 0 for r in ref)
     ours, st = trajectory(c, 20)
@@ -79,7 +80,7 @@ def test_the_ffn_from_zero_init_is_a_fixed_point(tmp_path):
 def test_engine_matches_the_oracle_on_the_symmetric_point_until_the_oracle_breaks():
     # p = 1 from zero init: the dense oracle's rounding breaks Thm 4.1's fixed point around step 12 in
     # float64; up to step 8 both sit on it.
-    c = cfg(data=data_config(K=5, N=21, p=1.0, n_train=100, n_test=50), optim=OptimConfig(lr=1.0, steps=8))
+    c = cfg(data=data_config(K=5, N=21, p=1.0, n_train=100, n_test=50), optim=Gd(lr=1.0, steps=8))
     ref = oracle.train(c, 8)
     ours, _ = trajectory(c, 8)
     assert max((V - r[1]).abs().max().item() for (V, _), r in zip(ours, ref)) < 1e-8
@@ -88,7 +89,7 @@ def test_engine_matches_the_oracle_on_the_symmetric_point_until_the_oracle_break
 def test_lemma_C1_first_step_from_zero_init():
     # Finite-sample Lemma C.1: S = 1_N/N at θ = 0 and ℓ'(0) = −1/ε, so
     # V(1) = η/(ε N n) Σ_b e_{y_b} (Σ_{i<N} x_bi)ᵀ exactly, and W(1) = 0.
-    c = cfg(data=data_config(K=6, N=25, p=0.6, n_train=300, n_test=10), optim=OptimConfig(lr=0.7, eps=0.2, steps=1))
+    c = cfg(data=data_config(K=6, N=25, p=0.6, n_train=300, n_test=10), optim=Gd(lr=0.7, eps=0.2, steps=1))
     hist, st = trajectory(c, 1)
     V1 = hist[0][0]
     tr, _ = data_mod.make(c.data, c.seed)
@@ -102,7 +103,7 @@ def test_lemma_C1_first_step_from_zero_init():
 def test_lemma_C1_population_form():
     # With many sequences V(1) → η/(ε N K) Σ_{i=1}^{N−1} (Πᵀ)^{N−i} (Lemma C.1 as stated in the paper).
     K, N, p, n, lr, eps = 5, 9, 0.7, 40000, 1.0, 0.1
-    c = cfg(data=data_config(K=K, N=N, p=p, n_train=n, n_test=10), model=ModelConfig(M=16), optim=OptimConfig(lr=lr, eps=eps, steps=1))
+    c = cfg(data=data_config(K=K, N=N, p=p, n_train=n, n_test=10), model=ModelConfig(M=16), optim=Gd(lr=lr, eps=eps, steps=1))
     V1 = trajectory(c, 1)[0][0][0]
     PiT = data_mod.Pi(K, p).T
     pop = lr / (eps * N * K) * sum(torch.linalg.matrix_power(PiT, N - i) for i in range(1, N))
@@ -116,7 +117,7 @@ def test_theorem_4_1_symmetric_point_is_exact(precision, tmp_path):
     # p = 1, N = rK + 1, zero init: attention stays exactly uniform over the N − 1 real tokens, every
     # column of V stays equal, and accuracy sits at chance for all 50 steps.
     c = cfg(data=data_config(K=6, N=97, p=1.0, n_train=300, n_test=300), model=ModelConfig(M=200),
-            optim=OptimConfig(lr=1.0, steps=50), precision=precision)
+            optim=Gd(lr=1.0, steps=50), precision=precision)
     hist, st = trajectory(c, 50)
     for V, S in hist:
         assert (S[:-1] == S[0]).all()  # bit-identical, not approximately
@@ -138,7 +139,7 @@ def test_section_5_p_half_learns_the_optimum(tmp_path):
 
 def test_section_6_qa_tasks(tmp_path):
     base = dict(init=GaussianInit("gaussian", 0.01), model=ModelConfig(M=1000, normalize=True),
-                optim=OptimConfig(lr=0.1, steps=100), wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
+                optim=Gd(lr=0.1, steps=100), wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     t1 = validate(RunConfig(data=data_config(name="qa_majority", K=19, N=17), **base))
     t2 = validate(RunConfig(data=data_config(name="qa_preference", K=19, N=19), **base))
     s1, s2 = run.run_batch([t1], [tmp_path / "1"])[0], run.run_batch([t2], [tmp_path / "2"])[0]

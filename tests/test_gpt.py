@@ -121,8 +121,7 @@ def test_batched_gpt_equals_a_plain_torch_nn_nanogpt_trained_by_torch_optim():
         rest = [p for n, p in ref.named_parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                                 lr=0.01, betas=(0.9, 0.95), eps=1e-8)
-        from rw_sweeps.core.gpt.optim import factor
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: factor(cfg.optim, t))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.optim.lr_factor(t))
         losses = []
         for t in range(cfg.optim.steps):
             batch = gpt_training._batch_of([cfg], t, "cpu")
@@ -227,7 +226,8 @@ def test_online_batches_are_each_familys_own_sampler_run_by_run():
     (["model=gpt", "data=qa_majority", "data.target=all"], "data.target='all': data=qa_majority has no law at every position"),
     (["model=gpt", "model.n_head=3"], "model.n_head=3: must divide the width (8)"),
     (["model=gpt", "model.attention=merged"], "model.attention='merged': needs model.embed=fixed"),
-    (["model=transformer", "optim=adamw"], "optim='adamw': model=transformer's engine trains with gd or adam"),
+    (["model=transformer", "optim=adamw", "optim.schedule=cosine"],
+     "optim.schedule='cosine': the eq21 engine takes optim.schedule=constant only (model=gpt serves schedules"),
 ])
 def test_a_model_option_refuses_what_it_cannot_train_in_one_line(overrides, line):
     with pytest.raises(ConfigError) as e:

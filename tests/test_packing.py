@@ -11,7 +11,8 @@ import yaml
 from rw_sweeps.core import resources
 from rw_sweeps.sweeps import packing, run
 from rw_sweeps.sweeps.planner import Spec
-from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.optimisers.gd import Gd
 
 from .conftest import ROOT, SMALL, launch, summaries
 
@@ -25,9 +26,9 @@ def mk(**kw) -> RunConfig:
 def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
     cfgs = ([mk(data=data_config(p=p), seed=s) for p in (0.1, 0.5) for s in range(3)]  # one shape, 6 runs
             + [mk(data=data_config(K=20, N=101, p=0.5))]  # another K, N
-            + [mk(precision="float32"), mk(optim=OptimConfig(steps=20)), mk(model=ModelConfig(M=500))]
+            + [mk(precision="float32"), mk(optim=Gd(steps=20)), mk(model=ModelConfig(M=500))]
             # same shape as the first 6 (normalize=auto would make it whole: set to the zero-init runs' none)
-            + [mk(init=GaussianInit("gaussian", 0.01), optim=OptimConfig(lr=0.3), model=ModelConfig(normalize="none"))])
+            + [mk(init=GaussianInit("gaussian", 0.01), optim=Gd(lr=0.3), model=ModelConfig(normalize="none"))])
     runs = [Spec(i, [], {}, {}, {"job": {}}, output_dir=str(tmp_path / str(i)), cfg=c) for i, c in enumerate(cfgs)]
     runs[1].base_hydra["job"]["env_set"] = {"OMP_NUM_THREADS": "1"}  # env_set is process-wide: its own chunk
     groups = packing.chunks(runs, memory_gb=100)
@@ -40,8 +41,8 @@ def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
 
 
 def test_a_diverging_run_does_not_disturb_its_chunk(tmp_path):
-    good = [mk(data=data_config(p=p, n_test=200), optim=OptimConfig(steps=10)) for p in (0.3, 0.5)]
-    bad = mk(data=data_config(p=0.5, n_test=200), optim=OptimConfig(steps=10), init=GaussianInit("gaussian", 1.0),
+    good = [mk(data=data_config(p=p, n_test=200), optim=Gd(steps=10)) for p in (0.3, 0.5)]
+    bad = mk(data=data_config(p=0.5, n_test=200), optim=Gd(steps=10), init=GaussianInit("gaussian", 1.0),
              model=ModelConfig(normalize="none"))  # un-normalised, as the zero-init runs it shares a batch with
     bad_and_good = run.run_batch([good[0], bad, good[1]], [tmp_path / "a", tmp_path / "b", tmp_path / "c"])
     alone = run.run_batch(good, [tmp_path / "x", tmp_path / "y"])

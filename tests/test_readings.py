@@ -27,7 +27,8 @@ import torch
 
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import fused, model, oracle, training
-from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, OptimConfig, data_config, from_dict, option_config
+from rw_sweeps.core.config import GaussianInit, InitConfig, ModelConfig, data_config, from_dict, option_config
+from rw_sweeps.core.optimisers.gd import Gd
 
 from .test_engine import cfg
 
@@ -43,7 +44,7 @@ def reading(model_: str, normalize, reduction: str = "mean", draw: str = "compac
     return cfg(seed=seed, data=data_config(K=K, N=N, p=0.7, n_train=n, n_test=n),
                model=option_config("model", M=M, normalize=normalize, **MODELS[model_]),
                init=GaussianInit("gaussian", SIGMA, draw),
-               optim=OptimConfig(lr=LR[reduction], steps=T, reduction=reduction), eval_every=T, snapshot_steps=[0])
+               optim=Gd(lr=LR[reduction], steps=T, reduction=reduction), eval_every=T, snapshot_steps=[0])
 
 
 def _train(cfgs, where) -> list[training.Record]:
@@ -129,7 +130,7 @@ def test_the_ffn_before_from_zero_init_is_a_fixed_point(tmp_path):
     """As after the attention (test_engine): from A = V = W = 0, f ≡ A·ReLU(0)·h = 0 and every gradient carries
     a factor A or ReLU'(0) = 0, in the engine as in the oracle."""
     c = cfg(data=data_config(K=K, N=N, p=0.7, n_train=n, n_test=n), model=option_config("model", M=M, **MODELS["ffn-before"]),
-            optim=OptimConfig(lr=5.0, steps=5), snapshot_steps=[0])
+            optim=Gd(lr=5.0, steps=5), snapshot_steps=[0])
     theta = oracle.train(c, 5, trajectory=False)[-1][3]
     assert all(float(theta[k].abs().max()) == 0 for k in ("A", "V", "W"))
     last = _train([c], tmp_path)[0].snapshots[-1]

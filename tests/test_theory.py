@@ -18,7 +18,9 @@ from torch.func import jvp
 
 from rw_sweeps.core import engine, model, theory, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import AdamConfig, FfnModelConfig, GaussianInit, InitConfig, ModelConfig, OptimConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import FfnModelConfig, GaussianInit, InitConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.optimisers.gd import Gd
+from rw_sweeps.core.optimisers.adam import Adam
 
 from .conftest import ROOT
 
@@ -30,7 +32,7 @@ T = 1200  # σ = 1e-7 breaks at steps 830–1140 on these seeds
 
 def cfg(seed: int = 10, sigma: float = 1e-7, steps: int = T, **kw) -> RunConfig:
     base = dict(data=data_config(K=4, N=13, p=1.0, n_train=64, n_test=64), model=ModelConfig(M=40),
-                optim=OptimConfig(lr=1.0, steps=steps), init=GaussianInit("gaussian", sigma), seed=seed,
+                optim=Gd(lr=1.0, steps=steps), init=GaussianInit("gaussian", sigma), seed=seed,
                 snapshot_steps=[], wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     base.update(kw)
     return validate(RunConfig(**base))
@@ -194,7 +196,7 @@ def test_off_the_trap_every_sigma_is_checked_where_training_evaluates(tmp_path):
 
 
 def test_adam_and_the_ffn_get_no_prediction_and_a_reason():
-    adam = cfg(optim=AdamConfig(name="adam", lr=0.01, steps=10))
+    adam = cfg(optim=Adam(name="adam", lr=0.01, steps=10))
     ffn = cfg(model=FfnModelConfig(name="transformer_ffn", M=40, m=5), steps=10)
     for p, word in zip(theory.predict([adam, ffn]), ("adam", "ReLU")):
         assert p["predicted_break_step"] is None and p["growth"] is None and word in p["reason"]

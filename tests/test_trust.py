@@ -19,7 +19,9 @@ import pytest
 
 from rw_sweeps.sweeps import lock, run
 from rw_sweeps.core import results
-from rw_sweeps.core.config import AdamConfig, GaussianInit, ModelConfig, OptimConfig, RunConfig, data_config, validate, option_config
+from rw_sweeps.core.config import GaussianInit, ModelConfig, RunConfig, data_config, validate, option_config
+from rw_sweeps.core.optimisers.gd import Gd
+from rw_sweeps.core.optimisers.adam import Adam
 
 from .conftest import launch, start_launch, wait_until
 
@@ -50,7 +52,7 @@ RESULT_FIELDS_THAT_VARY = ("wall_s",)
 
 
 def _resume_cfg(backend_opt: str) -> RunConfig:
-    optim = AdamConfig(name="adam", lr=0.01, steps=300) if backend_opt == "adam" else OptimConfig(lr=1.0, steps=300)
+    optim = Adam(name="adam", lr=0.01, steps=300) if backend_opt == "adam" else Gd(lr=1.0, steps=300)
     return validate(RunConfig(data=data_config(K=5, N=21, p=0.7, n_train=60, n_test=40), model=ModelConfig(M=64),
                               optim=optim, eval_every=100, checkpoint_every=30, snapshot_steps=[0, 100, 200],
                               seed=3, wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
@@ -354,7 +356,7 @@ TWO_BLOCKS = [[.5, .5, 0, 0], [.5, .5, 0, 0], [0, 0, .5, .5], [0, 0, .5, .5]]   
 
 def _chain_run(tmp_path, Pi, name: str) -> dict:
     cfg = validate(RunConfig(data=data_config(name="markov_matrix", K=4, N=97, Pi=Pi, n_train=200, n_test=200),
-                             model=ModelConfig(M=200), optim=OptimConfig(lr=1.0, steps=100), eval_every=10,
+                             model=ModelConfig(M=200), optim=Gd(lr=1.0, steps=100), eval_every=10,
                              wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
     return run.execute([cfg], [tmp_path / name], progress=False)[0]
 
@@ -442,8 +444,8 @@ def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the
                 wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
     from rw_sweeps.core.config import InitConfig
 
-    below = validate(RunConfig(**base, init=GaussianInit("gaussian", 1e-3), optim=OptimConfig(lr=1.0, steps=1000)))
-    trapped = validate(RunConfig(**{**base, "model": ModelConfig()}, optim=OptimConfig(lr=1.0, steps=200)))
+    below = validate(RunConfig(**base, init=GaussianInit("gaussian", 1e-3), optim=Gd(lr=1.0, steps=1000)))
+    trapped = validate(RunConfig(**{**base, "model": ModelConfig()}, optim=Gd(lr=1.0, steps=200)))
     s, z = run.execute([below, trapped], [tmp_path / "below", tmp_path / "zero"], progress=False)
     # the spread never crossed 1e-3, yet the predictions changed: accuracy doubled from the trap's 1/6
     assert s["symmetry_break_step"] is None and s["attention_spread"] < 1e-3
@@ -506,7 +508,7 @@ def test_a_packed_job_trusts_placements_done_check_only_in_the_process_that_plac
     from rw_sweeps.sweeps.planner import Spec
 
     cfg = validate(RunConfig(data=data_config(K=5, N=13, p=0.7, n_train=32, n_test=32), model=ModelConfig(M=40),
-                             optim=OptimConfig(steps=3), wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
+                             optim=Gd(steps=3), wandb=dataclasses.replace(RunConfig().wandb, mode="disabled")))
     folder = tmp_path / "0"
     first = run.execute([cfg], [folder])[0]
     assert first["status"] == "done"

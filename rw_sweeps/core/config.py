@@ -2,8 +2,8 @@
 
 A run is `RunConfig`: its own keys, and one option of each group (`data`, `model`, `init`, `optim`), each a
 dataclass declared with `@option(group)` that holds only that option's keys, every default written once,
-with its comment. `register()` stores `RunConfig` in Hydra's ConfigStore as `run_schema` (the first entry of
-`conf/config.yaml`'s defaults) and each option as `<group>/<name>_schema`, which the option's YAML file names
+with its comment. `register()` stores `RunConfig` in Hydra's ConfigStore as `schema/run` (the first entry of
+`conf/config.yaml`'s defaults) and each option as `schema/<group>/<name>`, which the option's YAML file names
 in its defaults; the YAML files hold only deltas. A key of another option is then rejected in one line
 (`invalid config: data.q=0.3: unknown key for data=random_walk; allowed: name, K, N, n_train, n_test, target, online, batch, p`).
 
@@ -49,11 +49,15 @@ OPTIONS: dict[str, dict[str, type]] = {g: {} for g in GROUPS}  # group → optio
 
 def option(group: str):
     """Declare a dataclass as the schema of one option of `group`, named by its `name` field's default:
-    `from_dict` builds it for `<group>.name`, Hydra composes `<group>/<name>_schema` into it."""
+    `from_dict` builds it for `<group>.name`, Hydra composes `schema/<group>/<name>` into it. The group's base
+    class may check, here, that the option provides what its group needs (`registered`)."""
     def declare(cls):
         name = cls.__dataclass_fields__["name"].default
         if name in OPTIONS[group] and OPTIONS[group][name] is not cls:
             raise ValueError(f"two schemas declare {group}={name}")
+        check = getattr(cls, "registered", None)
+        if check is not None:  # the group's base class says what an option of it must provide
+            check()
         OPTIONS[group][name] = cls
         _store(group, name, cls)
         return cls
@@ -72,6 +76,75 @@ def _store(group: str, name: str, cls: type) -> None:
 def choice(key: str, value: Any, allowed) -> None:
     if value not in allowed:
         raise ConfigError(key, value, f"must be one of {', '.join(map(str, allowed))}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A key's rule, declared where the key is (`field(default=…, metadata=rule(lo=0, hi=1, hi_open=True))`)
+    and checked for every option by `check_rules`: a number finite and within [lo, hi] (an end open where
+    said), or a value among `choices`; `note` is said after it."""
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: Optional[tuple] = None
+    note: str = ""
+
+    def text(self) -> str:
+        if self.choices is not None:
+            out = f"must be one of {', '.join(map(str, self.choices))}"
+        elif self.lo is not None and self.hi is not None:
+            out = f"must be in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            out = f"must be {'>' if self.lo_open else '>='} {self.lo:g}"
+        elif self.hi is not None:
+            out = f"must be {'<' if self.hi_open else '<='} {self.hi:g}"
+        else:
+            out = "must be a finite number"
+        return f"{out} ({self.note})" if self.note else out
+
+    def check(self, key: str, value: Any) -> None:
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ConfigError(key, value, self.text())
+            return
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(key, value, "must be a finite number")
+        ok = ((self.lo is None or (value > self.lo if self.lo_open else value >= self.lo))
+              and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)))
+        if not ok:
+            raise ConfigError(key, value, self.text())
+
+
+def rule(**kw) -> dict:
+    """A field's metadata holding its `Rule`."""
+    return {"rule": Rule(**kw)}
+
+
+def check_rules(obj: Any, prefix: str) -> None:
+    """Every rule an option's fields declare (ConfigError, one line, on the first broken one)."""
+    for f in dataclasses.fields(obj):
+        r = f.metadata.get("rule")
+        if r is not None:
+            r.check(prefix + f.name, getattr(obj, f.name))
+
+
+class Refusal(ConfigError):
+    """An option asked for an engine it has no implementation for."""
+
+
+def implementation(option: Any, group: str, engine: str, model: str):
+    """The implementation of an option for an engine (`ENGINES[engine]`, a class), or a one-line refusal
+    naming the option, the engine and what serves it: a dispatch ends in a refusal, never a default."""
+    impl = type(option).ENGINES.get(engine)
+    if impl is None:
+        serve = [n for n, c in OPTIONS[group].items() if engine in c.ENGINES]
+        raise Refusal(group, option.name, f"{group}={option.name} has no implementation for model={model}'s "
+                      f"engine ({engine}); {group} options that serve it: {', '.join(serve) or 'none'}")
+    check = getattr(impl, "check", None)
+    if check is not None:  # what the engine cannot do with this option's values (one line)
+        check(option)
+    return impl
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -195,6 +268,7 @@ class ModelBase:
     name: str = MISSING
     PER_RUN: ClassVar[tuple] = ()
     TRAINER: ClassVar[str] = ""
+    ENGINE: ClassVar[str] = ""  # the engine its trainer is (what an optimiser or init implements for it)
 
     def resolved(self, init: "InitConfig") -> "ModelBase":
         """The model with what depends on the init resolved (model.normalize=auto); a copy where it changes."""
@@ -221,6 +295,7 @@ class ModelConfig(ModelBase):
     gram: str = "exact"  # exact: p_iᵀp_j = ‖p‖²·1[i=j] | numeric: P Pᵀ as rounded (fragility studies, §8.9)
     PER_RUN: ClassVar[tuple] = ()
     TRAINER: ClassVar[str] = "rw_sweeps.core.training"
+    ENGINE: ClassVar[str] = "eq21"
 
     def resolved(self, init: "InitConfig") -> "ModelConfig":
         return resolve_normalize(self, init)
@@ -247,9 +322,6 @@ class ModelConfig(ModelBase):
         if d.online:
             raise ConfigError("data.online", d.online, f"model={self.name} trains full-batch on the fixed training "
                               "set; allowed: false (model=gpt draws fresh batches)")
-        if type(c.optim) not in (OptimConfig, AdamConfig):
-            raise ConfigError("optim", c.optim.name, f"model={self.name}'s engine trains with gd or adam; "
-                              "allowed: gd, adam (model=gpt takes every optimiser)")
         if type(c.init) not in (InitConfig, GaussianInit):
             raise ConfigError("init", c.init.name, f"model={self.name} starts from zero or gaussian; allowed: zero, gaussian")
 
@@ -326,61 +398,44 @@ class Gpt2Init(InitConfig):
 
 
 # ------------------------------------------------------------------------------------------ optimisers
-@option("optim")
 @dataclass
 class OptimConfig:
-    """Full-batch gradient descent (eq. 2.3) on ℓ = −log([f]_y + eps)."""
-    name: str = "gd"
-    lr: float = 1.0  # η
-    steps: int = 50  # T
-    eps: float = 0.1  # ε in ℓ(z) = −log(z + ε)
-    reduction: str = "mean"  # mean | sum of the per-sequence losses (§8.3, §8.10)
+    """What every optimiser has: the loss it descends, ℓ = −log([f]_y + eps), and how long. An optimiser is a
+    module of `rw_sweeps.core.optimisers` (its schema, its rules, and its implementation for each engine it
+    serves, `ENGINES`: engine name → class); `implementation(engine)` gives it or refuses in one line."""
+    name: str = MISSING
+    lr: float = field(default=1.0, metadata=rule(lo=0, lo_open=True))  # η
+    steps: int = field(default=50, metadata=rule(lo=1))  # T
+    eps: float = field(default=0.1, metadata=rule(lo=0, lo_open=True))  # ε in ℓ(z) = −log(z + ε)
+    # mean | sum of the per-sequence losses (§8.3, §8.10)
+    reduction: str = field(default="mean", metadata=rule(choices=("mean", "sum")))
     PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction")
+    ENGINES: ClassVar[dict] = {}  # engine (a model's `ENGINE`) → the class that trains with this optimiser there
+    LINEARISED: ClassVar[bool] = False  # is its step eq. 2.3's GD step (what the escape theory linearises)?
+
+    @classmethod
+    def registered(cls) -> None:
+        if not cls.ENGINES:
+            raise TypeError(f"optim={cls.__dataclass_fields__['name'].default}: ENGINES names no engine it serves")
+        for engine, impl in cls.ENGINES.items():
+            missing = [m for m in ENGINE_METHODS.get(engine, ()) if not callable(getattr(impl, m, None))]
+            if missing:
+                raise TypeError(f"optim={cls.__dataclass_fields__['name'].default}: its {engine} implementation "
+                                f"{impl.__name__} lacks {', '.join(missing)}")
+
+    def validate(self, c: "RunConfig") -> None:
+        """The optimiser's rules beyond its fields' own (ConfigError, one line)."""
+
+    def implementation(self, engine: str, model: str = "?"):
+        return implementation(self, "optim", engine, model)
+
+    def lr_factor(self, t: int) -> float:
+        """The learning rate of the step from θ_t is lr·lr_factor(t): 1 without a schedule."""
+        return 1.0
 
 
-@option("optim")
-@dataclass
-class AdamConfig(OptimConfig):
-    """Full-batch Adam: torch.optim.Adam's rule, no weight decay, no amsgrad (rw_sweeps/core/adam.py)."""
-    name: str = "adam"
-    beta1: float = 0.9  # first-moment decay
-    beta2: float = 0.999  # second-moment decay
-    adam_eps: float = 1e-8  # the denominator term, added to √v̂
-    PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "beta1", "beta2", "adam_eps")
-
-
-SCHEDULES = ("constant", "cosine")
-
-
-@dataclass
-class _Scheduled:
-    """The keys of a learning-rate schedule and of gradient clipping (model=gpt's optimisers)."""
-    # constant: lr at every step | cosine: lr·(1 + cos(π·t'/T'))/2 after the warm-up (t' steps of the T' after it)
-    schedule: str = "constant"
-    warmup: float = 0.0  # fraction of optim.steps over which lr rises linearly from lr/warmup-steps to lr (0: none)
-    clip: float = 0.0  # the largest gradient norm, all parameters of a run together (0: no clipping)
-
-
-@option("optim")
-@dataclass
-class SgdConfig(_Scheduled, OptimConfig):
-    """Stochastic gradient descent (model=gpt): torch.optim.SGD's rule with momentum, no dampening or
-    Nesterov, on the batch of each step (the fixed training set, or a fresh batch with data.online)."""
-    name: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0  # μ: b ← μ·b + g, θ ← θ − lr·b
-    PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "momentum")
-
-
-@option("optim")
-@dataclass
-class AdamWConfig(_Scheduled, AdamConfig):
-    """AdamW (model=gpt): torch.optim.AdamW's rule, decoupled weight decay on the weight matrices and
-    embeddings (not on biases or LayerNorm gains, as nanoGPT groups them)."""
-    name: str = "adamw"
-    lr: float = 2e-3
-    weight_decay: float = 0.01  # λ: θ ← θ − lr·λ·θ before the Adam step
-    PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "beta1", "beta2", "adam_eps", "weight_decay")
+# What an engine calls on an optimiser's implementation for it (checked when an optimiser registers).
+ENGINE_METHODS = {"eq21": ("start", "steps"), "gpt": ("state", "update"), "oracle": ("make",)}
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -437,7 +492,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=_default_data)
     model: ModelBase = field(default_factory=lambda: OPTIONS["model"]["transformer"]())
     init: InitConfig = field(default_factory=InitConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=lambda: OPTIONS["optim"]["gd"]())
     wandb: WandbConfig = field(default_factory=WandbConfig)
     # keys whose values differ within one batch (the init whole: zero and Gaussian runs train together); the
     # other groups' are their classes' PER_RUN
@@ -762,15 +817,12 @@ def validate(c: RunConfig) -> RunConfig:
     """Every rule the engine relies on that OmegaConf cannot state, each failing with the dotted key, the
     value and what is allowed. The model's own rules are its schema's (`ModelBase.validate`)."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
-    for key, val in (("init.sigma", i.sigma), ("optim.lr", o.lr), ("optim.eps", o.eps),
-                     *((f"optim.{k}", getattr(o, k)) for k in ("beta1", "beta2", "adam_eps", "weight_decay",
-                                                               "momentum", "warmup", "clip") if hasattr(o, k))):
-        if not math.isfinite(val):
-            raise ConfigError(key, val, "must be a finite number")
+    check_rules(o, "optim.")  # the optimiser's rules live on its fields
+    if not math.isfinite(i.sigma):
+        raise ConfigError("init.sigma", i.sigma, "must be a finite number")
     _check_seed(c.seed)
     if isinstance(i, GaussianInit):
         choice("init.draw", i.draw, ("compact", "dense"))
-    choice("optim.reduction", o.reduction, ("mean", "sum"))
     choice("precision", c.precision, ("float64", "float32"))
     if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isdigit())):
         raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
@@ -781,7 +833,7 @@ def validate(c: RunConfig) -> RunConfig:
     choice("data.target", d.target, ("last", "all"))
     d.validate(c.seed)
     for key, val in (("data.n_train", d.n_train), ("data.n_test", d.n_test), ("data.batch", d.batch),
-                     ("optim.steps", o.steps), ("eval_every", c.eval_every)):
+                     ("eval_every", c.eval_every)):
         if val < 1:
             raise ConfigError(key, val, "must be >= 1")
     if c.checkpoint_every < 0:
@@ -789,25 +841,8 @@ def validate(c: RunConfig) -> RunConfig:
     mo.validate(c)
     if i.sigma < 0:
         raise ConfigError("init.sigma", i.sigma, "must be >= 0 (σ = 0 is zero init)")
-    if not o.lr > 0:
-        raise ConfigError("optim.lr", o.lr, "must be > 0")
-    if not o.eps > 0:
-        raise ConfigError("optim.eps", o.eps, "must be > 0")
-    if isinstance(o, AdamConfig):
-        for key, val in (("optim.beta1", o.beta1), ("optim.beta2", o.beta2)):
-            if not 0 <= val < 1:
-                raise ConfigError(key, val, "must be in [0, 1)")
-        if not o.adam_eps > 0:
-            raise ConfigError("optim.adam_eps", o.adam_eps, "must be > 0")
-    if isinstance(o, _Scheduled):
-        choice("optim.schedule", o.schedule, SCHEDULES)
-        if not 0 <= o.warmup < 1:
-            raise ConfigError("optim.warmup", o.warmup, "must be in [0, 1) (a fraction of optim.steps)")
-        if o.clip < 0:
-            raise ConfigError("optim.clip", o.clip, "must be >= 0 (0: no clipping)")
-    for key in ("weight_decay", "momentum"):
-        if hasattr(o, key) and not 0 <= getattr(o, key) < (1 if key == "momentum" else math.inf):
-            raise ConfigError(f"optim.{key}", getattr(o, key), "must be in [0, 1)" if key == "momentum" else "must be >= 0")
+    o.validate(c)
+    o.implementation(mo.ENGINE, mo.name)  # refused here, before anything is written, where it cannot serve
     from .metrics import OBJECTIVES
 
     if c.objective is not None and c.objective not in OBJECTIVES:
@@ -945,6 +980,7 @@ def register() -> None:
 
 
 from . import families  # noqa: E402,F401 - every data family declares itself (`@option("data")`)
+from . import optimisers  # noqa: E402,F401 - every optimiser declares itself (`@option("optim")`)
 from .gpt import schema as _gpt_schema  # noqa: E402,F401 - model=gpt declares itself (`@option("model")`)
 
 register()

@@ -275,11 +275,11 @@ def _shape_ok(K: Optional[int], model: str, gram: str, precision: str) -> bool:
 def available(cfg=None, *, K: Optional[int] = None, model: str = "transformer", gram: str = "exact",
               precision: str = "float64") -> bool:
     """Whether `train_step` / `evaluate` run the compiled kernel for runs of this shape (a RunConfig, or
-    the keywords): False for the FFN model, gram=numeric, optim=adam, K > 127, RW_SWEEPS_BACKEND=torch, or no
+    the keywords): False for the FFN model, gram=numeric, an optimiser whose steps are not the kernel's, K > 127, RW_SWEEPS_BACKEND=torch, or no
     build. Every model.normalize runs in the kernel (the logits' scales ν_tok, ν_pos, ν_q are arguments)."""
     if cfg is not None:
         K, model, gram, precision = cfg.data.K, cfg.model.name, cfg.model.gram, cfg.precision
-        if cfg.optim.name != "gd":  # Adam runs on the PyTorch path
+        if not getattr(type(cfg.optim).ENGINES.get("eq21"), "KERNEL", False):  # its steps are PyTorch's
             return False
     if backend() == "torch" or not _shape_ok(K, model, gram, precision):
         return False

@@ -95,7 +95,7 @@ def describe() -> str:
 
 def groups(conf_dir: str) -> str:
     """Each config group and its options, one line a group: the schema's options, and the presets' YAML files
-    in `conf_dir` (`experiment`, `hparams_search`, `debug`, …); the `<option>_schema` entries are left out."""
+    in `conf_dir` (`experiment`, `hparams_search`, `debug`, …)."""
     from pathlib import Path
 
     found = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(conf_dir).iterdir()

@@ -57,7 +57,8 @@ def forward(theta: dict, X: torch.Tensor, Xt: torch.Tensor, ffn: str) -> tuple[t
 
 
 def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
-    """Train one run literally, by GD (eq. 2.3) or by torch.optim.Adam on the dense θ (optim=adam); returns
+    """Train one run literally: the dense θ, autograd, and the optimiser's own torch.optim optimizer (its
+    `oracle` implementation: SGD for GD and momentum, Adam, AdamW); returns
     the list of (step, V, mean attention (N,), theta) after each step (only the last one without
     `trajectory`)."""
     dtype = getattr(torch, cfg.precision)
@@ -73,9 +74,8 @@ def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
     y = train_set.y
     n = y.shape[0]
     w = 1.0 / n if cfg.optim.reduction == "mean" else 1.0
-    o, adam = cfg.optim, None
-    if o.name == "adam":
-        adam = torch.optim.Adam(list(theta.values()), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps)
+    o = cfg.optim
+    opt = o.implementation("oracle", cfg.model.name).make(list(theta.values()), o)  # the literal torch.optim one
     out = []
     for t in range(steps if steps is not None else cfg.optim.steps):
         f, S = forward(theta, X, Xt, cfg.model.ffn)
@@ -83,12 +83,8 @@ def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
         grads = torch.autograd.grad(loss, list(theta.values()))
         with torch.no_grad():
             for p_, g_ in zip(theta.values(), grads):
-                if adam is None:
-                    p_ -= cfg.optim.lr * g_
-                else:
-                    p_.grad = g_
-            if adam is not None:
-                adam.step()
+                p_.grad = g_
+            opt.step()
             if trajectory or t + 1 == (steps if steps is not None else cfg.optim.steps):
                 _, S = forward(theta, X, Xt, cfg.model.ffn)
                 out.append((t + 1, theta["V"].detach().clone(), S.mean(0).detach(),

@@ -256,7 +256,7 @@ def is_trap(cfg: RunConfig) -> bool:
 def _refused(cfg: RunConfig) -> Optional[str]:
     if not isinstance(cfg.model, ModelConfig):
         return f"model={cfg.model.name}: the escape theory linearises eq. 2.1's GD step (model=transformer)"
-    if cfg.optim.name != "gd":
+    if not cfg.optim.LINEARISED:
         return f"optim.name={cfg.optim.name}: the linearisation is of the GD step (eq. 2.3) only"
     if cfg.model.is_ffn:
         return ("model=transformer_ffn: zero init is a fixed point where ReLU'(0) = 0, so the linearised step is "

@@ -1,7 +1,7 @@
 """The training loop, top to bottom: R runs of one shape from their configs to their records.
 
 data → initial state (or a checkpoint) → for t = 0 … T: evaluate (every `eval_every` steps), take a GD
-step (or an Adam step, `rw_sweeps.core.adam`), check finiteness → records (history rows, snapshots, status).
+step (the optimiser's own, `rw_sweeps.core.optimisers`), check finiteness → records (history rows, snapshots, status).
 Nothing here writes a result file but checkpoints: `rw_sweeps.sweeps.run` turns the records into run folders.
 Runs never disturb each other: a run whose loss or parameters stop being finite is `diverged` at that step
 while the others go on.
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import data as data_mod
-from . import adam, engine, fused, model, results
+from . import engine, fused, model, results
 from .config import RunConfig
 from .metrics import EVALUATED, LAST
 
@@ -159,10 +159,7 @@ def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.S
             W = theta.pop("W")
             params.append(theta)
             ac.append(model.compact(W, cfg.model, K, N, geo))
-    state = engine.init_state(params, ac)
-    if cfgs[0].optim.name == "adam":
-        state.opt = adam.moments(state, cfgs[0].model.M)
-    return state
+    return engine.init_state(params, ac)
 
 
 def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = None,
@@ -173,8 +170,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     the evaluations) with the records flushed so far and the wall-clock time of each evaluated step: what
     logs a small batch's wandb runs while it trains (`rw_sweeps.sweeps.tracking.Live`).
 
-    Between two evaluations the runs take their steps in one call of the multi-step kernel (GD) or of
-    `adam.train_steps` (optim=adam: the PyTorch path, on any device). Nothing in
+    Between two evaluations the runs take their steps in one call of the optimiser's implementation for this
+    engine (GD: the multi-step compiled kernel; the others: the PyTorch path, on any device). Nothing in
     the step loop reads a tensor back to the host (on a GPU, no sync): metrics, divergence steps and
     snapshots stay device tensors in a `_Log` until it is flushed, once per chunk (or when its buffer
     fills, or for a checkpoint), and the records are built from the flushed arrays."""
@@ -203,11 +200,13 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     else:
         state = initial_state(cfgs, geo, dtype)
     state = engine.to(state, dev)
-    lr = torch.tensor([cfg.optim.lr for cfg in cfgs], dtype=dtype, device=dev)
+    # the optimiser's own step on this engine (`rw_sweeps.core.optimisers`): it keeps its state in state.opt
+    update = c0.optim.implementation("eq21", c0.model.name)(cfgs, geo, dtype, dev)
+    if not resumed:
+        update.start(state)
     eps = torch.tensor([cfg.optim.eps for cfg in cfgs], dtype=dtype, device=dev)
     w = torch.tensor([1.0 / cfg.data.n_train if cfg.optim.reduction == "mean" else 1.0 for cfg in cfgs],
                      dtype=dtype, device=dev)
-    hp = adam.hyper(cfgs, geo, dtype, dev) if c0.optim.name == "adam" else None  # lr, β₁, β₂, ε_A per run
     PiT = None  # V's limit Πᵀ (Thm 3.1), for eq. 2.1 on first-order chains (random walks and the others)
     # null where there is no single Π (kth_order with order ≥ 2, icl_markov, QA); shape_key keeps data.order
     # equal within a batch, so every run of it has a Π or none has
@@ -237,10 +236,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         for t in evals:
             while state.step < t:  # the steps up to this evaluation, in bounded calls
                 t0, n = state.step, block.steps(t - state.step, c0.checkpoint_every, state.step)
-                if hp is None:
-                    loss, bad = fused.train_steps(state, train_set, lr, eps, w, geo, n)
-                else:
-                    loss, bad = adam.train_steps(state, train_set, hp, eps, w, geo, n)
+                loss, bad = update.steps(state, train_set, eps, w, geo, n)
                 if t0 == evaluated:
                     log.train_loss(loss[:, 0])
                 log.diverged_at(t0, bad)

@@ -56,6 +56,7 @@ class GptConfig(ModelBase):
     normalize: str = "auto"
     PER_RUN: ClassVar[tuple] = ()
     TRAINER: ClassVar[str] = "rw_sweeps.core.gpt.training"
+    ENGINE: ClassVar[str] = "gpt"
 
     def resolved(self, init) -> "GptConfig":
         if self.attention != "merged" and self.normalize == "auto":

@@ -77,7 +77,7 @@ def _stop_local_jobs(jobs: list, exc: BaseException) -> None:
     LOCAL_STOP_S). Not the controller: it would SIGKILL its task a second later. Not SIGTERM: inside a
     submitit job it is only logged. A job left running would go on writing into the sweep after its lock
     is released."""
-    from rw_sweeps.sweeps import signals
+    from rw_sweeps.core import signals
 
     signals.stopping(exc)  # a second signal within a second is the same request; a later one stops at once
     for job in jobs:

@@ -229,7 +229,8 @@ class RwLauncher(Launcher):
         import atexit
 
         from rw_sweeps.core.safefs import remove_stale_temps
-        from rw_sweeps.sweeps import lock, signals
+        from rw_sweeps.core import signals
+        from rw_sweeps.sweeps import lock
         if self.record is not None or getattr(self, "_locked", None) == self.sweep_dir:
             return  # a later batch of this sweep: already held
         lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])  # SweepLocked: refused, in one line

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from .load import config_keys, load_history, load_snapshots
-from .phase import _fmt
+from .phase import axis_label
 
 READING_EXPERIMENTS = ("fig6_readings", "fig10_readings")
 # the keys the paper leaves open, in this order; any other key a reading sweep varies follows
@@ -268,7 +268,7 @@ def reading_table(runs: pd.DataFrame) -> pd.DataFrame:
 def display(table: pd.DataFrame) -> pd.DataFrame:
     """The table as the report shows it: keys formatted, claims as fractions or "–"."""
     keys = table.attrs.get("reading_keys", [c for c in table.columns if "." in c])
-    out = pd.DataFrame({k: [v if isinstance(v, str) else _fmt(k, v) for v in table[k]]
+    out = pd.DataFrame({k: [v if isinstance(v, str) else axis_label(k, v) for v in table[k]]
                         for k in keys})
     out["seeds"] = table["seeds"]
     for c in (*CLAIMS, "mean"):

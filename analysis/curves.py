@@ -11,7 +11,7 @@ import numpy as np                # noqa: E402
 import pandas as pd               # noqa: E402
 
 from .load import load_history    # noqa: E402
-from .phase import _fmt, swept_keys, LABELS   # noqa: E402
+from .phase import axis_label, swept_keys, LABELS   # noqa: E402
 
 MAX_CELLS = 36      # panels drawn; a larger grid's first cells, and the report says so
 MAX_SEEDS = 16      # runs read per cell: the band of a few hundred seeds is the band of sixteen
@@ -55,7 +55,7 @@ def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric
             sub = sub[sub[k].isna()] if v is None else sub[sub[k].astype(object) == v]
         sub = sub.head(MAX_SEEDS)
         hist = load_history(sub)
-        title = ", ".join(f"{LABELS.get(k, k)}={_fmt(k, v) if v is not None else 'none'}"
+        title = ", ".join(f"{LABELS.get(k, k)}={axis_label(k, v) if v is not None else 'none'}"
                           for k, v in zip(keys, combo))
         ax.set_title(f"{title} ({len(sub)} runs)" if title else f"{len(sub)} runs", fontsize=8)
         if len(hist) and metric in hist and hist[metric].notna().any():

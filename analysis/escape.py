@@ -34,7 +34,7 @@ import pandas as pd               # noqa: E402
 from rw_sweeps.core.safefs import atomic_write  # noqa: E402
 
 from rw_sweeps.core import contract, readers   # noqa: E402
-from .phase import _fmt, phase_diagram   # noqa: E402
+from .phase import axis_label, phase_diagram   # noqa: E402
 
 ESCAPE = "escape"
 CACHE = "theory_escape.json"
@@ -193,7 +193,7 @@ def fig_predicted_vs_measured(runs: pd.DataFrame):
             sel = ok & (runs["data.p"] == p) & (runs.apply(_style, axis=1) == st)
             if sel.any():
                 ax.scatter(m[sel], t[sel], s=18, alpha=0.6, color=f"C{i}", marker=markers[st],
-                           label=f"p = {_fmt('data.p', p)}, {st}")
+                           label=f"p = {axis_label('data.p', p)}, {st}")
     if ok.any():
         lo, hi = min(m[ok].min(), t[ok].min()) / 1.5, max(m[ok].max(), t[ok].max()) * 1.5
         ax.plot([lo, hi], [lo, hi], color="k", lw=1, ls="--", label="y = x")

@@ -24,7 +24,7 @@ import seaborn as sns             # noqa: E402
 from .load import load_history, load_snapshots   # noqa: E402
 from rw_sweeps.core.markov import Pi                           # noqa: E402  (plain numpy: the one Π)
 
-from .phase import _fmt, drawless, swept_keys             # noqa: E402
+from .phase import axis_label, drawless, swept_keys             # noqa: E402
 
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")
@@ -79,7 +79,7 @@ def fig_curves(runs: pd.DataFrame, by: list[str], title: str = ""):
     fig, axes = plt.subplots(len(groups), 2, figsize=(10, 3 * len(groups)), squeeze=False)
     for (key, sub), (ax_acc, ax_kl) in zip(groups, axes):
         h = hist[hist["path"].isin(sub["path"])] if len(hist) else hist
-        label = ", ".join(f"{k} = {_fmt(k, v)}" for k, v in zip(by, np.atleast_1d(key)))
+        label = ", ".join(f"{k} = {axis_label(k, v)}" for k, v in zip(by, np.atleast_1d(key)))
         _band(ax_acc, h, "test_acc")
         _band(ax_kl, h, "test_kl")
         opt = sub["opt_acc"].dropna()
@@ -302,12 +302,12 @@ def _step(snap):
 def _describe(run) -> str:
     parts = []
     if _is_walk(run):
-        parts.append(f"p = {_fmt('data.p', run.get('data.p'))}")
+        parts.append(f"p = {axis_label('data.p', run.get('data.p'))}")
     else:
         parts.append(str(run.get("data.name")))
     parts.append(f"K = {run.get('data.K')}, N = {run.get('data.N')}")
     init = run.get("init")
     parts.append("zero init" if init == "zero" else
-                 f"{init} init σ = {_fmt('init.sigma', run.get('init.sigma'))}")
-    parts.append(f"lr = {_fmt('optim.lr', run.get('optim.lr'))}, seed {run.get('seed')}")
+                 f"{init} init σ = {axis_label('init.sigma', run.get('init.sigma'))}")
+    parts.append(f"lr = {axis_label('optim.lr', run.get('optim.lr'))}, seed {run.get('seed')}")
     return ", ".join(parts)

@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from .phase import _fmt, phase_diagram
+from .phase import axis_label, phase_diagram
 
 LOCKING = "locking"
 AXES = ("data.n_train", "data.N", "model.M")   # x, y, col
@@ -42,7 +42,7 @@ def locking_figures(runs: pd.DataFrame, notes: list[str]):
     x, y, col = (axes + [None] * 3)[:3]
     x = x or "data.n_train"
     by = runs.groupby("data.n_train")["locked"].agg(["mean", "count"])
-    pooled = ", ".join(f"{_fmt('data.n_train', n)}: {r['mean']:.3f} ({r['count']:.0f} runs)"
+    pooled = ", ".join(f"{axis_label('data.n_train', n)}: {r['mean']:.3f} ({r['count']:.0f} runs)"
                        for n, r in by.iterrows())
     positions = runs["locked_position"].dropna().astype(int).value_counts().head(5)
     where = ", ".join(f"x_{j} ({c})" for j, c in positions.items()) or "none"

@@ -164,14 +164,14 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     norm = Normalize(vmin, vmax)
     if metric in STEP_METRICS and vmax >= 20 * max(vmin, 1):   # steps 1…1000: decades apart
         norm = LogNorm(max(vmin, 1), vmax, clip=True)
-    cell_w, cell_h = max(0.75, 0.22 * max(len(_fmt(x, v)) for v in xs)), 0.55
+    cell_w, cell_h = max(0.75, 0.22 * max(len(axis_label(x, v)) for v in xs)), 0.55
     if ax is not None:
         fig, axes = ax.figure, np.array([[ax]])
     else:
         fig, axes = plt.subplots(
             len(rows), len(cols), squeeze=False,
             figsize=(len(cols) * (cell_w * len(xs) + 1.8) + 1.5, len(rows) * (cell_h * len(ys) + 1.9)))
-    y_names = [_fmt(y, v) for v in ys] if y else [_only_row_label(df)]
+    y_names = [axis_label(y, v) for v in ys] if y else [_only_row_label(df)]
     with drawless(fig):   # seaborn renders the whole figure in every heatmap call
         for (i, rv), (j, cv) in itertools.product(enumerate(rows), enumerate(cols)):
             sub = table
@@ -181,7 +181,7 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
                 sub = sub[_match(sub[col], cv)]
             ax = axes[i, j]
             _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory, circle)
-            facet = ", ".join(f"{LABELS.get(k, k)} = {_fmt(k, v)}"
+            facet = ", ".join(f"{LABELS.get(k, k)} = {axis_label(k, v)}"
                               for k, v in ((row, rv), (col, cv)) if k)
             ax.set_title(facet, fontsize=10)
     if ax is None:
@@ -250,7 +250,7 @@ def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None, circ
     texts = [[_annot(c, metric, theory) for c in line] for line in cells]
     with warnings.catch_warnings():       # a panel with no value at all (every cell "never")
         warnings.simplefilter("ignore", RuntimeWarning)
-        sns.heatmap(pd.DataFrame(values, index=y_names, columns=[_fmt(x, v) for v in xs]), ax=ax,
+        sns.heatmap(pd.DataFrame(values, index=y_names, columns=[axis_label(x, v) for v in xs]), ax=ax,
                     norm=norm, cmap=cmap, cbar=False, linewidths=0.5, linecolor="white",
                     annot=np.array(texts), fmt="", annot_kws={"fontsize": 7 if theory else 8})
     for (yi, xi), c in np.ndenumerate(np.array(cells, dtype=object)):
@@ -349,7 +349,8 @@ def _match(s: pd.Series, v) -> pd.Series:
     return s.map(_key) == v
 
 
-def _fmt(key, v) -> str:
+def axis_label(key, v) -> str:
+    """A value of a swept key as an axis or legend shows it: 1e-3 for a log key, 0.5 otherwise, blank for null."""
     if v is None:
         return ""
     if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -315,6 +315,8 @@ def test_stale_temp_files_of_killed_writes_are_removed_by_the_next_launch(tmp_pa
         os.utime(f, (old, old))
     young = sweep / ".x.0123456789abcdef.tmp"  # being written right now, for all a launch can tell
     young.write_text("partial")
+    soon = time.time() + 3600  # fresh whenever the launch looks, however loaded the machine (no timing luck)
+    os.utime(young, (soon, soon))
     link = sweep / ".y.0123456789abcdef.tmp"  # a link with one of our names: the link goes, not its target
     os.symlink(outside / ".x.0123456789abcdef.tmp", link)
     os.utime(link, (old, old), follow_symlinks=False)

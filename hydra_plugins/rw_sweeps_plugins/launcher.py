@@ -224,7 +224,7 @@ class RwLauncher(Launcher):
 
     def _lock(self) -> None:
         """One launch per sweep folder (`rw_sweeps.sweeps.lock`), held until this process ends, also when a
-        signal ends it (`rw_sweeps.sweeps.signals.on_stop`). Once it is held, the temp files that killed
+        signal ends it (`rw_sweeps.core.signals.on_stop`). Once it is held, the temp files that killed
         writes left in the folder are removed (no other launch can be writing them)."""
         import atexit
 

@@ -45,7 +45,9 @@ def write_run(run_dir, *, p=0.5, K=6, N=97, M=1000, init="zero", sigma=0.0, lr=1
     broke = None if fails else 2
 
     config = {
-        "seed": seed, "precision": precision, "eval_every": 1, "snapshot_steps": SNAPSHOT_STEPS,
+        # the steps its snapshots are at (the contract: the config's snapshot_steps up to the last step, and it)
+        "seed": seed, "precision": precision, "eval_every": 1,
+        "snapshot_steps": sorted({s["step"] for s in snapshots}) if snapshots is not None else SNAPSHOT_STEPS,
         "checkpoint_every": 0,
         "data": {"name": data, "K": K, "N": N, "p": p, "n_train": n_train, "n_test": 1000},
         "model": {"name": model, "M": M,

@@ -28,7 +28,7 @@ from rw_sweeps.core.safefs import atomic_write, write_with
 CACHE_NAME = "runs.parquet"
 SEAL_NAME = ".runs.parquet.seal"   # the cache's seal (rw_sweeps.core.seal), beside it
 CACHE_VERSION = 4   # bump when the row format changes: old caches are then rebuilt
-CACHE_CAP = 4 << 30  # bytes: a cache larger than this is not read (rebuilt in memory)
+CACHE_CAP = 256 << 20  # bytes (100,000 runs cache in ~30 MB): a larger file is not read, the cache is rebuilt
 _META_KEY = b"rw_sweeps.analysis"
 _BOOK = ["_run", "_digest"]   # cache-only columns: the run's folder name, the digest of its files
 
@@ -128,6 +128,9 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
         if entry.is_symlink():
             skipped.append(_skip(entry.path, "corrupt", "the run folder is a symbolic link; it is not followed"))
             continue
+        if not entry.is_dir(follow_symlinks=False):
+            skipped.append(_skip(entry.path, "corrupt", "not a folder"))
+            continue
         try:
             digest = _digest(entry.path)
         except readers.Broken as e:
@@ -176,9 +179,13 @@ def _run_entries(sweep: Path):
     any other visible sub-folder holding a run's files; a link at a folder's place is reported, not followed."""
     with os.scandir(sweep) as it:
         for e in it:
-            if e.name.startswith((".", "_")) or not e.is_dir():
+            if e.name.startswith((".", "_")):
                 continue
-            if e.name.isdigit() or e.is_symlink() or _is_run_dir(Path(e.path)):
+            numbered = contract.job_number(e.name) is not None
+            if e.is_dir(follow_symlinks=False):
+                if numbered or _is_run_dir(Path(e.path)):
+                    yield e
+            elif numbered or (e.is_symlink() and e.is_dir()):  # a link, a file or a FIFO at a run's place
                 yield e
 
 
@@ -380,4 +387,5 @@ def _quiet(progress, n) -> bool:
 
 def _run_order(name: str):
     """Job folders in numeric order (2 before 10), others after, by name."""
-    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+    num = contract.job_number(name)
+    return (0, num, "") if num is not None else (1, 0, name)

@@ -184,6 +184,12 @@ def rows(run_dir, name: str):
         yield row
 
 
+def job_number(name: str) -> int | None:
+    """The job number a run folder's name is (Hydra's `${hydra.job.num}`: ASCII digits only), or None. Not
+    `str.isdigit`, which accepts '²' and '٣' (that `int` refuses, or reads as another job's number)."""
+    return int(name) if name.isascii() and name.isdigit() else None
+
+
 def _dotted(cfg: dict, key: str):
     node = cfg
     for part in key.split("."):
@@ -221,6 +227,8 @@ def judge(run_dir, config: dict | None = None) -> Verdict:
     """The one judgement of a run folder (see the module's doc). `config`: its config.yaml, if already read
     and found valid by the caller (placement reads every folder's config once)."""
     run_dir = Path(run_dir)
+    if run_dir.is_symlink():  # O_NOFOLLOW guards a file's own name only: a linked folder is refused here
+        return Verdict("corrupt", why="the run folder is a symbolic link; it is not followed")
     try:
         summary = read_summary(run_dir)
     except FileNotFoundError:

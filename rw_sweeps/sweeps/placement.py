@@ -119,13 +119,20 @@ def existing(sweep_dir: Path, extra: list[str]) -> tuple[dict[str, dict], dict[s
 
 def _number(folder: str) -> tuple:
     name = os.path.basename(folder)
-    return not name.isdigit(), int(name) if name.isdigit() else 0, name
+    num = contract.job_number(name)
+    return num is None, num or 0, name
 
 
 def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = False) -> Placement:
     """Give every spec its folder (see the module's doc); raise FolderTaken on the first conflict."""
     sweep_dir = Path(sweep_dir)
     own = [s.output_dir for s in specs]  # absolute paths as strings: a grid of 100,000 runs builds no Path each
+    root = os.path.abspath(sweep_dir) + os.sep
+    up = os.sep + ".." + os.sep
+    outside = next((d for d in own if not d.startswith(root) or up in d or d.endswith(os.sep + "..")), None)
+    if outside is not None:  # every run of a sweep lives in its folder (the lock, the record and status say so)
+        raise FolderTaken("hydra.sweep.subdir", os.path.relpath(outside, sweep_dir),
+                          f"puts a run outside the sweep folder {sweep_dir}; a subdir must stay inside it")
     if not default_subdir and len(set(own)) < len(own):  # a subdir that does not name every swept key
         first: dict[str, int] = {}
         for i, d in enumerate(own):
@@ -161,7 +168,8 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
         if i in matched:
             if matched[i] != own[i]:
                 name = os.path.basename(matched[i])
-                num = int(name) if default_subdir and name.isdigit() else s.num
+                num = contract.job_number(name) if default_subdir else None
+                num = s.num if num is None else num
                 s.relocate(num, matched[i])
         elif own[i] in claimed:  # its number's folder holds another run of this launch: the next free number
             if not default_subdir:

@@ -99,6 +99,12 @@ def _texts(v) -> bool:
     return type(v) is list and all(map(_text, v))
 
 
+def _run_names(v) -> bool:
+    """Run folders relative to the sweep folder and inside it (the launcher places every run there): a
+    record naming /elsewhere or ../x would make status judge runs that are not the sweep's."""
+    return _texts(v) and all(n and not n.startswith("/") and ".." not in n.split("/") for n in v)
+
+
 # Every field status reads: (its check, what it must be). Required unless in OPTIONAL: `host`, `pid` and
 # `start` are written for local sweeps only (and `start` only by versions that record it).
 RECORD_FIELDS = {
@@ -107,11 +113,11 @@ RECORD_FIELDS = {
     "backend": (_text, "a text"),
     "detached": (lambda v: type(v) is bool, "true or false"),
     "submitted": (lambda v: type(v) in (int, float) and 0 <= v < 1e11, "a time in seconds since 1970"),
-    "runs": (_texts, "a list of run names"),
-    "skipped": (_texts, "a list of run names"),
+    "runs": (_run_names, "a list of run folders inside the sweep folder"),
+    "skipped": (_run_names, "a list of run folders inside the sweep folder"),
     "stale": (lambda v: type(v) is dict and all(type(f) is list and len(f) == 2 and all(type(x) is int for x in f)
                                                 for f in v.values()), "a mapping of run names to [inode, mtime]"),
-    "jobs": (lambda v: type(v) is dict and all(map(_texts, v.values())), "a mapping of job ids to run names"),
+    "jobs": (lambda v: type(v) is dict and all(map(_run_names, v.values())), "a mapping of job ids to run names"),
     "arrays": (_texts, "a list of job ids"),
     "host": (_text, "a text"),
     "pid": (is_pid, f"a process id (1 to {PID_MAX})"),
@@ -155,7 +161,7 @@ def expand_ids(job_id: str) -> list[str]:
     out = []
     for part in m.group(2).split("%")[0].split(","):
         lo, _, hi = part.partition("-")
-        if lo.isdigit():
+        if lo.isascii() and lo.isdigit() and (not hi or (hi.isascii() and hi.isdigit())):
             out += [f"{m.group(1)}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
     return out
 

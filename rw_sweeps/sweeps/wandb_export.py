@@ -28,8 +28,8 @@ def run_folders(sweep: Path) -> list[Path]:
     if (sweep / "config.yaml").exists():
         return [sweep]
     out = [p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
-           and (p.name.isdigit() or (p / "config.yaml").exists())]
-    return sorted(out, key=lambda p: (not p.name.isdigit(), int(p.name) if p.name.isdigit() else 0, p.name))
+           and (contract.job_number(p.name) is not None or (p / "config.yaml").exists())]
+    return sorted(out, key=lambda p: (contract.job_number(p.name) is None, contract.job_number(p.name) or 0, p.name))
 
 
 def _entry(run_dir: Path, mode: str) -> dict | None:

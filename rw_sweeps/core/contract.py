@@ -297,12 +297,13 @@ def _done_files(run_dir: Path, summary: dict, config: dict) -> str | None:
 
 
 def _snapshots_problem(snaps: list, summary: dict, config: dict, steps: int) -> str | None:
-    """None if a done run's snapshots are the ones its config asks for (`snapshot_steps` up to the last step,
-    and the last step) and its last one is the run's own (the summary's `parents_attention` is the sum of
+    """None if a done run's snapshots are the ones its config asks for (`snapshot_steps` on the evaluation grid
+    up to the last step, and the last step) and its last one is the run's own (the summary's `parents_attention` is the sum of
     its attention over `parent_positions`), else why not."""
-    asked = _dotted(config, "snapshot_steps")
-    if isinstance(asked, list) and all(type(s) is int for s in asked):
-        want = sorted({s for s in asked if s <= steps} | {steps})
+    asked, every = _dotted(config, "snapshot_steps"), _dotted(config, "eval_every")
+    if isinstance(asked, list) and all(type(s) is int for s in asked) and type(every) is int and every >= 1:
+        # a snapshot is taken at an evaluated step (0, eval_every, 2·eval_every, …) it asks for, and the last
+        want = sorted({s for s in asked if s <= steps and s % every == 0} | {steps})
         have = [row["step"] for row in snaps]
         if have != want:
             return f"snapshots.jsonl holds steps {_show(have)}; the config asks for {_show(want)}"

@@ -152,7 +152,27 @@ def implementation(option: Any, group: str, engine: str, model: str):
 class DataConfig:
     """The keys every data family has. A family (`rw_sweeps.core.families`) subclasses it with its own keys
     and behaviour: its rules (`validate`), its Π (`transition`, None when the chain is not first order),
-    its sampler (`draw`) and, where it has a closed form, its Bayes-optimal accuracy (`opt_acc`)."""
+    its sampler (`draw`) and, where it has a closed form, its Bayes-optimal accuracy (`opt_acc`).
+
+    What a family must provide is checked when it registers (`registered`, a one-line TypeError naming the
+    family and the hook): a sampler, its own `draw` or the first-order chain of its `transition`; and, where
+    it offers target=all (`TARGETS`), the law at every position: its own `laws` or, for a first-order chain,
+    its `transition` (the default `laws` reads Π). A family whose `draw` is not the chain of its `transition`
+    defines `laws` or declares TARGETS = ("last",). Its facts live here too: the keys its summary echoes
+    (`ECHO`) and Theorem 4.1's trap (`is_trap`)."""
+
+    class _Derived:
+        """A class attribute derived from the class it is read on, until a family declares its own value."""
+
+        def __init__(self, derive):
+            self.derive = derive
+
+        def __get__(self, obj, cls=None):
+            cls = cls if cls is not None else type(obj)
+            if "__dataclass_fields__" not in cls.__dict__:  # read by @dataclass itself, before it has fields
+                return self
+            return self.derive(cls)
+
     name: str = MISSING  # the family: the choice of `data=...`
     K: int = 6  # number of states (vocabulary size for QA)
     N: int = 97  # sequence length, counting the target: N − 1 observed tokens
@@ -165,10 +185,67 @@ class DataConfig:
     batch: int = 16  # sequences per step when online (the fixed test set stays n_test sequences)
     PER_RUN: ClassVar[tuple] = ()  # keys whose values differ within one batch (the rest is the run's shape)
     SEEDED: ClassVar[bool] = False  # do the family's rules depend on the run's seed (`with_seed`)?
-    TARGETS: ClassVar[tuple] = ("last", "all")  # the data.target values it serves (`laws` for all)
+    # the data.target values it serves: last always, all where it has the laws for it (its `laws`, or its
+    # `transition`, whose Π the default `laws` reads); a family may declare fewer (`registered` checks it)
+    TARGETS: ClassVar[tuple] = _Derived(lambda cls: ("last", "all") if cls.has_laws() else ("last",))
+    # the keys a run's summary echoes under their names (`echoed`): by default the family's own keys but its
+    # FILES; a family declares fewer where a key is large (a matrix) or says nothing alone
+    ECHO: ClassVar[tuple] = _Derived(lambda cls: tuple(k for k in cls.own_keys() if k not in cls.FILES))
     # keys that name a file read when a config is validated, whose content the config then records; a stored
     # config is judged without opening them (`stored`)
     FILES: ClassVar[tuple] = ()
+
+    @classmethod
+    def provides(cls, hook: str) -> bool:
+        """Does the family define `hook` (a method of this class) itself, rather than inherit this class's?"""
+        return getattr(cls, hook) is not getattr(DataConfig, hook)
+
+    @classmethod
+    def has_laws(cls) -> bool:
+        """Can it give the law at every position (target=all): its own `laws`, or a first-order Π?"""
+        return cls.provides("laws") or cls.provides("transition")
+
+    @classmethod
+    def own_keys(cls) -> tuple:
+        """The family's keys beyond those every family has."""
+        base = DataConfig.__dataclass_fields__
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in base)
+
+    @classmethod
+    def registered(cls) -> None:
+        """What `@option("data")` checks before the family is a choice (a one-line TypeError naming the family
+        and what it lacks): a sampler; target=all offered only with the laws for it; an echoed key its own
+        and no other field of the summary."""
+        name = f"data={cls.__dataclass_fields__['name'].default}"
+        if not (cls.provides("draw") or cls.provides("transition")):
+            raise TypeError(f"{name}: {cls.__name__} has no sampler: define draw(n, gen, seed), or transition(seed) "
+                            "(Π of a first-order chain, which the default draw samples)")
+        targets = cls.TARGETS
+        if not isinstance(targets, tuple) or "last" not in targets or not set(targets) <= {"last", "all"}:
+            raise TypeError(f"{name}: TARGETS={targets!r} must be a tuple of last (every family serves it) and all")
+        if "all" in targets and not cls.has_laws():
+            raise TypeError(f"{name}: TARGETS offers all but {cls.__name__} has no laws(seq, seed) (nor a "
+                            "first-order transition(seed) for the default laws): define laws, or leave all out")
+        from .contract import ECHOES, SUMMARY_FIELDS
+
+        echo = cls.ECHO
+        if not isinstance(echo, tuple):
+            raise TypeError(f"{name}: ECHO={echo!r} must be a tuple of its own keys")
+        for key in echo:
+            if key not in cls.own_keys():
+                raise TypeError(f"{name}: ECHO names {key!r}, which is not one of its own keys "
+                                f"({', '.join(cls.own_keys()) or 'none'})")
+            if key in SUMMARY_FIELDS and ECHOES.get(key) != f"data.{key}":
+                raise TypeError(f"{name}: ECHO names {key!r}, a summary field of its own; leave it out of ECHO")
+
+    def echoed(self) -> dict:
+        """The family's keys a run's summary echoes (`ECHO`), under their names (copies)."""
+        return {k: copy.deepcopy(getattr(self, k)) for k in type(self).ECHO}
+
+    def is_trap(self) -> bool:
+        """Theorem 4.1's conditions on the data (the escape theory's `trap`: zero-init GD stays at the
+        symmetric point): False where the family has no such theorem (the circle says where it does)."""
+        return False
 
     def validate(self, seed: int) -> None:
         """The family's own rules (ConfigError, one line)."""
@@ -210,7 +287,9 @@ class DataConfig:
 
             return chains_many([d.transition(s) for d, s in zip(datas, seeds)], self.N, n, gens,
                                starts=[d.initial_law(s) for d, s in zip(datas, seeds)])
-        return [d.draw(n, g, s) for d, g, s in zip(datas, gens, seeds)]
+        from .data import checked
+
+        return [checked(d, d.draw(n, g, s), n) for d, g, s in zip(datas, gens, seeds)]
 
     def first_order_pi(self, seed: int):
         """The Π that V is compared with (v_pi_cosine) and that the trap's classes come from."""
@@ -251,7 +330,9 @@ class DataConfig:
         """`draw` written into a stacked batch's numpy views (a family with a faster path overrides it)."""
         import torch
 
-        s = self.draw(len(y), gen, seed)
+        from .data import checked
+
+        s = checked(self, self.draw(len(y), gen, seed), len(y))
         tokens[...], y[...] = s.tokens.numpy(), s.y.numpy()
         P_true[...] = s.P_true.to(torch.from_numpy(P_true[:0]).dtype).numpy()
 

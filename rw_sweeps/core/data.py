@@ -291,7 +291,20 @@ def qa_preference(n: int, gen: torch.Generator) -> Split:
 def make(cfg: DataConfig, seed: int) -> tuple[Split, Split]:
     """The fixed training and test sets of one run: train first, then test, from one generator."""
     gen = torch.Generator().manual_seed(seed)
-    return cfg.draw(cfg.n_train, gen, seed), cfg.draw(cfg.n_test, gen, seed)
+    return checked(cfg, cfg.draw(cfg.n_train, gen, seed), cfg.n_train), \
+        checked(cfg, cfg.draw(cfg.n_test, gen, seed), cfg.n_test)
+
+
+def checked(cfg: DataConfig, split, n: int) -> Split:
+    """A family's `draw` as the engines read it, or a one-line ValueError naming the family: a Split of
+    tokens (n, N − 1), y (n,) and P_true (n, K) (a sampler of another shape fails here, not in a broadcast)."""
+    want = {"tokens": (n, cfg.N - 1), "y": (n,), "P_true": (n, cfg.K)}
+    got = {k: tuple(getattr(getattr(split, k, None), "shape", ())) for k in want}
+    if not isinstance(split, Split) or got != want:
+        shown = ", ".join(f"{k} {got[k]}" for k in want) if isinstance(split, Split) else type(split).__name__
+        raise ValueError(f"data={cfg.name}: draw(n={n}, …) gave {shown}; it must give a Split of tokens "
+                         f"{want['tokens']}, y {want['y']}, P_true {want['P_true']} (n, N − 1, K)")
+    return split
 
 
 MAX_DATA_WORKERS = 16

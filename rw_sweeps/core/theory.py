@@ -249,8 +249,9 @@ def _shape_key(cfg: RunConfig) -> tuple:
 
 
 def is_trap(cfg: RunConfig) -> bool:
-    """Theorem 4.1's conditions: a deterministic walk, K | N − 1 (and zero init for the exact trap)."""
-    return cfg.data.name == "random_walk" and cfg.data.p in (0.0, 1.0) and (cfg.data.N - 1) % cfg.data.K == 0
+    """Theorem 4.1's conditions on the run's data, as its family states them (`DataConfig.is_trap`: on the
+    circle a deterministic walk with K | N − 1; zero init for the exact trap)."""
+    return cfg.data.is_trap()
 
 
 def _refused(cfg: RunConfig) -> Optional[str]:

@@ -583,7 +583,8 @@ def summary(rec: Record, wall: float) -> dict:
         "parent_positions": parents, "parents_attention": _parents_attention(rec, parents),
         "steps": rec.steps,
         "wall_s": round(wall, 6),
-        "p": getattr(cfg.data, "p", None), "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,
+        "p": getattr(cfg.data, "p", None), **cfg.data.echoed(),  # and the family's own keys (`DataConfig.ECHO`)
+        "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,
         "data": cfg.data.name, "init": cfg.init.name, "sigma": cfg.init.sigma, "lr": cfg.optim.lr,
         "eps": cfg.optim.eps, "seed": cfg.seed, "precision": cfg.precision, "run_id": results.run_id(rec.run_dir),
     }

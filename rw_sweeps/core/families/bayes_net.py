@@ -37,6 +37,7 @@ class BayesNet(DataConfig):
     in_context: bool = False  # true: T drawn afresh per sequence (the Bayes predictor reads the sequence's pairs)
     alpha: float = 1.0  # Dirichlet(alpha·1_K) concentration of T's rows
     PER_RUN: ClassVar[tuple] = ("alpha",)
+    ECHO: ClassVar[tuple] = ("in_degree", "in_context", "alpha")  # the DAG: the summary's parent_positions
     SEEDED: ClassVar[bool] = True  # the drawn DAG depends on the seed
 
     def validate(self, seed: int) -> None:

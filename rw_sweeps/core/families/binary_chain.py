@@ -18,6 +18,7 @@ class BinaryChain(DataConfig):
     q: float = 0.3  # P(1→0)
     start: str = "uniform"  # the law of s_1: uniform | stationary (π = (q, p)/(p + q), Makkuva et al.'s)
     PER_RUN: ClassVar[tuple] = ("p", "q")
+    ECHO: ClassVar[tuple] = ("p", "q")  # start: the law of s_1, a detail of the draw
 
     def validate(self, seed: int) -> None:
         self.in_unit("p", self.p)

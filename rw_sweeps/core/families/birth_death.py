@@ -17,6 +17,7 @@ class BirthDeath(DataConfig):
     name: str = "birth_death"
     p: float = 0.5  # probability of a step up (i → i + 1)
     PER_RUN: ClassVar[tuple] = ("p",)
+    ECHO: ClassVar[tuple] = ("p",)
 
     def validate(self, seed: int) -> None:
         self.in_unit("p", self.p)

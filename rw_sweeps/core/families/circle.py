@@ -22,6 +22,7 @@ class RandomWalk(DataConfig):
     name: str = "random_walk"
     p: float = 0.5  # probability of a clockwise (+1) step
     PER_RUN: ClassVar[tuple] = ("p",)
+    ECHO: ClassVar[tuple] = ("p",)
 
     def validate(self, seed: int) -> None:
         self.in_unit("p", self.p)
@@ -31,6 +32,10 @@ class RandomWalk(DataConfig):
         from ..markov import Pi
 
         return Pi(self.K, self.p)
+
+    def is_trap(self) -> bool:
+        """Theorem 4.1: a deterministic walk (p ∈ {0, 1}) with K | N − 1 visits every node equally often."""
+        return self.p in (0.0, 1.0) and (self.N - 1) % self.K == 0
 
     @property
     def opt_acc(self) -> float:
@@ -56,6 +61,7 @@ class LazyWalk(DataConfig):
     p: float = 0.5  # probability of a clockwise step, given a step
     stay: float = 0.5  # holding probability
     PER_RUN: ClassVar[tuple] = ("p", "stay")
+    ECHO: ClassVar[tuple] = ("p", "stay")
 
     def validate(self, seed: int) -> None:
         self.in_unit("p", self.p)
@@ -76,6 +82,7 @@ class JumpWalk(DataConfig):
     name: str = "jump_walk"
     jumps: List[float] = field(default_factory=lambda: [0.4, 0.3, 0.2, 0.1])  # [P(+1), P(−1), P(+2), P(−2), …]
     PER_RUN: ClassVar[tuple] = ("jumps",)
+    ECHO: ClassVar[tuple] = ("jumps",)
 
     def validate(self, seed: int) -> None:
         _circle(self.K)

@@ -18,6 +18,7 @@ class GraphWalk(DataConfig):
     side: int = 3  # grid/torus only: side × side nodes (data.K must be side²)
     dim: int = 3  # hypercube only: {0,1}^dim (data.K must be 2^dim)
     PER_RUN: ClassVar[tuple] = ("graph", "degree", "side", "dim")
+    ECHO: ClassVar[tuple] = ("graph", "degree", "side", "dim")
     SEEDED: ClassVar[bool] = True  # random_regular's graph is drawn from the seed, and must be connected
 
     def validate(self, seed: int) -> None:

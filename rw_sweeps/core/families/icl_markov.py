@@ -16,6 +16,7 @@ class IclMarkov(DataConfig):
     K: int = 3
     alpha: float = 1.0  # Dirichlet(alpha·1_K) concentration of each sequence's Π rows
     PER_RUN: ClassVar[tuple] = ("alpha",)
+    ECHO: ClassVar[tuple] = ("alpha",)
 
     def validate(self, seed: int) -> None:
         check_alpha(self.alpha)

@@ -25,6 +25,7 @@ class KthOrder(DataConfig):
     order: int = 2  # k: the next state's law depends on the last k states
     alpha: float = 1.0  # Dirichlet(alpha·1_K) concentration of T's rows
     PER_RUN: ClassVar[tuple] = ("alpha",)
+    ECHO: ClassVar[tuple] = ("order", "alpha")
 
     def validate(self, seed: int) -> None:
         from ..markov import MAX_KTH_ENTRIES

@@ -28,6 +28,7 @@ class MarkovMatrix(DataConfig):
     Pi_file: Optional[str] = None
     PER_RUN: ClassVar[tuple] = ("Pi", "Pi_file")
     FILES: ClassVar[tuple] = ("Pi_file",)
+    ECHO: ClassVar[tuple] = ()  # Π is K² numbers (up to 900²): the config records it
 
     def validate(self, seed: int) -> None:
         if self.Pi_file is None:

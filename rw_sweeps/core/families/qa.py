@@ -10,6 +10,7 @@ from ..config import ConfigError, DataConfig, option
 
 class _QA(DataConfig):
     TARGETS: ClassVar[tuple] = ("last",)  # one question, answered at the end
+    ECHO: ClassVar[tuple] = ()  # no keys of their own
 
     def validate(self, seed: int) -> None:
         fixed = type(self)()

@@ -379,7 +379,8 @@ def summary(rec: Record, wall: float) -> dict:
         **{k: last.get(k) for k in GPT_LAST}, "relative_loss": gap, "eval_step": last.get("step"),
         "opt_acc": rec.opt_acc, "symmetry_break_step": broke, "steps": rec.steps, "wall_s": round(wall, 6),
         "parent_positions": parent_positions(cfg),
-        "p": getattr(d, "p", None), "q": getattr(d, "q", None), "K": d.K, "N": d.N, "model": m.name,
+        "p": getattr(d, "p", None), "q": getattr(d, "q", None), **d.echoed(),  # the family's keys (`ECHO`)
+        "K": d.K, "N": d.N, "model": m.name,
         "n_layer": m.n_layer, "n_head": m.n_head, "tie": m.tie, "target": d.target, "online": d.online,
         "data": d.name, "init": cfg.init.name, "sigma": cfg.init.sigma, "lr": cfg.optim.lr, "optim": cfg.optim.name,
         "eps": cfg.optim.eps, "seed": cfg.seed, "precision": cfg.precision, "run_id": results.run_id(rec.run_dir),

@@ -69,10 +69,10 @@ def record_without(key: str) -> dict:
     ({**GOOD, "detached": "no"}, "detached must be true or false (it is a text)"),
     ({**GOOD, "submitted": "yesterday"}, "submitted must be a time in seconds since 1970 (it is a text)"),
     ({**GOOD, "submitted": 1e300}, "submitted must be a time in seconds since 1970 (it is a number)"),
-    ({**GOOD, "runs": "0"}, "runs must be a list of run names (it is a text)"),
-    ({**GOOD, "runs": [0]}, "runs must be a list of run names (it is a list)"),
-    ({**GOOD, "runs": ["a\0b"]}, "runs must be a list of run names (it is a list)"),  # os calls raise on NUL
-    ({**GOOD, "skipped": {"0": 1}}, "skipped must be a list of run names (it is an object)"),
+    ({**GOOD, "runs": "0"}, "runs must be a list of run folders inside the sweep folder (it is a text)"),
+    ({**GOOD, "runs": [0]}, "runs must be a list of run folders inside the sweep folder (it is a list)"),
+    ({**GOOD, "runs": ["a\0b"]}, "runs must be a list of run folders inside the sweep folder (it is a list)"),  # os calls raise on NUL
+    ({**GOOD, "skipped": {"0": 1}}, "skipped must be a list of run folders inside the sweep folder (it is an object)"),
     ({**GOOD, "stale": {"0": "x"}}, "stale must be a mapping of run names to [inode, mtime] (it is an object)"),
     ({**GOOD, "stale": {"0": [1, True]}}, "stale must be a mapping of run names to [inode, mtime] (it is an object)"),
     ({**GOOD, "stale": []}, "stale must be a mapping of run names to [inode, mtime] (it is a list)"),

@@ -284,8 +284,14 @@ def maxrss_mb() -> float:
 
 
 _MEASURED = """
-import atexit, resource, runpy, sys
-atexit.register(lambda: print(f"MAXRSS_KB {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr))
+import atexit, runpy, sys
+# VmHWM is this image's own peak: getrusage's ru_maxrss survives execve, so after subprocess's vfork it would
+# report the test runner's peak whenever that is larger.
+def _peak():
+    with open("/proc/self/status") as f:
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    print(f"MAXRSS_KB {kb}", file=sys.stderr)
+atexit.register(_peak)
 what, sys.argv = sys.argv[1], sys.argv[1:]
 if what.endswith(".py"):
     runpy.run_path(what, run_name="__main__")

@@ -12,8 +12,9 @@ import torch
 from rw_sweeps.core import adam, config, model, oracle, results, training
 from rw_sweeps.sweeps import run
 from rw_sweeps.core import data as data_mod
-from rw_sweeps.core.config import (ConfigError, FfnModelConfig, GaussianInit, InitConfig, ModelConfig,
-                                   RunConfig, data_config, from_dict, validate)
+from rw_sweeps.core.config import ConfigError, FfnModelConfig, ModelConfig, RunConfig, data_config, from_dict, validate
+from rw_sweeps.core.inits.gaussian import GaussianInit
+from rw_sweeps.core.inits.zero import ZeroInit
 from rw_sweeps.core.optimisers.adam import Adam
 
 from .test_config import checked
@@ -122,7 +123,7 @@ def test_phi_equals_the_sum_over_every_entry(N, M, pos_denom, G, monkeypatch):
 
 
 def test_a_batch_of_adam_runs_equals_each_run_alone(tmp_path):
-    runs = [dict(seed=0, init=InitConfig(), optim=opt(lr=0.01)),
+    runs = [dict(seed=0, init=ZeroInit(), optim=opt(lr=0.01)),
             dict(seed=1, init=GaussianInit("gaussian", 0.05), optim=opt(lr=0.003, beta1=0.8, beta2=0.99, adam_eps=1e-6)),
             dict(seed=2, init=GaussianInit("gaussian", 0.02), optim=opt(lr=0.02, beta1=0.0, reduction="sum"))]
     cs = [cfg(model=ModelConfig(M=64, normalize="whole"), **r) for r in runs]  # one shape: normalize fixed

@@ -71,7 +71,7 @@ EXPECTED = {  # the paper's settings each preset must produce (single values; sw
 def test_experiment_presets_compose_to_the_paper_settings(name):
     c = composed(f"experiment={name}")
     assert c.experiment == name
-    flat = {"p": getattr(c.data, "p", None), "K": c.data.K, "N": c.data.N, "init": c.init.name, "sigma": c.init.sigma, "lr": c.optim.lr,
+    flat = {"p": getattr(c.data, "p", None), "K": c.data.K, "N": c.data.N, "init": c.init.name, "sigma": c.init.scale(), "lr": c.optim.lr,
             "steps": c.optim.steps, "eps": c.optim.eps, "M": c.model.M, "normalize": c.model.normalize,
             "model": c.model.name, "m": c.model.m, "n_train": c.data.n_train, "n_test": c.data.n_test}
     assert {k: flat[k] for k in EXPECTED[name]} == EXPECTED[name]

@@ -10,7 +10,9 @@ import torch
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import engine, model, oracle, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import FfnModelConfig, GaussianInit, InitConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import FfnModelConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.inits.gaussian import GaussianInit
+from rw_sweeps.core.inits.zero import ZeroInit
 from rw_sweeps.core.optimisers.gd import Gd
 
 
@@ -150,7 +152,7 @@ def test_section_6_qa_tasks(tmp_path):
 def test_a_batch_equals_its_runs_alone(tmp_path):
     cs = [cfg(data=data_config(K=5, N=21, p=p, n_train=100, n_test=50), seed=s, init=i,
               model=ModelConfig(M=1000, normalize="none"))  # one shape: normalize=auto would differ by init
-          for p, s, i in [(0.5, 0, InitConfig()), (0.9, 1, GaussianInit("gaussian", 0.02)), (0.2, 2, InitConfig())]]
+          for p, s, i in [(0.5, 0, ZeroInit()), (0.9, 1, GaussianInit("gaussian", 0.02)), (0.2, 2, ZeroInit())]]
     together = run.run_batch(cs, [tmp_path / f"b{i}" for i in range(3)])
     alone = [run.run_batch([c], [tmp_path / f"a{i}"])[0] for i, c in enumerate(cs)]
     for x, y in zip(together, alone):

@@ -317,7 +317,7 @@ def test_help_says_what_the_app_is_and_lists_the_groups_and_every_keys_comment(t
 def test_a_missing_extras_plugin_names_the_extra_to_install():
     from hydra.errors import MissingConfigException
 
-    from rw_sweeps.core.config import from_hydra_error
+    from rw_sweeps.sweeps.hydra_errors import from_hydra_error
 
     text = ("In 'hydra/config': Could not find 'hydra/sweeper/optuna'\n\nAvailable options in 'hydra/sweeper':"
             "\n\tbasic\n\trw\nConfig search path:\n\tprovider=hydra, path=pkg://hydra.conf")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rw_sweeps.core import model, oracle, training
-from rw_sweeps.core.config import ConfigError, FfnModelConfig, GaussianInit, InitConfig, ModelConfig, data_config, validate
+from rw_sweeps.core.config import ConfigError, FfnModelConfig, ModelConfig, data_config, validate
+from rw_sweeps.core.inits.gaussian import GaussianInit
 
 from .test_engine import cfg, trajectory
 
@@ -106,7 +107,7 @@ def test_init_draw_is_validated():
         validate(dataclasses.replace(cfg(), init=GaussianInit("gaussian", 0.01, "sparse")))
     msg = str(e.value)
     assert "init.draw" in msg and "sparse" in msg and "compact" in msg and "dense" in msg
-    assert cfg().init.draw == "compact"
+    assert GaussianInit().draw == "compact" and cfg().init.name == "zero"  # the default draw; zero init has none
 
 
 def test_the_init_stream_is_not_the_data_stream():
@@ -126,7 +127,8 @@ def test_only_the_dense_draw_is_charged_for_the_dense_W():
     """The memory check before a run starts counts the (K+M)² W only where it is drawn (init.draw=dense)."""
     import dataclasses
 
-    from rw_sweeps.core.config import GaussianInit, RunConfig
+    from rw_sweeps.core.config import RunConfig
+    from rw_sweeps.core.inits.gaussian import GaussianInit
     from rw_sweeps.core.resources import run_bytes
 
     base = RunConfig()

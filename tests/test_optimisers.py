@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rw_sweeps.core import config, oracle
-from rw_sweeps.core.config import (ConfigError, GaussianInit, ModelConfig, OptimConfig, RunConfig, data_config,
-                                   option_config, validate)
+from rw_sweeps.core.config import ConfigError, ModelConfig, OptimConfig, RunConfig, data_config, option_config, validate
+from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.sweeps import run
 
 from .test_adam import _oracle_probe

@@ -18,7 +18,9 @@ from torch.func import jvp
 
 from rw_sweeps.core import engine, model, theory, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import FfnModelConfig, GaussianInit, InitConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import FfnModelConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.inits.gaussian import GaussianInit
+from rw_sweeps.core.inits.zero import ZeroInit
 from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.core.optimisers.adam import Adam
 
@@ -173,7 +175,7 @@ def test_a_fast_escape_between_evaluations(tmp_path):
 
 def test_zero_init_predicts_its_own_break(tmp_path):
     # off the trap (p = 0.9) the zero-init run breaks by itself; on it (p = 1) never
-    cs = [cfg(sigma=0.0, init=InitConfig("zero"), data=data_config(K=4, N=13, p=p, n_train=64, n_test=64), steps=30)
+    cs = [cfg(sigma=0.0, init=ZeroInit(), data=data_config(K=4, N=13, p=p, n_train=64, n_test=64), steps=30)
           for p in (0.9, 1.0)]
     pred = theory.predict(cs)
     meas = run.run_batch(cs, [tmp_path / "a", tmp_path / "b"], progress=False)

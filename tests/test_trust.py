@@ -19,7 +19,8 @@ import pytest
 
 from rw_sweeps.sweeps import lock, run
 from rw_sweeps.core import results
-from rw_sweeps.core.config import GaussianInit, ModelConfig, RunConfig, data_config, validate, option_config
+from rw_sweeps.core.config import ModelConfig, RunConfig, data_config, validate, option_config
+from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.core.optimisers.adam import Adam
 
@@ -442,7 +443,6 @@ def test_a_single_run_into_a_folder_of_another_config_is_refused_unless_overwrit
 def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the_spread_threshold(tmp_path):
     base = dict(data=data_config(p=1.0), model=ModelConfig(normalize="whole"), eval_every=10, seed=103,
                 wandb=dataclasses.replace(RunConfig().wandb, mode="disabled"))
-    from rw_sweeps.core.config import InitConfig
 
     below = validate(RunConfig(**base, init=GaussianInit("gaussian", 1e-3), optim=Gd(lr=1.0, steps=1000)))
     trapped = validate(RunConfig(**{**base, "model": ModelConfig()}, optim=Gd(lr=1.0, steps=200)))

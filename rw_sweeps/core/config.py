@@ -10,7 +10,7 @@ in its defaults; the YAML files hold only deltas. A key of another option is the
 Typing is OmegaConf's: Hydra composes against these schemas, and `from_dict` checks every value of a plain
 dict with OmegaConf's own conversion rules (`typed`), once per distinct value. What OmegaConf cannot state
 (ranges, Π rows summing to 1, K per family, cross-key rules) is `validate`'s, each failing as `ConfigError`
-with the dotted key, the value and what is allowed; `from_hydra_error` maps Hydra's and OmegaConf's own
+with the dotted key, the value and what is allowed; `rw_sweeps.sweeps.hydra_errors` maps Hydra's and OmegaConf's own
 composition errors to the same line.
 
 Which fields batch together and which identify a run's data are derived from the schemas: every field is
@@ -22,12 +22,10 @@ auto); `init=zero` has no σ, so `init=zero init.sigma=…` is refused rather th
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import functools
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, List, Optional
 
@@ -350,6 +348,9 @@ class ModelBase:
     PER_RUN: ClassVar[tuple] = ()
     TRAINER: ClassVar[str] = ""
     ENGINE: ClassVar[str] = ""  # the engine its trainer is (what an optimiser or init implements for it)
+    # why the escape theory (`rw_sweeps.core.theory`, the linearised GD step of eq. 2.1) does not describe
+    # this model, or None where it does
+    ESCAPE_THEORY: ClassVar[Optional[str]] = "the escape theory linearises eq. 2.1's GD step (model=transformer)"
 
     def resolved(self, init: "InitConfig") -> "ModelBase":
         """The model with what depends on the init resolved (model.normalize=auto); a copy where it changes."""
@@ -377,6 +378,7 @@ class ModelConfig(ModelBase):
     PER_RUN: ClassVar[tuple] = ()
     TRAINER: ClassVar[str] = "rw_sweeps.core.training"
     ENGINE: ClassVar[str] = "eq21"
+    ESCAPE_THEORY: ClassVar[Optional[str]] = None
 
     def resolved(self, init: "InitConfig") -> "ModelConfig":
         return resolve_normalize(self, init)
@@ -403,8 +405,6 @@ class ModelConfig(ModelBase):
         if d.online:
             raise ConfigError("data.online", d.online, f"model={self.name} trains full-batch on the fixed training "
                               "set; allowed: false (model=gpt draws fresh batches)")
-        if type(c.init) not in (InitConfig, GaussianInit):
-            raise ConfigError("init", c.init.name, f"model={self.name} starts from zero or gaussian; allowed: zero, gaussian")
 
     @property
     def is_ffn(self) -> bool:
@@ -430,6 +430,9 @@ class FfnModelConfig(ModelConfig):
     # where the FFN sits: after the attention, f = A·ReLU(V·X·S) | before it, per token,
     # f = Σ_i S_i·A·ReLU(V x_i) = A·ReLU(V)·X·S (x_N's token part is 0, so the query adds nothing)
     ffn: str = "after"
+    ESCAPE_THEORY: ClassVar[Optional[str]] = (
+        "zero init is a fixed point where ReLU'(0) = 0, so the linearised step is the identity and the escape is "
+        "second order in sigma, which this theory does not see")
 
     @property
     def is_ffn(self) -> bool:
@@ -437,45 +440,47 @@ class FfnModelConfig(ModelConfig):
 
 
 # ------------------------------------------------------------------------------------------ inits
-@option("init")
 @dataclass
 class InitConfig:
-    """V(0) = 0, W(0) = 0 (and A(0) = 0): the theory's setting, and σ = 0 of the σ axis."""
-    name: str = "zero"
+    """What every init has: its name, its scale and its σ axis. An init is a module of `rw_sweeps.core.inits`
+    (its schema, its rules, and its implementation for each engine it serves, `ENGINES`: engine name →
+    class); `implementation(engine)` gives it or refuses in one line. RunConfig's default is init=zero."""
+    name: str = MISSING
+    ENGINES: ClassVar[dict] = {}  # engine (a model's `ENGINE`) → the class that draws this init's θ(0) there
+    # what model.normalize=auto resolves to with this init (the paper's protocol: whole with a Gaussian init)
+    AUTO_NORMALIZE: ClassVar[str] = "none"
 
-    @property
-    def sigma(self) -> float:
-        return 0.0
+    @classmethod
+    def registered(cls) -> None:
+        name = cls.__dataclass_fields__["name"].default
+        if not cls.ENGINES:
+            raise TypeError(f"init={name}: ENGINES names no engine it serves")
+        for method in ("scale", "unit"):
+            if getattr(cls, method) is getattr(InitConfig, method):
+                raise TypeError(f"init={name}: declares no {method}()")
+        for engine, impl in cls.ENGINES.items():
+            missing = [m for m in INIT_METHODS.get(engine, ()) if not callable(getattr(impl, m, None))]
+            if missing:
+                raise TypeError(f"init={name}: its {engine} implementation {impl.__name__} lacks {', '.join(missing)}")
 
-    @property
-    def draw(self) -> str:
-        return "compact"
+    def validate(self, c: "RunConfig") -> None:
+        """The init's rules beyond its fields' own (ConfigError, one line)."""
+
+    def implementation(self, engine: str, model: str = "?"):
+        return implementation(self, "init", engine, model)
+
+    def scale(self) -> float:
+        """The init's scale, what a run's summary records as `sigma`: σ, GPT-2's std, 0 for zero init."""
+        raise NotImplementedError
+
+    def unit(self) -> "InitConfig":
+        """The init at unit scale: the draw of which every point of its σ axis is `scale()` times (the escape
+        theory's δ_0; zero init is σ = 0 of init=gaussian's)."""
+        raise NotImplementedError
 
 
-@option("init")
-@dataclass
-class GaussianInit(InitConfig):
-    """V_ij(0), W_ij(0) (and A for the FFN) i.i.d. N(0, sigma²) (§5b); sigma = 0 is zero init."""
-    name: str = "gaussian"
-    sigma: float = 0.01
-    # how W is drawn (A and V are drawn the same either way): compact (default) draws a = (W x̂_N)[:K] and
-    # c_j = p_jᵀ(W x̂_N)[K:] directly, the same distribution as the dense draw, not the same sample |
-    # dense: the literal (K+M)² W, so the oracle tests and any dense implementation compare run for run.
-    # model=gpt draws every parameter literally under either
-    draw: str = "compact"
-
-
-@option("init")
-@dataclass
-class Gpt2Init(InitConfig):
-    """GPT-2's initialisation (model=gpt): every weight matrix and embedding N(0, std²), the residual
-    projections (attention output, MLP output) N(0, std²/(2·n_layer)), biases 0, LayerNorm gains 1."""
-    name: str = "gpt2"
-    std: float = 0.02  # the weights' standard deviation
-
-    @property
-    def sigma(self) -> float:
-        return self.std
+# What an engine calls on an init's implementation for it (checked when an init registers).
+INIT_METHODS = {"eq21": ("initial", "draw_bytes"), "gpt": ("weight",), "oracle": ("dense",)}
 
 
 # ------------------------------------------------------------------------------------------ optimisers
@@ -552,7 +557,7 @@ def resolve_normalize(model, init):
     """model.normalize=auto → whole with a Gaussian init, none otherwise (the paper's protocol); a copy."""
     where = NORMALIZE_ALIASES.get(model.normalize, model.normalize)
     if where == "auto":
-        where = "whole" if isinstance(init, GaussianInit) else "none"
+        where = init.AUTO_NORMALIZE
     return model if where == model.normalize else dataclasses.replace(model, normalize=where)
 
 
@@ -572,7 +577,7 @@ class RunConfig:
     objective: Optional[str] = None  # a numeric summary field (e.g. test_acc): the task returns it (Optuna)
     data: DataConfig = field(default_factory=_default_data)
     model: ModelBase = field(default_factory=lambda: OPTIONS["model"]["transformer"]())
-    init: InitConfig = field(default_factory=InitConfig)
+    init: InitConfig = field(default_factory=lambda: OPTIONS["init"]["zero"]())
     optim: OptimConfig = field(default_factory=lambda: OPTIONS["optim"]["gd"]())
     wandb: WandbConfig = field(default_factory=WandbConfig)
     # keys whose values differ within one batch (the init whole: zero and Gaussian runs train together); the
@@ -690,7 +695,7 @@ def typed(cls, name: str, value: Any, key: str) -> Any:
     try:
         node[name] = value
     except ValidationError as e:
-        raise ConfigError(key, value, _type_rule(cls, name, e)) from None
+        raise ConfigError(key, value, type_rule(cls, name, e)) from None
     out = node[name]
     out = OmegaConf.to_container(out) if OmegaConf.is_config(out) else out
     if cache:
@@ -722,7 +727,7 @@ def _plain(cls, name: str, value: Any) -> Any:
 _RULES = {int: "must be an integer", float: "must be a number", bool: "must be true or false", str: "must be a string"}
 
 
-def _type_rule(cls, name: str, e: BaseException) -> str:
+def type_rule(cls, name: str, e: BaseException) -> str:
     import typing
 
     hint = _hint(cls, name)
@@ -758,7 +763,7 @@ def allowed(cls) -> str:
     return ", ".join(_names(cls))
 
 
-def _describe(cls, prefix: str, key: str | None = None) -> str:
+def describe_unknown(cls, prefix: str, key: str | None = None) -> str:
     group = prefix.rstrip(".")
     if group in GROUPS:
         text = f"unknown key for {group}={cls.__dataclass_fields__['name'].default}; allowed: {allowed(cls)}"
@@ -778,7 +783,7 @@ def _build(cls, d: Any, prefix: str, complete: bool):
     names = {name for name, _ in fields}
     unknown = [k for k in d if k not in names]
     if unknown:
-        raise ConfigError(prefix + unknown[0], d[unknown[0]], _describe(cls, prefix, unknown[0]))
+        raise ConfigError(prefix + unknown[0], d[unknown[0]], describe_unknown(cls, prefix, unknown[0]))
     kwargs = {}
     for name, group in fields:
         if name not in d:
@@ -887,7 +892,7 @@ def convert(task: dict, dotted: str, value: Any) -> Any:
         if cls is None:
             raise ConfigError(dotted, value, "unknown key")
     if not isinstance(node, dict) or leaf not in node:
-        raise ConfigError(dotted, value, _describe(cls, ".".join(parents) + "." if parents else "", leaf))
+        raise ConfigError(dotted, value, describe_unknown(cls, ".".join(parents) + "." if parents else "", leaf))
     if dict(_fields(cls)).get(leaf):  # a whole group or wandb node given a value
         raise ConfigError(dotted, value, "is a group; set its keys (or choose an option)")
     return typed(cls, leaf, value, dotted)
@@ -899,13 +904,10 @@ def validate(c: RunConfig) -> RunConfig:
     value and what is allowed. The model's own rules are its schema's (`ModelBase.validate`)."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
     check_rules(o, "optim.")  # the optimiser's rules live on its fields
-    if not math.isfinite(i.sigma):
-        raise ConfigError("init.sigma", i.sigma, "must be a finite number")
+    check_rules(i, "init.")  # and the init's on its
     _check_seed(c.seed)
-    if isinstance(i, GaussianInit):
-        choice("init.draw", i.draw, ("compact", "dense"))
     choice("precision", c.precision, ("float64", "float32"))
-    if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isdigit())):
+    if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isascii() and c.device[5:].isdigit())):
         raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
     choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))
     choice("wandb.granularity", c.wandb.granularity, ("auto", "run", "job"))
@@ -920,8 +922,8 @@ def validate(c: RunConfig) -> RunConfig:
     if c.checkpoint_every < 0:
         raise ConfigError("checkpoint_every", c.checkpoint_every, "must be >= 0 (0 disables checkpoints)")
     mo.validate(c)
-    if i.sigma < 0:
-        raise ConfigError("init.sigma", i.sigma, "must be >= 0 (σ = 0 is zero init)")
+    i.validate(c)
+    i.implementation(mo.ENGINE, mo.name)  # refused here, before anything is written, where it cannot serve
     o.validate(c)
     o.implementation(mo.ENGINE, mo.name)  # refused here, before anything is written, where it cannot serve
     from .metrics import OBJECTIVES
@@ -952,91 +954,6 @@ def with_seed(cfg: RunConfig, seed: int) -> RunConfig:
     return out
 
 
-# ------------------------------------------------------------------------------------------ Hydra's errors
-def _schema_of(e: BaseException):
-    """The schema class an OmegaConf error was raised on, when it is one of ours."""
-    cls = getattr(e, "object_type", None)
-    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
-
-
-def from_hydra_error(exc: BaseException) -> ConfigError | None:
-    """Hydra's / OmegaConf's composition errors (a value of the wrong type against the schema, a key the
-    option has no place for, a deleted required key, an unknown group option) as the same one-line
-    ConfigError, or None."""
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
-
-    chain, e = [], exc
-    while e is not None and e not in chain:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    for e in chain:
-        key = getattr(e, "full_key", None)
-        if isinstance(e, ConfigError):
-            return e
-        if not key:
-            continue
-        cls = _schema_of(e)
-        if isinstance(e, ValidationError):
-            key = key.split("[")[0]
-            leaf = key.rsplit(".", 1)[-1]
-            if cls is None or leaf not in cls.__dataclass_fields__:  # an item of a list: the run's own key
-                cls = RunConfig if "." not in key else cls
-            rule = _type_rule(cls, leaf, e) if cls is not None and leaf in cls.__dataclass_fields__ else one_line(e)
-            return ConfigError(key, getattr(e, "value", None), rule)
-        if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
-            m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)
-            value = _parsed(m.group(1)) if m else None
-            if key.startswith("hydra.launcher."):
-                return ConfigError(key, value, "unknown launcher key; any other sbatch option goes in "
-                                   f"'+hydra.launcher.additional_parameters.{key.rsplit('.', 1)[1]}=...'")
-            if key.startswith("hydra."):
-                return ConfigError(key, value, "unknown Hydra key")
-            prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
-            return ConfigError(key, value, _describe(cls, prefix, key.rsplit(".", 1)[-1]) if cls is not None
-                               else "unknown key")
-        if isinstance(e, ConfigTypeError) and "deletion" in str(e):
-            return ConfigError(key, "<deleted>", "is required by the schema and cannot be removed")
-    text = str(exc)
-    m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'.*?Available options in '[^']+':\s*(.*?)(?:Config search path|$)",
-                  text, re.S)
-    if m:
-        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip() and not o.strip().endswith("_schema"))
-        extra = EXTRAS.get((m.group(1), m.group(2)))
-        hint = f" ({m.group(2)} is in the '{extra}' extra: pip install 'rw-sweeps[{extra}]')" if extra else ""
-        return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}{hint}")
-    return None
-
-
-# Hydra plugins that come with an extra of this package (pyproject.toml): a missing one says how to get it
-EXTRAS = {("hydra/sweeper", "optuna"): "optuna", ("hydra/launcher", "submitit_local"): "submitit",
-          ("hydra/launcher", "submitit_slurm"): "submitit"}
-
-
-def _parsed(text: str) -> Any:
-    """A command-line value as YAML reads it (`0.3` → 0.3), for the message."""
-    import yaml
-
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-@contextlib.contextmanager
-def one_line_errors():
-    """Inside: Hydra's and OmegaConf's composition errors leave as the one-line ConfigError that
-    `from_hydra_error` maps them to (anything it cannot map leaves unchanged)."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, as one line
-        mapped = from_hydra_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
-
-
 def wandb_group(folder: str) -> str:
     """A run's wandb group when `wandb.group` is null: its sweep (or single run) folder, as the last two parts
     of the path (`multirun/2026-12-01/10-00-00` → `2026-12-01/10-00-00`)."""
@@ -1062,6 +979,7 @@ def register() -> None:
 
 from . import families  # noqa: E402,F401 - every data family declares itself (`@option("data")`)
 from . import optimisers  # noqa: E402,F401 - every optimiser declares itself (`@option("optim")`)
+from . import inits  # noqa: E402,F401 - every init declares itself (`@option("init")`)
 from .gpt import schema as _gpt_schema  # noqa: E402,F401 - model=gpt declares itself (`@option("model")`)
 
 register()

@@ -93,23 +93,9 @@ def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
 
 
 def initial(cfg: RunConfig, dtype) -> dict:
-    """The dense initial θ: zeros, or the engine's own Gaussian draws (same generator, same order)."""
-    K, M = cfg.data.K, cfg.model.M
-    if cfg.init.name == "zero":
-        theta = {"V": torch.zeros(K, K, dtype=dtype)}
-        if cfg.model.is_ffn:
-            theta = {"A": torch.zeros(K, cfg.model.m, dtype=dtype), "V": torch.zeros(cfg.model.m, K, dtype=dtype)}
-        theta["W"] = torch.zeros(K + M, K + M, dtype=dtype)
-        return theta
-    # the engine's own seeding, so both start from the same draw: the literal W (init.draw=dense), or the
-    # compact draw (init.draw=compact) lifted to a dense W with exactly that (a, c)
-    gen = model.init_generator(cfg.seed)
-    if cfg.init.draw == "dense":
-        return model.init_dense(cfg.model, K, cfg.init.sigma, gen, dtype)
-    geo = model.geometry(cfg.model, cfg.data.N)
-    theta, (a, c) = model.init_compact(cfg.model, K, cfg.data.N, cfg.init.sigma, gen, geo, torch.float64)
-    theta["W"] = model.dense_W(a, c, cfg.model, K, cfg.data.N, geo)
-    return {k: v.to(dtype) for k, v in theta.items()}
+    """The dense initial θ, as the run's init draws it for the literal model (its `oracle` implementation,
+    `rw_sweeps.core.inits`): zeros, or the engine's own Gaussian draws (same generator, same order)."""
+    return cfg.init.implementation("oracle", cfg.model.name).dense(cfg, dtype)
 
 
 def main(argv: list[str]) -> None:

@@ -8,19 +8,13 @@ import dataclasses
 import os
 
 from . import trainer
-from .config import ConfigError, ModelConfig, RunConfig
+from .config import ConfigError, RunConfig
 
 
 def bytes_per_run(c: RunConfig) -> int:
-    """Peak memory of one run inside a batch on the PyTorch path (int64 tokens, the (n, N−1) gather and
-    scatter temporaries, a dozen (n, K) tensors); measured within ~20 % at the §5 shape. The packing rule
-    (`rw_sweeps.sweeps.packing`) sizes chunks with it. Another model's trainer estimates its own."""
-    if not isinstance(c.model, ModelConfig):
-        return trainer.of(c).run_bytes(c)[0]
-    n, L, K = c.data.n_train + c.data.n_test, c.data.N - 1, c.data.K
-    item = 8 if c.precision == "float64" else 4
-    width = max(K, getattr(c.model, "m", None) or 0)
-    return n * L * (8 + 3 * item) + n * width * item * 14 + 4096
+    """Peak memory of one run inside a batch, as its trainer estimates it (`batch_bytes`); the packing rule
+    (`rw_sweeps.sweeps.packing`) sizes chunks with it."""
+    return trainer.of(c).batch_bytes(c)
 
 
 def run_bytes(cfg: RunConfig) -> tuple[int, str]:
@@ -30,22 +24,8 @@ def run_bytes(cfg: RunConfig) -> tuple[int, str]:
 
 
 def estimate(cfg: RunConfig) -> tuple[int, str]:
-    """Peak bytes of one run, and the key of the estimate's largest term: the batched data and state (as
-    bytes_per_run), the K×K matrices (Π, V, Πᵀ), and for init=gaussian the draw of W: the dense (K+M)²
-    float64 with init.draw=dense, only the N×M positions (gram=numeric) with the compact draw. Another
-    model's trainer estimates its own (`run_bytes`)."""
-    if not isinstance(cfg.model, ModelConfig):
-        return trainer.of(cfg).run_bytes(cfg)
-    d, m = cfg.data, cfg.model
-    gaussian = cfg.init.name == "gaussian"
-    dense_W = (d.K + m.M) ** 2 * 8 if gaussian and cfg.init.draw == "dense" else 0
-    positions = d.N * m.M * 8 if gaussian and (cfg.init.draw == "dense" or m.gram == "numeric") else 0
-    terms = {
-        "model.M": dense_W + positions,
-        "data.K": 3 * d.K * max(d.K, m.m or 0) * 8,
-        "data.n_train" if d.n_train >= d.n_test else "data.n_test": bytes_per_run(cfg),
-    }
-    return sum(terms.values()), max(terms, key=terms.get)
+    """Peak bytes of one run, and the key of the estimate's largest term, as its trainer estimates them."""
+    return trainer.of(cfg).run_bytes(cfg)
 
 
 def cause(cfg: RunConfig, total: int, largest: str) -> str:
@@ -131,14 +111,14 @@ def check(cfg: RunConfig) -> None:
 
 
 def problems(cfgs: list[RunConfig], shapes: list | None = None) -> list[ConfigError | None]:
-    """`check` for every run, asked once per shape (and init: the dense draw counts): the error, or None.
+    """`check` for every run, asked once per shape and init at unit scale (its draw counts): the error, or None.
     `shapes`: the runs' `shape_key`s, where the caller has them."""
     from .config import shape_key
 
     seen: dict = {}
     out = []
     for i, cfg in enumerate(cfgs):
-        key = (cfg.init.name, cfg.init.draw, shapes[i] if shapes is not None else shape_key(cfg))
+        key = (type(cfg.init), repr(cfg.init.unit()), shapes[i] if shapes is not None else shape_key(cfg))
         if key not in seen:
             try:
                 check(cfg)

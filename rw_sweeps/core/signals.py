@@ -5,7 +5,7 @@ SIGINT, SIGTERM and SIGHUP (a signal that is ignored, as under `nohup`, stays ig
 `Stopped`, a KeyboardInterrupt that carries the exit code (130, 143, 129: 128 + the signal's number), so
 every place that handles Ctrl-C handles the other two alike:
 
-- in the step loop, `rw_sweeps.core.training._SaveOnSignal` holds the signal to the end of the current
+- in the step loop, `rw_sweeps.core.loop.SaveOnSignal` holds the signal to the end of the current
   step, checkpoints every run of the chunk, then calls this handler (which raises); a signal that comes
   after the last step is handed back with `later` and raised once the chunk's results are written;
 - while finished results are written in the main thread (`deferred()`), the signal is held and raised

@@ -12,7 +12,7 @@ trajectory. To first order in σ the run is θ_t ≈ base_t + σ·δ_t, with
 tuple) and δ_0 the run's own unit-σ draw (what training.initial_state draws for its seed with σ = 1: V(0),
 a(0), c(0), and A(0) for the FFN; every draw is σ times it). J_t δ_t is one `torch.func.jvp` per step, so a
 single trajectory of the unit draw predicts every σ. The predicted crossing step is the first step at
-which the attention spread of base_t + σ·δ_t on the run's test set exceeds training.BREAK_SPREAD, and the
+which the attention spread of base_t + σ·δ_t on the run's test set exceeds loop.BREAK_SPREAD, and the
 predicted break step the first evaluated step (a multiple of `eval_every`, or T, as training evaluates)
 from the crossing on: what summary.json's `symmetry_break_step` measures on the run itself (a broken run
 does not return to the symmetric point, while the linear state, past its crossing, soon means nothing).
@@ -50,8 +50,8 @@ import torch
 from torch.func import jvp
 
 from . import data as data_mod
-from . import engine, model, training
-from .config import GaussianInit, ModelConfig, RunConfig, shape_key
+from . import engine, loop, model, training
+from .config import RunConfig, shape_key
 
 DTYPE = torch.float64  # the linearisation's precision, whatever the runs' (module docstring)
 MAX_ELEMENTS = 1 << 23  # R·n·(N − 1) of one batched trajectory or evaluation: bounds the memory of a chunk
@@ -133,7 +133,7 @@ def linearise(cfgs: list[RunConfig], data: Optional[tuple] = None, device="cpu")
     vec = lambda xs: torch.tensor(xs, dtype=DTYPE, device=device)  # noqa: E731
     lr, eps = vec([c.optim.lr for c in cfgs]), vec([c.optim.eps for c in cfgs])
     w = vec([1.0 / c.data.n_train if c.optim.reduction == "mean" else 1.0 for c in cfgs])
-    unit = [dataclasses.replace(c, init=GaussianInit(sigma=1.0, draw=c.init.draw)) for c in cfgs]
+    unit = [dataclasses.replace(c, init=c.init.unit()) for c in cfgs]  # zero init: σ = 0 of the Gaussian axis
     delta = tuple(x.to(device) for x in as_tuple(training.initial_state(unit, geo, DTYPE)))
     base = tuple(torch.zeros_like(x) for x in delta)
     norm = _norm(delta)
@@ -204,19 +204,19 @@ def trajectories(cfgs: list[RunConfig], sigmas: list[list[float]], device="cpu")
         if lin.t in evals:
             for r, v in enumerate(spreads(lin, [(r, 0.0) for r in range(R)])):
                 base_max[r] = max(base_max[r], v)
-                if base_break[r] is None and v > training.BREAK_SPREAD:
+                if base_break[r] is None and v > loop.BREAK_SPREAD:
                     base_break[r] = lin.t
         if lin.t in evals:  # every σ where training evaluates: off the trap the spread need not grow with σ
             pairs = [(r, sg) for r in range(R) for sg in left[r]]
             for (r, sg), v in zip(pairs, spreads(lin, pairs)):
-                if v > training.BREAK_SPREAD:
+                if v > loop.BREAK_SPREAD:
                     crossing[r][sg] = lin.t
                     left[r].remove(sg)
         pending = [r for r in range(R) if left[r]]
         while pending:
             hit = []
             for r, v in zip(pending, spreads(lin, [(r, left[r][-1]) for r in pending])):
-                if v > training.BREAK_SPREAD:
+                if v > loop.BREAK_SPREAD:
                     crossing[r][left[r].pop()] = lin.t
                     if left[r]:
                         hit.append(r)
@@ -238,7 +238,7 @@ def _trajectory_key(cfg: RunConfig) -> str:
     """Everything a trajectory depends on: the config but σ, the init's name (δ_0 is the unit draw either
     way) and what the float64 CPU linearisation does not use."""
     d = {k: v for k, v in cfg.to_dict().items() if k not in IGNORED}
-    d["init"] = {"draw": cfg.init.draw}
+    d["init"] = dataclasses.asdict(cfg.init.unit())  # δ_0's draw: zero init's is the compact Gaussian one
     return json.dumps(d, sort_keys=True)
 
 
@@ -255,13 +255,11 @@ def is_trap(cfg: RunConfig) -> bool:
 
 
 def _refused(cfg: RunConfig) -> Optional[str]:
-    if not isinstance(cfg.model, ModelConfig):
-        return f"model={cfg.model.name}: the escape theory linearises eq. 2.1's GD step (model=transformer)"
+    why = type(cfg.model).ESCAPE_THEORY
+    if why is not None:
+        return f"model={cfg.model.name}: {why}"
     if not cfg.optim.LINEARISED:
         return f"optim.name={cfg.optim.name}: the linearisation is of the GD step (eq. 2.3) only"
-    if cfg.model.is_ffn:
-        return ("model=transformer_ffn: zero init is a fixed point where ReLU'(0) = 0, so the linearised step is "
-                "the identity and the escape is second order in sigma, which this theory does not see")
     return None
 
 
@@ -270,10 +268,9 @@ def _finite(x: float) -> Optional[float]:
 
 
 def _row(cfg: RunConfig, traj: Optional[dict], reason: Optional[str]) -> dict:
-    gaussian = cfg.init.name == "gaussian"
     out = {"predicted_break_step": None, "predicted_crossing_step": None, "growth_per_step": None, "growth": None,
            "base_break_step": None, "base_spread_max": None, "reason": reason, "trap": is_trap(cfg),
-           "sigma": cfg.init.sigma if gaussian else 0.0, "init": cfg.init.name, "lr": cfg.optim.lr, "p": getattr(cfg.data, "p", None),
+           "sigma": cfg.init.scale(), "init": cfg.init.name, "lr": cfg.optim.lr, "p": getattr(cfg.data, "p", None),
            "seed": cfg.seed, "normalize": cfg.model.normalize, "precision": cfg.precision,
            "reduction": cfg.optim.reduction, "eps": cfg.optim.eps, "steps": cfg.optim.steps,
            "eval_every": cfg.eval_every, "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M,
@@ -318,12 +315,12 @@ def predict_each(cfgs: list[RunConfig], device="cpu"):
     for i, (c, k, why) in enumerate(zip(cfgs, keys, reasons)):
         if why is None:
             runs.setdefault(k, i)
-            sigmas.setdefault(k, set()).add(c.init.sigma if c.init.name == "gaussian" else 0.0)
+            sigmas.setdefault(k, set()).add(c.init.scale())
             by_key.setdefault(k, []).append(i)
         else:
             yield i, _row(c, None, why)
     firsts = list(runs.items())
-    for idx in training.group_by(firsts, lambda kv: _shape_key(cfgs[kv[1]])).values():
+    for idx in loop.group_by(firsts, lambda kv: _shape_key(cfgs[kv[1]])).values():
         group = [firsts[j] for j in idx]
         c0 = cfgs[group[0][1]]
         chunk = max(1, MAX_ELEMENTS // (max(c0.data.n_train, c0.data.n_test) * (c0.data.N - 1)))

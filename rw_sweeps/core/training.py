@@ -9,12 +9,7 @@ while the others go on.
 from __future__ import annotations
 
 import math
-import os
-import signal
-import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,34 +17,10 @@ import torch
 from . import data as data_mod
 from . import engine, fused, model, results
 from .config import RunConfig
+from .loop import BREAK_SPREAD, Record, SaveOnSignal, Ticker, device_of, has_terminal
 from .metrics import EVALUATED, LAST
 
 LIVE_S = 1.0  # at most one live report (`train(live=…)`) a second: a flush rebuilds every record
-BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
-
-
-def group_by(items: list, key) -> dict:
-    """{key(item): [indices of the items with that key]}, in first-seen order (the one grouping helper)."""
-    groups: dict = {}
-    for i, item in enumerate(items):
-        groups.setdefault(key(item), []).append(i)
-    return groups
-
-
-@dataclass
-class Record:
-    """What one run produced: its history rows, snapshots, status and the step it stopped at."""
-    cfg: RunConfig
-    run_dir: Path
-    history: list = field(default_factory=list)
-    snapshots: list = field(default_factory=list)
-    status: str = "done"
-    error: str | None = None
-    break_step: int | None = None
-    prediction_break_step: int | None = None  # first evaluated step whose predictions left the symmetric point's
-    steps: int = 0
-    opt_acc: float | None = None  # the Bayes-optimal test accuracy where it has no closed form (cfg.opt_acc)
-    trap: bool | None = None  # every training sequence has the same token histogram (`trap_flags`)
 
 
 def trap_flags(tokens: torch.Tensor, K: int, classes: list | None = None) -> list[bool]:
@@ -103,28 +74,33 @@ def closed_classes(Pi) -> list[int] | None:
     return out
 
 
-def has_terminal() -> bool:
-    """A progress bar needs a terminal that says its size: a pseudo-terminal without one (`script -qc`, some
-    CI runners) gets the log-line ticker, as a log file does."""
-    if os.environ.get("CI") or not sys.stderr.isatty():
-        return False
-    try:
-        size = os.get_terminal_size(sys.stderr.fileno())
-    except OSError:
-        return False
-    return size.columns > 0 and size.lines > 0
-
-
-def device_of(cfg: RunConfig) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(cfg.device)
-
-
 def data_dtypes(cfg: RunConfig) -> tuple[torch.dtype, torch.dtype]:
     """(P_true's dtype, the tokens' dtype) of a batch of these runs: bytes where the fused kernel reads them."""
     fused_here = device_of(cfg).type == "cpu" and fused.available(cfg)
     return getattr(torch, cfg.precision), torch.uint8 if fused_here else torch.int64
+
+
+def batch_bytes(c: RunConfig) -> int:
+    """Peak memory of one run inside a batch (int64 tokens, the (n, N−1) gather and scatter temporaries, a
+    dozen (n, K) tensors); measured within ~20 % at the §5 shape. The packing rule sizes chunks with it."""
+    n, L, K = c.data.n_train + c.data.n_test, c.data.N - 1, c.data.K
+    item = 8 if c.precision == "float64" else 4
+    width = max(K, c.model.m or 0)
+    return n * L * (8 + 3 * item) + n * width * item * 14 + 4096
+
+
+def run_bytes(cfg: RunConfig) -> tuple[int, str]:
+    """Peak bytes of one run, and the key of the estimate's largest term: the batched data and state
+    (`batch_bytes`), the K×K matrices (Π, V, Πᵀ), and the draw of the initial state (its init's `eq21`
+    `draw_bytes`: for init=gaussian the dense (K+M)² float64 W with init.draw=dense, only the N×M positions
+    with gram=numeric under the compact draw)."""
+    d, m = cfg.data, cfg.model
+    terms = {
+        "model.M": cfg.init.implementation(m.ENGINE, m.name).draw_bytes(cfg),
+        "data.K": 3 * d.K * max(d.K, m.m or 0) * 8,
+        "data.n_train" if d.n_train >= d.n_test else "data.n_test": batch_bytes(cfg),
+    }
+    return sum(terms.values()), max(terms, key=terms.get)
 
 
 def prefetch(cfgs: list[RunConfig]) -> None:
@@ -140,25 +116,13 @@ def stack_data(splits: list[data_mod.Split], dtype, device) -> engine.Batch:
 
 
 def initial_state(cfgs: list[RunConfig], geo: model.Geometry, dtype) -> engine.State:
-    """V(0), A(0) and the compact a(0), c(0) of W(0) for every run: zero, or Gaussian, drawn compactly
-    (`init.draw=compact`, `model.init_compact`) or as the dense (K+M)² W reduced to (a, c) (`init.draw=dense`)."""
-    K, N = cfgs[0].data.K, cfgs[0].data.N
+    """V(0), A(0) and the compact a(0), c(0) of W(0) for every run, as its init draws them on this engine (its
+    `eq21` implementation, `rw_sweeps.core.inits`: zero, or Gaussian drawn compactly or as the dense W)."""
     params, ac = [], []
     for cfg in cfgs:
-        if cfg.init.name == "zero":
-            m = cfg.model.m
-            params.append({"A": torch.zeros(K, m, dtype=dtype), "V": torch.zeros(m, K, dtype=dtype)}
-                          if cfg.model.is_ffn else {"V": torch.zeros(K, K, dtype=dtype)})
-            ac.append((torch.zeros(K, dtype=dtype), torch.zeros(N, dtype=dtype)))
-        elif cfg.init.draw == "compact":
-            theta, state = model.init_compact(cfg.model, K, N, cfg.init.sigma, model.init_generator(cfg.seed), geo, dtype)
-            params.append(theta)
-            ac.append(state)
-        else:
-            theta = model.init_dense(cfg.model, K, cfg.init.sigma, model.init_generator(cfg.seed), dtype)
-            W = theta.pop("W")
-            params.append(theta)
-            ac.append(model.compact(W, cfg.model, K, N, geo))
+        theta, state = cfg.init.implementation(cfg.model.ENGINE, cfg.model.name).initial(cfg, geo, dtype)
+        params.append(theta)
+        ac.append(state)
     return engine.init_state(params, ac)
 
 
@@ -223,10 +187,10 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
 
         bar = tqdm(total=T, initial=state.step, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
     # Without a terminal (CI, a SLURM log) a long batch says where it is every PROGRESS_S seconds.
-    ticker = _Ticker(len(cfgs), state.step, T) if bar is None else None
+    ticker = Ticker(len(cfgs), state.step, T) if bar is None else None
     log = _Log(recs, dev, T)
     block = _Block()
-    stop = _SaveOnSignal()  # SLURM's USR2 (preemption, time limit), SIGTERM, Ctrl-C: checkpoint, then go on
+    stop = SaveOnSignal()  # SLURM's USR2 (preemption, time limit), SIGTERM, Ctrl-C: checkpoint, then go on
     with stop:
         # Every evaluation, snapshot and checkpoint sits on an absolute step: a run resumed from a checkpoint
         # at any step (a signal's, or one off the evaluation grid) first steps up to its next evaluation,
@@ -441,74 +405,6 @@ class _Log:
             rec.prediction_break_step = o if o <= min(d, self.T, step) else None
 
 
-PROGRESS_S = float(os.environ.get("RW_SWEEPS_PROGRESS_S", 30))  # seconds between progress lines in logs
-SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
-
-
-class _SaveOnSignal:
-    """Defers USR2 (SLURM's warning before a preemption or the time limit; submitit requeues on it), SIGTERM,
-    SIGINT and SIGHUP to the end of the current step, where every run is checkpointed; then the signal's own
-    handler runs (submitit's requeue, the front door's interruption, Ctrl-C's KeyboardInterrupt, the default
-    exit). A preempted or interrupted batch so loses at most one step per run, even with checkpoint_every=0.
-    A handler that prints its own line (`speaks`, the front door's) gets no line from here; one that can
-    take a signal back for later (`later`, the front door's) gets the signal that came after the last step,
-    to raise once the batch's results are written (a finished batch needs no checkpoint)."""
-
-    def __init__(self) -> None:
-        self.pending: list[int] = []
-        self.previous: dict[int, object] = {}
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in SAVE_SIGNALS:
-                if signal.getsignal(sig) is not signal.SIG_IGN:  # an ignored signal stays ignored
-                    self.previous[sig] = signal.signal(sig, lambda signum, frame: self.pending.append(signum))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        previous = dict(self.previous)
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        self.previous.clear()
-        if self.pending:  # came after the last step: handed back to a handler that can take it later
-            signum, self.pending[:] = self.pending[0], []
-            later = getattr(previous.get(signum), "later", None)
-            if callable(later):
-                later(signum)
-
-    def deliver(self) -> None:
-        if not self.pending:
-            return
-        signum, self.pending[:] = self.pending[0], []
-        handler = self.previous.get(signum)
-        if not getattr(handler, "speaks", False):
-            print(f"rw_sweeps: signal {signal.Signals(signum).name}: every run checkpointed", file=sys.stderr, flush=True)
-        if callable(handler):
-            handler(signum, None)  # may raise (KeyboardInterrupt) or exit (submitit's requeue)
-        elif handler == signal.SIG_DFL:
-            self.__exit__()
-            os.kill(os.getpid(), signum)
-
-
-class _Ticker:
-    """A progress line at a steady interval, for logs (no terminal, so no progress bar)."""
-
-    def __init__(self, runs: int, start: int, T: int):
-        self.runs, self.start, self.T = runs, start, T
-        self.t0 = self.last = time.monotonic()
-        print(f"training {runs} run(s): step {start} → {T}", flush=True)
-
-    def __call__(self, t: int) -> None:
-        now = time.monotonic()
-        if now - self.last < PROGRESS_S or t >= self.T:
-            return
-        self.last = now
-        done = max(t - self.start, 1)
-        left = (now - self.t0) / done * (self.T - t)
-        print(f"training {self.runs} run(s): step {t}/{self.T} ({100 * t / self.T:.0f} %), "
-              f"{now - self.t0:.0f} s so far, ~{left:.0f} s left", flush=True)
-
-
 def checkpoint(rec: Record, state: engine.State, r: int) -> dict:
     """Everything needed to continue run r exactly: its state after `state.step` steps and its records."""
     return {"config": rec.cfg.to_dict(), "state": engine.run_slice(state, r), "history": rec.history,
@@ -585,6 +481,6 @@ def summary(rec: Record, wall: float) -> dict:
         "wall_s": round(wall, 6),
         "p": getattr(cfg.data, "p", None), **cfg.data.echoed(),  # and the family's own keys (`DataConfig.ECHO`)
         "K": cfg.data.K, "N": cfg.data.N, "M": cfg.model.M, "model": cfg.model.name,
-        "data": cfg.data.name, "init": cfg.init.name, "sigma": cfg.init.sigma, "lr": cfg.optim.lr,
+        "data": cfg.data.name, "init": cfg.init.name, "sigma": cfg.init.scale(), "lr": cfg.optim.lr,
         "eps": cfg.optim.eps, "seed": cfg.seed, "precision": cfg.precision, "run_id": results.run_id(rec.run_dir),
     }

@@ -19,8 +19,10 @@ from typing import Any, Callable, Optional, Sequence
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from rw_sweeps.core.config import ConfigError, from_dict, one_line_errors, wandb_group
+from rw_sweeps.core.config import ConfigError, from_dict, wandb_group
 from rw_sweeps.core.errors import one_line
+
+from .hydra_errors import one_line_errors
 
 log = logging.getLogger(__name__)
 

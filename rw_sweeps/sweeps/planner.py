@@ -25,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 
-from rw_sweeps.core.config import (ConfigError, RunConfig, convert, from_dict, one_line_errors, shape_key,
-                                   with_seed)
+from rw_sweeps.core.config import ConfigError, RunConfig, convert, from_dict, shape_key, with_seed
+
+from .hydra_errors import one_line_errors
 
 
 @dataclass

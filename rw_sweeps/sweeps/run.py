@@ -17,10 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from rw_sweeps.core import contract, results, trainer, training
+from rw_sweeps.core import contract, results, trainer
 from rw_sweeps.core.config import RunConfig, shape_key
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core.training import Record
+from rw_sweeps.core.loop import Record, group_by
 
 from . import tracking
 
@@ -74,7 +74,7 @@ def train_same_shape(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool
         return Pending.joined(len(cfgs), [
             (idx, train_same_shape([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress,
                                    [resumed[i] for i in idx], said))
-            for idx in training.group_by(step, lambda k: k).values()])
+            for idx in group_by(step, lambda k: k).values()])
     live = _live(cfgs, run_dirs)
     try:
         records = trainer.of(cfgs[0]).train(cfgs, [Path(d) for d in run_dirs], progress,
@@ -202,7 +202,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
 def _per_group(cfgs: list[RunConfig], run_dirs: list[Path], keys: list, progress) -> Pending:
     """train_batch on each group of runs with equal keys, in turn; the Pending's summaries in the input order."""
     return Pending.joined(len(cfgs), [(idx, train_same_shape([cfgs[i] for i in idx], [run_dirs[i] for i in idx], progress))
-                                      for idx in training.group_by(keys, lambda k: k).values()])
+                                      for idx in group_by(keys, lambda k: k).values()])
 
 
 @lru_cache(maxsize=1)

@@ -73,24 +73,23 @@ def params_of(cfg: GptConfig, K: int, N: int) -> list[Param]:
 
 
 def init_params(cfgs: list, K: int, N: int, dtype) -> dict:
-    """Every run's initial parameters, stacked (R, …): init=zero (weights 0, LayerNorm gains 1), gaussian
-    (every weight N(0, σ²), drawn in `params_of`'s order from the run's init stream, as eq. 2.1's dense draw)
-    or gpt2 (N(0, std²), residual projections N(0, std²/(2·n_layer)), biases 0, gains 1)."""
+    """Every run's initial parameters, stacked (R, …): LayerNorm gains 1 and biases 0, and every weight matrix
+    and embedding as the run's init draws it on this engine (its `gpt` implementation, `rw_sweeps.core.inits`,
+    in `params_of`'s order from the run's init stream: zero 0, gaussian N(0, σ²) as eq. 2.1's dense draw, gpt2
+    N(0, std²) with the residual projections N(0, std²/(2·n_layer)))."""
     spec = params_of(cfgs[0].model, K, N)
     per_run = []
     for cfg in cfgs:
+        init = cfg.init.implementation(cfg.model.ENGINE, cfg.model.name)
         gen = init_generator(cfg.seed)
         theta = {}
         for p in spec:
             if p.role == "gain":
                 theta[p.name] = torch.ones(p.shape, dtype=torch.float64)
-            elif p.role == "bias" or cfg.init.name == "zero":
+            elif p.role == "bias":
                 theta[p.name] = torch.zeros(p.shape, dtype=torch.float64)
             else:
-                std = cfg.init.sigma
-                if cfg.init.name == "gpt2" and p.role == "residual":
-                    std = std / math.sqrt(2 * cfg.model.n_layer)
-                theta[p.name] = std * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+                theta[p.name] = init.weight(cfg, p, gen)
         per_run.append(theta)
     out = {p.name: torch.stack([t[p.name] for t in per_run]) for p in spec}
     m = cfgs[0].model

@@ -110,8 +110,6 @@ class GptConfig(ModelBase):
         if d.target not in d.TARGETS:
             raise ConfigError("data.target", d.target, f"data={d.name} has no law at every position; allowed: "
                               f"{', '.join(d.TARGETS)}")
-        if c.init.name not in ("zero", "gaussian", "gpt2"):
-            raise ConfigError("init", c.init.name, "allowed for model=gpt: zero, gaussian, gpt2")
 
 
 @option("model")

@@ -20,7 +20,8 @@ from .. import data as data_mod
 from .. import results
 from ..config import RunConfig
 from ..metrics import GPT_EVALUATED, GPT_LAST
-from ..training import BREAK_SPREAD, Record, _SaveOnSignal, _Ticker, device_of, parent_positions
+from ..loop import BREAK_SPREAD, Record, SaveOnSignal, Ticker, device_of
+from ..training import parent_positions
 from . import model, strategies
 from .optim import Optimiser
 
@@ -266,8 +267,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     for rec, a in zip(recs, opt_acc):
         rec.opt_acc = a
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
-    ticker = _Ticker(len(cfgs), start, T) if progress is not False else None
-    stop = _SaveOnSignal()
+    ticker = Ticker(len(cfgs), start, T) if progress is not False else None
+    stop = SaveOnSignal()
     walls: dict[int, float] = {}  # step → the wall-clock time it was evaluated at
     with stop:
         for t in range(start, T + 1):
@@ -340,6 +341,11 @@ def prefetch(cfgs: list[RunConfig]) -> None:
     """Nothing to draw ahead: the data of a gpt batch are small next to its training."""
 
 
+def batch_bytes(cfg: RunConfig) -> int:
+    """Peak memory of one run inside a batch: the whole run's estimate (`run_bytes`), its runs being batched."""
+    return run_bytes(cfg)[0]
+
+
 def run_bytes(cfg: RunConfig) -> tuple[int, str]:
     """Peak bytes of one run (estimate) and the key of its largest term: the attention maps (n·H·T² per
     layer, kept for the backward pass: data.N), the stream's activations (n·T·width, a dozen per layer: the
@@ -382,7 +388,7 @@ def summary(rec: Record, wall: float) -> dict:
         "p": getattr(d, "p", None), "q": getattr(d, "q", None), **d.echoed(),  # the family's keys (`ECHO`)
         "K": d.K, "N": d.N, "model": m.name,
         "n_layer": m.n_layer, "n_head": m.n_head, "tie": m.tie, "target": d.target, "online": d.online,
-        "data": d.name, "init": cfg.init.name, "sigma": cfg.init.sigma, "lr": cfg.optim.lr, "optim": cfg.optim.name,
+        "data": d.name, "init": cfg.init.name, "sigma": cfg.init.scale(), "lr": cfg.optim.lr, "optim": cfg.optim.name,
         "eps": cfg.optim.eps, "seed": cfg.seed, "precision": cfg.precision, "run_id": results.run_id(rec.run_dir),
     }
 

@@ -1,0 +1,145 @@
+"""What every trainer's step loop shares: a run's `Record`, the signal deferral that checkpoints at the end of a
+step (`SaveOnSignal`), the log-line progress (`Ticker`), the device and terminal probes, and the contract a
+trainer meets (`Trainer`). `rw_sweeps.core.training` (eq. 2.1) and `rw_sweeps.core.gpt.training` use them."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Protocol
+
+from .config import RunConfig
+
+BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
+
+
+def group_by(items: list, key) -> dict:
+    """{key(item): [indices of the items with that key]}, in first-seen order (the one grouping helper)."""
+    groups: dict = {}
+    for i, item in enumerate(items):
+        groups.setdefault(key(item), []).append(i)
+    return groups
+
+
+@dataclass
+class Record:
+    """What one run produced: its history rows, snapshots, status and the step it stopped at."""
+    cfg: RunConfig
+    run_dir: Path
+    history: list = field(default_factory=list)
+    snapshots: list = field(default_factory=list)
+    status: str = "done"
+    error: str | None = None
+    break_step: int | None = None
+    prediction_break_step: int | None = None  # first evaluated step whose predictions left the symmetric point's
+    steps: int = 0
+    opt_acc: float | None = None  # the Bayes-optimal test accuracy where it has no closed form (cfg.opt_acc)
+    trap: bool | None = None  # every training sequence has the same token histogram (`trap_flags`)
+
+
+def has_terminal() -> bool:
+    """A progress bar needs a terminal that says its size: a pseudo-terminal without one (`script -qc`, some
+    CI runners) gets the log-line ticker, as a log file does."""
+    if os.environ.get("CI") or not sys.stderr.isatty():
+        return False
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except OSError:
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
+PROGRESS_S = float(os.environ.get("RW_SWEEPS_PROGRESS_S", 30))  # seconds between progress lines in logs
+SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
+
+
+class SaveOnSignal:
+    """Defers USR2 (SLURM's warning before a preemption or the time limit; submitit requeues on it), SIGTERM,
+    SIGINT and SIGHUP to the end of the current step, where every run is checkpointed; then the signal's own
+    handler runs (submitit's requeue, the front door's interruption, Ctrl-C's KeyboardInterrupt, the default
+    exit). A preempted or interrupted batch so loses at most one step per run, even with checkpoint_every=0.
+    A handler that prints its own line (`speaks`, the front door's) gets no line from here; one that can
+    take a signal back for later (`later`, the front door's) gets the signal that came after the last step,
+    to raise once the batch's results are written (a finished batch needs no checkpoint)."""
+
+    def __init__(self) -> None:
+        self.pending: list[int] = []
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in SAVE_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # an ignored signal stays ignored
+                    self.previous[sig] = signal.signal(sig, lambda signum, frame: self.pending.append(signum))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        previous = dict(self.previous)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
+        if self.pending:  # came after the last step: handed back to a handler that can take it later
+            signum, self.pending[:] = self.pending[0], []
+            later = getattr(previous.get(signum), "later", None)
+            if callable(later):
+                later(signum)
+
+    def deliver(self) -> None:
+        if not self.pending:
+            return
+        signum, self.pending[:] = self.pending[0], []
+        handler = self.previous.get(signum)
+        if not getattr(handler, "speaks", False):
+            print(f"rw_sweeps: signal {signal.Signals(signum).name}: every run checkpointed", file=sys.stderr, flush=True)
+        if callable(handler):
+            handler(signum, None)  # may raise (KeyboardInterrupt) or exit (submitit's requeue)
+        elif handler == signal.SIG_DFL:
+            self.__exit__()
+            os.kill(os.getpid(), signum)
+
+
+class Ticker:
+    """A progress line at a steady interval, for logs (no terminal, so no progress bar)."""
+
+    def __init__(self, runs: int, start: int, T: int):
+        self.runs, self.start, self.T = runs, start, T
+        self.t0 = self.last = time.monotonic()
+        print(f"training {runs} run(s): step {start} → {T}", flush=True)
+
+    def __call__(self, t: int) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_S or t >= self.T:
+            return
+        self.last = now
+        done = max(t - self.start, 1)
+        left = (now - self.t0) / done * (self.T - t)
+        print(f"training {self.runs} run(s): step {t}/{self.T} ({100 * t / self.T:.0f} %), "
+              f"{now - self.t0:.0f} s so far, ~{left:.0f} s left", flush=True)
+
+
+class Trainer(Protocol):
+    """A training loop: a module named by its model option's `TRAINER` (`rw_sweeps.core.trainer.of`)."""
+
+    def train(self, cfgs: list, run_dirs: list, progress: Optional[bool] = None, resumed: Optional[list] = None,
+              live: Optional[Callable] = None) -> list[Record]: ...
+
+    def summary(self, rec: Record, wall: float) -> dict: ...
+
+    def prefetch(self, cfgs: list) -> None: ...
+
+    def batch_bytes(self, cfg: RunConfig) -> int: ...
+
+    def run_bytes(self, cfg: RunConfig) -> tuple[int, str]: ...
+
+
+def device_of(cfg: RunConfig):
+    """The torch device a run trains on (`device=auto`: CUDA where visible)."""
+    import torch  # heavy: the signal and progress pieces here are used without it
+
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)

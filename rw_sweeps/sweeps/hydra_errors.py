@@ -1,0 +1,99 @@
+"""Hydra's and OmegaConf's composition errors as the project's one-line ConfigError (`invalid config: key=value:
+what is allowed`): a value of the wrong type against a schema, a key an option has no place for, a deleted
+required key, an unknown group option, an unknown launcher key. The sweep layer's: it reads Hydra's error
+types and message texts (beside `hydra_adapter`, which holds the private names), and knows the launcher's keys;
+the schemas (`rw_sweeps.core.config`) say what is allowed."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Any
+
+import yaml
+
+from rw_sweeps.core.config import ConfigError, RunConfig, describe_unknown, type_rule
+from rw_sweeps.core.errors import one_line
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
+
+
+def _schema_of(e: BaseException):
+    """The schema class an OmegaConf error was raised on, when it is one of ours."""
+    cls = getattr(e, "object_type", None)
+    return cls if isinstance(cls, type) and dataclasses.is_dataclass(cls) else None
+
+
+def from_hydra_error(exc: BaseException) -> ConfigError | None:
+    """Hydra's / OmegaConf's composition errors (a value of the wrong type against the schema, a key the
+    option has no place for, a deleted required key, an unknown group option) as the same one-line
+    ConfigError, or None."""
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for e in chain:
+        key = getattr(e, "full_key", None)
+        if isinstance(e, ConfigError):
+            return e
+        if not key:
+            continue
+        cls = _schema_of(e)
+        if isinstance(e, ValidationError):
+            key = key.split("[")[0]
+            leaf = key.rsplit(".", 1)[-1]
+            if cls is None or leaf not in cls.__dataclass_fields__:  # an item of a list: the run's own key
+                cls = RunConfig if "." not in key else cls
+            rule = type_rule(cls, leaf, e) if cls is not None and leaf in cls.__dataclass_fields__ else one_line(e)
+            return ConfigError(key, getattr(e, "value", None), rule)
+        if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
+            m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)
+            value = _parsed(m.group(1)) if m else None
+            if key.startswith("hydra.launcher."):
+                return ConfigError(key, value, "unknown launcher key; any other sbatch option goes in "
+                                   f"'+hydra.launcher.additional_parameters.{key.rsplit('.', 1)[1]}=...'")
+            if key.startswith("hydra."):
+                return ConfigError(key, value, "unknown Hydra key")
+            prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+            return ConfigError(key, value, describe_unknown(cls, prefix, key.rsplit(".", 1)[-1]) if cls is not None
+                               else "unknown key")
+        if isinstance(e, ConfigTypeError) and "deletion" in str(e):
+            return ConfigError(key, "<deleted>", "is required by the schema and cannot be removed")
+    text = str(exc)
+    m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'.*?Available options in '[^']+':\s*(.*?)(?:Config search path|$)",
+                  text, re.S)
+    if m:
+        options = ", ".join(o.strip() for o in m.group(3).split() if o.strip() and not o.strip().endswith("_schema"))
+        extra = EXTRAS.get((m.group(1), m.group(2)))
+        hint = f" ({m.group(2)} is in the '{extra}' extra: pip install 'rw-sweeps[{extra}]')" if extra else ""
+        return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}{hint}")
+    return None
+
+
+# Hydra plugins that come with an extra of this package (pyproject.toml): a missing one says how to get it
+EXTRAS = {("hydra/sweeper", "optuna"): "optuna", ("hydra/launcher", "submitit_local"): "submitit",
+          ("hydra/launcher", "submitit_slurm"): "submitit"}
+
+
+def _parsed(text: str) -> Any:
+    """A command-line value as YAML reads it (`0.3` → 0.3), for the message."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+@contextlib.contextmanager
+def one_line_errors():
+    """Inside: Hydra's and OmegaConf's composition errors leave as the one-line ConfigError that
+    `from_hydra_error` maps them to (anything it cannot map leaves unchanged)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Hydra's composition errors, as one line
+        mapped = from_hydra_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+

@@ -31,7 +31,7 @@ from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_di
 from rw_sweeps.core import signals
 
 from . import writer
-from .packing import writes_behind
+from .packing import env_set_of, writes_behind
 from .hydra_adapter import WrittenLater, observes_jobs, yaml_str_representer
 from .planner import Spec, replaced
 from rw_sweeps.core.yamltext import Templates
@@ -112,11 +112,6 @@ def _formatters(hydra: dict) -> tuple[Optional[logging.Formatter], Optional[logg
         elif cls.endswith("StreamHandler"):
             console = fmt
     return console, file
-
-
-def env_set_of(spec: Spec) -> tuple:
-    """The job's hydra.job.env_set, as a key for grouping runs into chunks (it is process-wide)."""
-    return tuple(sorted((str(k), str(v)) for k, v in (spec.base_hydra["job"].get("env_set") or {}).items()))
 
 
 @dataclass

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from rw_sweeps.core.config import shape_key
 from rw_sweeps.core.resources import bytes_per_run
 
 CPU_CHUNK_GB = 2.0  # a chunk's budget on a CPU when memory_gb is null
@@ -39,12 +40,14 @@ def chunk_sizes(n: int, per_run: int, budget_bytes: float, max_runs: Optional[in
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
 
 
+def env_set_of(spec: Any) -> tuple:
+    """The job's hydra.job.env_set, as a key for grouping runs into chunks (it is process-wide: a chunk
+    trains under one, which `rw_sweeps.sweeps.hydra_job.Chunk` sets around its training)."""
+    return tuple(sorted((str(k), str(v)) for k, v in (spec.base_hydra["job"].get("env_set") or {}).items()))
+
+
 def _groups(specs: list) -> list[list]:
     """The runs that may share a chunk: one shape and one env_set, in first-seen order."""
-    from rw_sweeps.core.config import shape_key
-
-    from .hydra_job import env_set_of
-
     out: dict = {}
     for s in specs:
         shape = getattr(s, "shape", None) or shape_key(s.cfg)  # the planner's, computed once per composition

@@ -385,13 +385,13 @@ BACKENDS = RwLauncher.backends = {cls.backend: cls for cls in (InProcessLauncher
 
 def _from_folder(spec, error: Any, summary: Optional[dict]) -> JobReturn:
     """A run whose job died or failed: its JobReturn from its folder (the source of truth)."""
-    from rw_sweeps.sweeps.app import RunFailed, _result
+    from rw_sweeps.sweeps.app import RunFailed, task_value
     from rw_sweeps.sweeps.hydra_job import LazyJobReturn
     from rw_sweeps.sweeps.run import run_line
 
     ret = LazyJobReturn(spec, overrides=list(spec.overrides), working_dir=spec.output_dir, task_name=spec.name)
     if summary is not None and summary.get("status") in ("done", "diverged"):
-        ret.status, ret.return_value = JobStatus.COMPLETED, _result(spec.cfg, summary)
+        ret.status, ret.return_value = JobStatus.COMPLETED, task_value(spec.cfg, summary)
     else:
         reason = summary.get("error") if summary else one_line(error) if isinstance(error, BaseException) \
             else "the job ended without writing a summary"

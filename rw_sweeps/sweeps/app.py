@@ -51,11 +51,13 @@ def note_failed() -> None:
     _Outcome.failed = True
 
 
-def _result(cfg, summary: dict) -> Any:
-    """What the task returns: the run's summary, or the value of its `objective`. The objective is undefined
-    (None) unless the run is done with a finite value: a diverged run's last finite evaluation is not its
-    result. None, not NaN: hydra-optuna-sweeper then records the trial as failed and the study goes on
-    (Optuna rejects a NaN value, and the sweeper's retry of `tell` for it raises)."""
+def task_value(cfg, summary: dict) -> Any:
+    """What the task returns for a run with this summary, the value of its Hydra job wherever the summary
+    was read (the run just trained, or its folder when its job died): the run's summary, or the value of
+    its `objective`. The objective is undefined (None) unless the run is done with a finite value: a
+    diverged run's last finite evaluation is not its result. None, not NaN: hydra-optuna-sweeper then
+    records the trial as failed and the study goes on (Optuna rejects a NaN value, and the sweeper's retry
+    of `tell` for it raises)."""
     if cfg.objective is None:
         return summary
     value = summary.get(cfg.objective)
@@ -70,7 +72,7 @@ def _finish(cfg, summary: dict, tag: str = "") -> tuple[Any, list[str]]:
     line = run_line(summary, tag)
     if summary["status"] == "failed":
         return RunFailed(line), [line]
-    return _result(cfg, summary), [line]
+    return task_value(cfg, summary), [line]
 
 
 def train(cfg: DictConfig) -> Any:

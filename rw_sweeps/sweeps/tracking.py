@@ -174,8 +174,8 @@ class Live:
         run, self.runs[r] = self.runs[r], None
         if run is None:
             if summary is not None and r not in self.refused:  # its start failed (warned): replay it whole
-                _log_one({"cfg": self.cfgs[r], "run_dir": self.run_dirs[r], "run_id": self.run_ids[r],
-                          "history": rest, "summary": summary})
+                replay_run({"cfg": self.cfgs[r], "run_dir": self.run_dirs[r], "run_id": self.run_ids[r],
+                            "history": rest, "summary": summary})
             return
         _close(run, rest, summary, self.run_dirs[r], self.run_ids[r], self.cfgs[r]["wandb"]["mode"], self.walls)
 
@@ -191,7 +191,7 @@ def log_runs(entries: list[dict]) -> None:
 def _log_runs(entries: list[dict]) -> None:
     if per_run(entries[0]["cfg"]["wandb"], len(entries)):
         for e in entries:
-            _log_one(e)
+            replay_run(e)
     else:
         _log_job(entries)
 
@@ -240,8 +240,12 @@ def _close(run, rows: list, summary: dict | None, run_dir: Path, run_id: str, mo
         mark_exported(run_dir, run_id, mode)
 
 
-def _log_one(e: dict) -> None:
-    """A finished run replayed whole (`wandb.granularity=run` after the fact, `wandb_export`)."""
+def replay_run(e: dict) -> None:
+    """One finished run logged whole, now, on the calling thread, as one wandb run of the shape
+    `wandb.granularity=run` logs (its config, history and summary), then marked exported. `e`: cfg (the
+    resolved config dict), run_dir, run_id, history, summary. How per-run logging logs a batch's runs that
+    ended (`log_runs`) and a streamed run whose start failed, and what `rw_sweeps.sweeps.wandb_export`
+    replays run folders with."""
     run = _init(e["cfg"], e["run_dir"], e["run_id"])
     _close(run, e["history"], e["summary"], e["run_dir"], e["run_id"], e["cfg"]["wandb"]["mode"])
 

@@ -1,7 +1,7 @@
 """python -m rw_sweeps.sweeps.wandb_export SWEEP [--workers N] [--mode offline|online] [--force]
 
 Replays a sweep's run folders (the source of truth: config.yaml, history.jsonl, summary.json) into one wandb
-run per training run, the shape `wandb.granularity=run` logs (`rw_sweeps.sweeps.tracking._log_one`): id derived from
+run per training run, the shape `wandb.granularity=run` logs (`rw_sweeps.sweeps.tracking.replay_run`): id derived from
 the run folder, group = the sweep, job_type=train, the config, the history (x-axis `step`), the summary;
 offline files in `<run>/wandb/`. Per-run dashboards for a sweep of any size, without slowing the sweep.
 
@@ -33,7 +33,7 @@ def run_folders(sweep: Path) -> list[Path]:
 
 
 def _entry(run_dir: Path, mode: str) -> dict | None:
-    """The run as `tracking._log_one` takes it, or None when it is unfinished (or unreadable)."""
+    """The run as `tracking.replay_run` takes it, or None when it is unfinished (or unreadable)."""
     verdict = contract.judge(run_dir)  # the launcher's and analysis's one judgement
     if verdict.state not in contract.STATUSES:
         return None
@@ -65,7 +65,7 @@ def _export(args: tuple) -> tuple[int, int, int, list[str]]:
             unfinished += 1
             continue
         try:
-            tracking._log_one(e)
+            tracking.replay_run(e)
             done += 1
         except Exception as exc:  # noqa: BLE001 - one bad run never stops the others
             failed += 1

@@ -31,6 +31,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.plugins.launcher import Launcher
 
 from rw_sweeps.core.errors import Interrupted, one_line
+from rw_sweeps.sweeps import packing
 from rw_sweeps.sweeps.hydra_adapter import observes_jobs
 
 from hydra_plugins.rw_sweeps_plugins._backends import (compact_ids, local_gpu_pool, result_or_error,
@@ -45,10 +46,14 @@ register()  # at each plugin scan, as before the split (a scan after Hydra's sin
 
 
 class RwLauncher(Launcher):
-    """plan → place → record → dispatch → collect, for every backend; a subclass runs the payloads."""
+    """plan → place → record → dispatch → collect, for every backend. A subclass declares what is its
+    backend's own: how its jobs are cut (`cut_into_jobs`), whether they train on this machine
+    (`trains_here`), and how its payloads run (`run_payloads`)."""
     backend: Optional[str] = None  # the subclass's `hydra.launcher.backend`
     backends: Dict[str, type] = {}  # every subclass by its backend (set below them: `BACKENDS`)
     detaches = False  # can submit and return (`hydra.launcher.detach`)
+    # trains_here: bool, each backend's own: its jobs train on this machine, so the rw sweeper checks before
+    # launching that every run can (its device is visible, it fits in memory)
 
     def __new__(cls, **params: Any) -> "RwLauncher":
         """Hydra instantiates this class: `backend` names the subclass made. A backend that names none makes
@@ -119,7 +124,7 @@ class RwLauncher(Launcher):
 
     def launch_specs(self, specs: list, twin: Callable, planner) -> Optional[Sequence[JobReturn]]:
         """The project's jobs, already planned by `planner` (the rw sweeper passes its validated specs)."""
-        from rw_sweeps.sweeps import packing, status
+        from rw_sweeps.sweeps import status
         from rw_sweeps.sweeps.hydra_job import Chunk
 
         self._reset_logging()
@@ -128,7 +133,7 @@ class RwLauncher(Launcher):
         todo = [s for i, s in enumerate(specs) if i not in done_idx]
         done = [s for i, s in enumerate(specs) if i in done_idx]
         self.skipped |= {s.output_dir for s in done}
-        cut = packing.plan(todo, p, p["pack"])
+        cut = self.cut_into_jobs(todo, p["pack"])
         jobs, per_device = cut.jobs, cut.per_device
         if p["dry_run"]:
             self._dry_run(specs, done, jobs)
@@ -148,7 +153,7 @@ class RwLauncher(Launcher):
             returns = done_jobs()
             log.info(f"{p['backend']} launcher: {len(specs)} runs, all already done; sweep folder {self.sweep_dir}")
             return [returns[s.num] for s in specs]
-        self._lock()
+        self.take_lock()
         rec = self._record(specs, done, todo)
         log.info(f"{cut.line(len(specs), len(done), 'hydra.launcher.pack=false')}; sweep folder {self.sweep_dir}")
         returns: Dict[int, JobReturn] = done_jobs()
@@ -198,9 +203,8 @@ class RwLauncher(Launcher):
 
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         from rw_sweeps.sweeps.app import NOT_DECLARED
-        from rw_sweeps.sweeps.packing import plan
 
-        cut = plan(list(job_overrides), self.params, pack=False)
+        cut = self.cut_into_jobs(list(job_overrides), pack=False)
         why = NOT_DECLARED if self.params["pack"] else "hydra.launcher.pack=false"
         log.info(f"{cut.line(len(job_overrides), 0, why)}; sweep folder {self.sweep_dir}")
         payloads, nums = [], []
@@ -222,7 +226,7 @@ class RwLauncher(Launcher):
                 out.append(ret)
         return out
 
-    def _lock(self) -> None:
+    def take_lock(self) -> None:
         """One launch per sweep folder (`rw_sweeps.sweeps.lock`), held until this process ends, also when a
         signal ends it (`rw_sweeps.core.signals.on_stop`). Once it is held, the temp files that killed
         writes left in the folder are removed (no other launch can be writing them)."""
@@ -264,6 +268,11 @@ class RwLauncher(Launcher):
         return Path(os.path.relpath(spec.output_dir, self.sweep_dir)).as_posix()
 
     # ---------------------------------------------------------------------------------------- dispatch
+    def cut_into_jobs(self, todo: list, pack: bool) -> packing.Plan:
+        """The backend's own part: the jobs of the runs still to train (`rw_sweeps.sweeps.packing`, which
+        plans for each place a launch runs); `pack` False: one job per run."""
+        raise NotImplementedError(f"{type(self).__name__} plans no jobs: hydra.launcher.backend names its subclass")
+
     def _dispatch(self, payloads: list, jobs: list, rec: Optional[dict], pinned: bool = False) -> Optional[list]:
         """Run every payload on the backend; a result per payload (its return value, or the exception that
         ended it), or None when detached. `pinned` (local_gpus): payload i is GPU i's, all started at once."""
@@ -307,6 +316,10 @@ class RwLauncher(Launcher):
 class InProcessLauncher(RwLauncher):
     """`local` (presets `rw`, `packed`): every payload in this process, one after the other."""
     backend = "local"
+    trains_here = True
+
+    def cut_into_jobs(self, todo: list, pack: bool) -> packing.Plan:
+        return packing.plan_in_process(todo, self.params, pack)
 
     def run_payloads(self, payloads: list, names: list, rec: Optional[dict], pinned: bool) -> list:
         self._record_local(names, rec)
@@ -322,6 +335,10 @@ class InProcessLauncher(RwLauncher):
 class LocalGpusLauncher(RwLauncher):
     """`local_gpus` (presets `local_gpus`, `packed_gpus`): local submitit processes, one per visible GPU."""
     backend = "local_gpus"
+    trains_here = True
+
+    def cut_into_jobs(self, todo: list, pack: bool) -> packing.Plan:
+        return packing.plan_local_gpus(todo, self.params, pack)
 
     def run_payloads(self, payloads: list, names: list, rec: Optional[dict], pinned: bool) -> list:
         self._record_local(names, rec)
@@ -333,6 +350,10 @@ class SlurmLauncher(RwLauncher):
     cluster allows; waits for the jobs, or with `detach` hands them the sweep's lock and returns."""
     backend = "slurm"
     detaches = True
+    trains_here = False  # its jobs run on the cluster's nodes: each checks its runs where it runs
+
+    def cut_into_jobs(self, todo: list, pack: bool) -> packing.Plan:
+        return packing.plan_slurm(todo, self.params, pack)
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)

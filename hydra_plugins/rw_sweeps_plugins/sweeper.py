@@ -101,10 +101,12 @@ class RwSweeper(basic_sweeper()):
                 planner = Planner(self.hydra_context.config_loader, self.config)
                 specs = planner.plan(jobs)
                 specs = self._once_each(jobs, specs, planner)
-                if getattr(self.launcher, "params", {}).get("backend", "local") != "slurm":
+                # runs that cannot work here fail now, in one line, not after training, where the launcher's
+                # jobs train on this machine (the rw launcher's backend declares it; SLURM's jobs check in the
+                # job; any other launcher's are taken to run here)
+                if getattr(self.launcher, "trains_here", True):
                     from rw_sweeps.core.resources import problems
 
-                    # runs that cannot work here fail now, in one line, not after training (SLURM: in the job)
                     problem = next((p for p in problems([s.cfg for s in specs], [s.shape for s in specs]) if p is not None), None)
                     if problem is not None:
                         raise problem
@@ -124,7 +126,7 @@ class RwSweeper(basic_sweeper()):
             from rw_sweeps.sweeps import placement
             can_write = placement.writable(sweep_dir)  # FolderTaken: refused, in one line
             if can_write and not dry_run:
-                self.launcher._lock()
+                self.launcher.take_lock()
             done = self.launcher.place(specs, planner)
             if not can_write and len(done) < len(specs):
                 raise ConfigError("hydra.sweep.dir", str(sweep_dir),

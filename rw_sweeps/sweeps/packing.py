@@ -163,27 +163,50 @@ class Plan:
         return f"not packed: {n_runs:,} runs{done} as {len(self.jobs):,} job(s) on {self.where}: {why_not}"
 
 
-def plan(todo: list, p: dict[str, Any], pack: bool) -> Plan:
-    """The jobs of the runs still to train, for the launcher's params `p` (backend, memory_gb,
-    max_runs_per_job, the SLURM GPU keys); `pack` False: one job per run."""
-    backend, max_runs = p["backend"], p.get("max_runs_per_job")
-    gpus = visible_gpus() if backend == "local_gpus" else []
-    where = "slurm" if backend == "slurm" else f"{len(gpus)} GPU(s)" if gpus else "cpu"
+# One function per place a launch runs, each the plan of its launcher backend (`plan` of the rw launcher's
+# InProcessLauncher, LocalGpusLauncher and SlurmLauncher). `p`: the launcher's params (memory_gb,
+# max_runs_per_job, the SLURM GPU keys); `pack` False: one job per run.
+def _one_job_per_run(todo: list, where: str) -> Plan:
+    return Plan([[s] for s in todo], None, False, where)
+
+
+def plan_in_process(todo: list, p: dict[str, Any], pack: bool) -> Plan:
+    """`local`: the jobs of the runs still to train, run in this process, on the CPU: chunks within
+    memory_gb (2 GB when null) and max_runs_per_job (CPU_MAX_RUNS when null)."""
     if not pack:
-        return Plan([[s] for s in todo], None, False, where)
-    if backend == "local_gpus":  # without a GPU: the CPU, one process (the 2 GB CPU budget unless memory_gb)
-        budgets = (gpu_budgets_gb(p["memory_gb"]) if gpus else None) or \
-            [p["memory_gb"] or CPU_CHUNK_GB] * max(1, len(gpus))
-        per_device = plan_devices(todo, budgets, max_runs or (None if gpus else CPU_MAX_RUNS))
-        return Plan([job for device in per_device for job in device], per_device, True, where)
-    gpu = backend == "slurm" and asks_for_gpus(p)
+        return _one_job_per_run(todo, "cpu")
+    budget = p["memory_gb"] if p["memory_gb"] is not None else CPU_CHUNK_GB
+    return Plan(chunks(todo, budget, p.get("max_runs_per_job") or CPU_MAX_RUNS), None, True, "cpu")
+
+
+def plan_local_gpus(todo: list, p: dict[str, Any], pack: bool) -> Plan:
+    """`local_gpus`: each visible GPU's chunks, within its own budget (`gpu_budgets_gb`), one process per GPU
+    training them in turn. Without a GPU: the CPU, one process (the 2 GB CPU budget unless memory_gb)."""
+    max_runs = p.get("max_runs_per_job")
+    gpus = visible_gpus()
+    where = f"{len(gpus)} GPU(s)" if gpus else "cpu"
+    if not pack:
+        return _one_job_per_run(todo, where)
+    budgets = (gpu_budgets_gb(p["memory_gb"]) if gpus else None) or \
+        [p["memory_gb"] or CPU_CHUNK_GB] * max(1, len(gpus))
+    per_device = plan_devices(todo, budgets, max_runs or (None if gpus else CPU_MAX_RUNS))
+    return Plan([job for device in per_device for job in device], per_device, True, where)
+
+
+def plan_slurm(todo: list, p: dict[str, Any], pack: bool) -> Plan:
+    """`slurm`: one SLURM job per chunk. Jobs that ask for GPUs (`asks_for_gpus`) plan for a 16 GB share of
+    a GPU unless memory_gb (each job re-cuts its chunk to its own GPU when it starts); jobs on CPUs get the
+    CPU's 2 GB budget and CPU_MAX_RUNS runs a chunk unless memory_gb and max_runs_per_job say otherwise."""
+    if not pack:
+        return _one_job_per_run(todo, "slurm")
+    max_runs, gpu = p.get("max_runs_per_job"), asks_for_gpus(p)
     if p["memory_gb"] is not None:
         budget = p["memory_gb"]
     else:
         budget = SLURM_GPU_PLAN_GB if gpu else CPU_CHUNK_GB
     if not gpu and not max_runs:
         max_runs = CPU_MAX_RUNS
-    return Plan(chunks(todo, budget, max_runs), None, True, where)
+    return Plan(chunks(todo, budget, max_runs), None, True, "slurm")
 
 
 def writes_behind(setting: Optional[bool], cfg: Any) -> bool:

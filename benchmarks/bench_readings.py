@@ -19,7 +19,8 @@ import time
 import torch
 
 from rw_sweeps.core import adam, data as data_mod, engine, fused, model, training
-from rw_sweeps.core.config import ModelConfig, RunConfig, validate, option_config
+from rw_sweeps.core.config import RunConfig, validate, option_config
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 
 READINGS = [  # name, model keys, optim name

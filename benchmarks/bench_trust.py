@@ -26,7 +26,8 @@ from pathlib import Path
 
 from rw_sweeps.sweeps import placement, run
 from rw_sweeps.core import training
-from rw_sweeps.core.config import ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import RunConfig, data_config, validate
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 

@@ -12,7 +12,8 @@ import torch
 from rw_sweeps.core import adam, config, model, oracle, results, training
 from rw_sweeps.sweeps import run
 from rw_sweeps.core import data as data_mod
-from rw_sweeps.core.config import ConfigError, FfnModelConfig, ModelConfig, RunConfig, data_config, from_dict, validate
+from rw_sweeps.core.config import ConfigError, RunConfig, data_config, from_dict, validate
+from rw_sweeps.core.models import FfnModelConfig, ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.inits.zero import ZeroInit
 from rw_sweeps.core.optimisers.adam import Adam

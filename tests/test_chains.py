@@ -19,7 +19,8 @@ import yaml
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import config, fused, markov, model, oracle, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import ModelConfig, data_config
+from rw_sweeps.core.config import data_config
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 

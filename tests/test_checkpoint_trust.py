@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rw_sweeps.core import results, training
-from rw_sweeps.core.config import ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import RunConfig, data_config, validate
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.sweeps import run
 

@@ -10,7 +10,8 @@ import torch
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import engine, model, oracle, training
 from rw_sweeps.sweeps import run
-from rw_sweeps.core.config import FfnModelConfig, ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import RunConfig, data_config, validate
+from rw_sweeps.core.models import FfnModelConfig, ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.inits.zero import ZeroInit
 from rw_sweeps.core.optimisers.gd import Gd

@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 
 from rw_sweeps.core import config, contract, training
 from rw_sweeps.core import data as data_mod
-from rw_sweeps.core.config import ConfigError, DataConfig, from_dict, option
+from rw_sweeps.core.config import ConfigError, DataConfig, from_dict
+from rw_sweeps.core.registry import option
 
 from .conftest import ROOT
 

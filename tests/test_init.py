@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rw_sweeps.core import model, oracle, training
-from rw_sweeps.core.config import ConfigError, FfnModelConfig, ModelConfig, data_config, validate
+from rw_sweeps.core.config import ConfigError, data_config, validate
+from rw_sweeps.core.models import FfnModelConfig, ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 
 from .test_engine import cfg, trajectory

@@ -15,7 +15,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from rw_sweeps.core import config, model, oracle, training
+from rw_sweeps.core import config, model, oracle, registry, training
 from rw_sweeps.core.config import ConfigError, InitConfig, RunConfig, data_config, option_config, validate
 from rw_sweeps.sweeps import run
 
@@ -211,7 +211,7 @@ def test_an_init_missing_a_part_fails_when_it_registers():
             pass  # no `draw_bytes`
 
     with pytest.raises(TypeError, match="eq21 implementation Half lacks draw_bytes"):
-        @config.option("init")
+        @registry.option("init")
         @dataclass
         class Broken(InitConfig):
             name: str = "broken_half"
@@ -224,14 +224,14 @@ def test_an_init_missing_a_part_fails_when_it_registers():
                 return self
 
     with pytest.raises(TypeError, match="declares no scale"):
-        @config.option("init")
+        @registry.option("init")
         @dataclass
         class Unscaled(InitConfig):
             name: str = "broken_unscaled"
             ENGINES: ClassVar[dict] = {"gpt": INITS["zero"].ENGINES["gpt"]}
 
     with pytest.raises(TypeError, match="ENGINES names no engine"):
-        @config.option("init")
+        @registry.option("init")
         @dataclass
         class Nothing(InitConfig):
             name: str = "broken_nothing"

@@ -12,8 +12,9 @@ from typing import ClassVar
 import pytest
 import torch
 
-from rw_sweeps.core import config, oracle
-from rw_sweeps.core.config import ConfigError, ModelConfig, OptimConfig, RunConfig, data_config, option_config, validate
+from rw_sweeps.core import config, oracle, registry
+from rw_sweeps.core.config import ConfigError, OptimConfig, RunConfig, data_config, option_config, validate
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.sweeps import run
 
@@ -138,14 +139,14 @@ def test_an_optimiser_missing_a_part_fails_when_it_registers():
             pass  # no `steps`
 
     with pytest.raises(TypeError, match="eq21 implementation Half lacks steps"):
-        @config.option("optim")
+        @registry.option("optim")
         @dataclass
         class Broken(OptimConfig):
             name: str = "broken_half"
             ENGINES: ClassVar[dict] = {"eq21": Half}
 
     with pytest.raises(TypeError, match="ENGINES names no engine"):
-        @config.option("optim")
+        @registry.option("optim")
         @dataclass
         class Nothing(OptimConfig):
             name: str = "broken_nothing"

@@ -11,7 +11,8 @@ import yaml
 from rw_sweeps.core import resources
 from rw_sweeps.sweeps import packing, run
 from rw_sweeps.sweeps.planner import Spec
-from rw_sweeps.core.config import ModelConfig, RunConfig, data_config, validate
+from rw_sweeps.core.config import RunConfig, data_config, validate
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 

@@ -27,7 +27,8 @@ import torch
 
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import fused, model, oracle, training
-from rw_sweeps.core.config import ModelConfig, data_config, from_dict, option_config
+from rw_sweeps.core.config import data_config, from_dict, option_config
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 

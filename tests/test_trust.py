@@ -19,7 +19,8 @@ import pytest
 
 from rw_sweeps.sweeps import lock, run
 from rw_sweeps.core import results
-from rw_sweeps.core.config import ModelConfig, RunConfig, data_config, validate, option_config
+from rw_sweeps.core.config import RunConfig, data_config, validate, option_config
+from rw_sweeps.core.models import ModelConfig
 from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.core.optimisers.adam import Adam

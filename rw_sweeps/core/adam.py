@@ -47,12 +47,16 @@ at the §5 shape. Two exact reductions:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from . import engine, model
-from .config import ModelConfig, RunConfig
 from .model import Geometry
+from .models import ModelConfig
+
+if TYPE_CHECKING:
+    from .config import RunConfig
 
 CHUNK = 1 << 18  # entries of the (points × groups) block a direct sum takes at once (2 MiB in float64)
 GPU_CHUNK = 1 << 24  # the same on a GPU, where fewer, larger kernels pay

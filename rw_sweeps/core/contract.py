@@ -18,12 +18,14 @@ wandb export all ask it, so they cannot disagree:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import readers
+from .config import canonical, stored
+from .errors import ConfigError
 from .readers import Broken, GiB, KiB, MiB
+from .summary_fields import ECHOES, SUMMARY_FIELDS, Field  # noqa: F401 - the format this contract checks
 
 SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml", "history.jsonl",
                                                    "snapshots.jsonl", "checkpoint.pt")
@@ -36,83 +38,6 @@ FILE_CAPS = {HISTORY: 1 * GiB, SNAPSHOTS: 8 * GiB}
 RECORD_CAP = 256 * MiB  # a sweep's `.rw_sweep.json` (100,000 runs is ~5 MB)
 LOCK_CAP = 64 * KiB     # a lock's holder record
 STATUSES = ("done", "failed", "diverged")
-SEED_MAX = 2 ** 32 - 1
-
-
-# ------------------------------------------------------------------------------------------ field types
-@dataclass(frozen=True)
-class Field:
-    """One summary field: its type, its bounds, whether it may be null or left out (older versions wrote
-    fewer fields: a missing one reads as null)."""
-    kind: str  # int | num | str | bool | ints | list | any
-    lo: float | None = None
-    hi: float | None = None
-    required: bool = False
-    nullable: bool = True
-
-    def check(self, value) -> str | None:
-        """None if `value` fits, else what is wrong."""
-        if value is None:
-            return None if self.nullable else "must not be null"
-        k = self.kind
-        if k == "int":
-            ok = type(value) is int
-        elif k == "num":
-            ok = type(value) in (int, float) and math.isfinite(value)
-        elif k == "str":
-            ok = type(value) is str
-        elif k == "bool":
-            ok = type(value) is bool
-        elif k == "ints":
-            ok = type(value) is list and all(type(x) is int for x in value)
-        elif k == "list":
-            ok = type(value) is list
-        else:
-            ok = True
-        if not ok:
-            return f"must be {_KIND_NAMES[k]}"
-        if k in ("int", "num") and ((self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi)):
-            return f"must be in [{_fmt(self.lo)}, {_fmt(self.hi)}]"
-        return None
-
-
-_KIND_NAMES = {"int": "an integer", "num": "a finite number", "str": "a string", "bool": "true or false",
-               "ints": "a list of integers", "list": "a list", "any": "a JSON value"}
-
-
-def _fmt(x) -> str:
-    return "…" if x is None else f"{x:g}"
-
-
-_NUM, _RATE, _STEP = Field("num"), Field("num", 0, 1), Field("int", 0)
-SUMMARY_FIELDS = {
-    "status": Field("str", required=True, nullable=False),
-    "error": Field("str"),
-    "steps": Field("int", 0, required=True, nullable=False),
-    "eval_step": _STEP,
-    **{k: _RATE for k in ("test_acc", "opt_acc")},
-    **{k: _NUM for k in ("test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
-                         "attention_spread", "parents_attention", "opt_loss", "unigram_loss", "relative_loss",
-                         "kl_uniform", "kl_unigram", "kl_bigram", "p", "q", "sigma", "lr", "eps")},
-    "wall_s": Field("num", 0),
-    "trap": Field("bool"),
-    **{k: _STEP for k in ("symmetry_break_step", "prediction_break_step", "locked_position")},
-    "parent_positions": Field("ints"),
-    **{k: Field("list") for k in ("attn_parent", "induction")},
-    "seed": Field("int", 0, SEED_MAX, required=True, nullable=False),
-    "K": Field("int", 1, required=True, nullable=False),
-    "N": Field("int", 1, required=True, nullable=False),
-    "M": Field("int", 1),
-    **{k: Field("int", 1) for k in ("n_layer", "n_head")},
-    **{k: Field("bool") for k in ("tie", "online", "git_dirty")},
-    **{k: Field("str") for k in ("data", "init", "model", "precision", "optim", "target", "run_id",
-                                 "git_commit", "version", "torch_version", "host")},
-}
-# The summary's copies of config keys (for a reader of the one file): each must equal the config's.
-ECHOES = {"seed": "seed", "K": "data.K", "N": "data.N", "M": "model.M", "p": "data.p", "q": "data.q",
-          "data": "data.name", "init": "init.name", "model": "model.name", "lr": "optim.lr", "eps": "optim.eps",
-          "optim": "optim.name", "precision": "precision", "n_layer": "model.n_layer", "n_head": "model.n_head",
-          "tie": "model.tie", "target": "data.target", "online": "data.online"}
 
 
 def check_summary(s, path) -> dict:
@@ -159,8 +84,6 @@ def read_config(run_dir) -> dict:
 def config_problem(cfg: dict) -> str | None:
     """None if a stored config meets its schema (read as `config.stored` reads it: no file it names is
     opened), else the one-line reason."""
-    from .config import ConfigError, stored
-
     try:
         stored(cfg)
     except (ConfigError, TypeError, ValueError, OverflowError) as e:
@@ -245,8 +168,6 @@ def judge(run_dir, config: dict | None = None) -> Verdict:
         problem = config_problem(config)
         if problem:
             return Verdict("corrupt", summary, why=problem)
-    from .config import canonical
-
     config = canonical(config)  # a key the file lacks, at its schema default (as the launcher reads it)
     for key, dotted in ECHOES.items():
         there = _dotted(config, dotted)

@@ -13,12 +13,16 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from . import markov
-from .config import DataConfig, data_key
+from .registry import names
+
+if TYPE_CHECKING:
+    from .families.base import DataConfig
 
 VOCAB = ["apple", "orange", "Based", "on", "the", "which", "type", "of", "fruit", "list", "appears", "most",
          "frequently", "sentence", "I", "prefer", "an", "to", "do"]  # §6, in the paper's order
@@ -83,7 +87,7 @@ def _scratch(n: int, N: int) -> _Scratch:
     return cache[n, N]
 
 
-def _walks_into(K: int, N: int, p: float, gen: torch.Generator, tokens: np.ndarray, y: np.ndarray,
+def walks_into(K: int, N: int, p: float, gen: torch.Generator, tokens: np.ndarray, y: np.ndarray,
                 P_true: np.ndarray) -> None:
     """n walks written into the given arrays (tokens (n, N−1) int64, y (n,) int64, P_true (n, K)), from
     exactly the draws `random_walks` has always made: s_1 = randint(K, (n, 1)), then rand(n, N − 1) < p in
@@ -145,7 +149,7 @@ def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Spli
     """n walks of N nodes: s_1 ~ Unif([K]), then ±1 steps drawn at once and summed (no loop over positions)."""
     split = Split(torch.empty(n, N - 1, dtype=torch.int64), torch.empty(n, dtype=torch.int64),
                   torch.empty(n, K, dtype=torch.float64))
-    _walks_into(K, N, p, gen, split.tokens.numpy(), split.y.numpy(), split.P_true.numpy())
+    walks_into(K, N, p, gen, split.tokens.numpy(), split.y.numpy(), split.P_true.numpy())
     return split
 
 
@@ -154,12 +158,12 @@ def _cumulative(Pi_bytes: bytes, K: int) -> np.ndarray:
     """Π's cumulative rows without the last column, for the search `#{j < K−1 : u ≥ F_j}`; entries from a
     row's last state of positive probability on are +∞, so a rounding gap below 1 never lands on a state of
     probability 0."""
-    F = _cumulative_rows(np.frombuffer(Pi_bytes, np.float64).reshape(K, K))
+    F = cumulative_rows(np.frombuffer(Pi_bytes, np.float64).reshape(K, K))
     F.flags.writeable = False
     return F
 
 
-def _cumulative_rows(P: np.ndarray) -> np.ndarray:
+def cumulative_rows(P: np.ndarray) -> np.ndarray:
     """`_cumulative` of any stack of rows P (..., K): kth_order's K^k contexts, icl_markov's chain per sequence."""
     K = P.shape[-1]
     F = np.cumsum(P, -1)[..., :-1].copy()
@@ -174,7 +178,7 @@ def _first(K: int, n: int, gen: torch.Generator, start) -> torch.Tensor:
     if start is None:
         return torch.randint(K, (n, 1), generator=gen)
     u0 = torch.rand(n, 1, generator=gen, dtype=torch.float64).numpy()
-    F = _cumulative_rows(np.asarray(start, np.float64)[None, :])[0]
+    F = cumulative_rows(np.asarray(start, np.float64)[None, :])[0]
     return torch.from_numpy((u0 >= F).sum(1, keepdims=True).astype(np.int64))
 
 
@@ -218,12 +222,12 @@ def chains_many(Ps: list, N: int, n: int, gens: list, dtype=torch.float64, start
 
 
 @functools.lru_cache(maxsize=8)
-def _kth_law(K: int, order: int, alpha: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def kth_law(K: int, order: int, alpha: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """kth_order's T as K^order rows (context index Σ_i s_{t−k+i}·K^{k−1−i}, the oldest state most
     significant) and their cumulative rows; cached, since a run's training and test sets share T."""
     T = markov.kth_tensor(K, order, alpha, seed).reshape(K**order, K)
     T.flags.writeable = False
-    F = _cumulative_rows(T)
+    F = cumulative_rows(T)
     F.flags.writeable = False
     return T, F
 
@@ -233,7 +237,7 @@ def kth_order(K: int, N: int, order: int, alpha: float, seed: int, n: int, gen: 
     """n sequences of the order-k chain of `markov.kth_tensor`: s_1..s_k ~ Unif([K]) i.i.d., then
     s_{t+1} = the first j whose cumulative T[s_{t−k+1..t}, j] exceeds a float64 uniform; P_true = T's row
     of the last k observed tokens (validate keeps k ≤ N − 1)."""
-    T, F = _kth_law(K, order, float(alpha), seed)
+    T, F = kth_law(K, order, float(alpha), seed)
     C = K**order
     s = np.empty((n, N), np.int64)
     s[:, :order] = torch.randint(K, (n, order), generator=gen).numpy()
@@ -258,7 +262,7 @@ def icl_markov(K: int, N: int, alpha: float, n: int, gen: torch.Generator, dtype
     s1 = torch.randint(K, (n,), generator=gen).numpy()
     u = torch.rand(n, N - 1, generator=gen, dtype=torch.float64).numpy()
     rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=gen)))
-    F = _cumulative_rows(rng.dirichlet(np.full(K, float(alpha)), size=(n, K)))  # (n, K, K − 1)
+    F = cumulative_rows(rng.dirichlet(np.full(K, float(alpha)), size=(n, K)))  # (n, K, K − 1)
     s = np.empty((n, N), np.int64)
     s[:, 0] = s1
     rows = np.arange(n)
@@ -374,6 +378,16 @@ _prefetched: dict = {}  # run key → (future of the stacked splits, index of th
 _prefetch_lock = threading.Lock()
 _prefetch_pool: ThreadPoolExecutor | None = None
 MAX_PREFETCHED = 200_000  # runs held at most (a stale prefetch must not grow without bound)
+
+
+def data_key(cfg) -> tuple:
+    """What a run's data are a function of: its seed and every key of its data family."""
+    d = cfg.data
+    return (cfg.seed, type(d).__name__, *(_frozen(getattr(d, k)) for k in names(type(d))))
+
+
+def _frozen(v):
+    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
 def _run_key(cfg, dtype, token_dtype) -> tuple:

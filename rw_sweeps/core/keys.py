@@ -11,6 +11,7 @@ import functools
 import inspect
 import re
 import sys
+from pathlib import Path
 
 from .config import GROUPS, OPTIONS, RunConfig, WandbConfig
 
@@ -96,8 +97,6 @@ def describe() -> str:
 def groups(conf_dir: str) -> str:
     """Each config group and its options, one line a group: the schema's options, and the presets' YAML files
     in `conf_dir` (`experiment`, `hparams_search`, `debug`, …)."""
-    from pathlib import Path
-
     found = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(conf_dir).iterdir()
              if p.is_dir() and p.name != "hydra" and not p.name.startswith(("_", "."))}
     for group in GROUPS:

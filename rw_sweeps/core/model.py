@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from .config import NORMALIZE_ALIASES, ModelConfig
+from .models import NORMALIZE_ALIASES, ModelConfig
 
 
 def positions(cfg: ModelConfig, N: int, dtype=torch.float64) -> torch.Tensor:

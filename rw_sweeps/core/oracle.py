@@ -5,11 +5,17 @@ benchmarks. It is deliberately naive: memory is O(n·(K+M)·N) per run (≈0.8 G
 """
 from __future__ import annotations
 
+import json
+import resource
+import time
+
 import torch
+from omegaconf import OmegaConf
 
 from . import data as data_mod
 from . import model
-from .config import NORMALIZE_ALIASES, RunConfig
+from .config import RunConfig, from_dict
+from .models import NORMALIZE_ALIASES
 
 
 def embed(tokens: torch.Tensor, P: torch.Tensor, K: int, normalize: str) -> torch.Tensor:
@@ -101,13 +107,6 @@ def initial(cfg: RunConfig, dtype) -> dict:
 def main(argv: list[str]) -> None:
     """`python -m rw_sweeps.core.oracle key=value …`: one dense run, as a one-run-per-process baseline (with the
     literal dense Gaussian draw, init.draw=dense, unless the arguments say otherwise)."""
-    import json
-    import resource
-    import time
-
-    from omegaconf import OmegaConf
-
-    from .config import from_dict
 
     cfg = from_dict(OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RunConfig()),
                                                            OmegaConf.from_dotlist(["init.draw=dense", *argv]))))

@@ -17,6 +17,7 @@ raises FileNotFoundError, so a caller can tell "not written yet" from "damaged".
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -37,7 +38,6 @@ _READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0
 
 class Broken(ValueError):
     """A file that breaks the contract (README, "Faults"): one line naming the file and the rule."""
-
     def __init__(self, path, why: str):
         self.path, self.why = str(path), why
         super().__init__(f"{path}: {why}")
@@ -174,7 +174,6 @@ _LINE = re.compile(r"( *)(?:- (.*)|([A-Za-z_][\w.-]*):(?: (.*))?)\Z")
 class NotPlain(Exception):
     """A line outside the plain block subset: PyYAML reads the file instead (after the event check)."""
 
-
 def yaml_value(text: str, path, what: str | None = None):
     """Plain YAML, as `yaml.safe_load` reads it, refusing tags, anchors and aliases (an alias bomb expands
     a kilobyte into gigabytes) and nesting deeper than MAX_DEPTH. The configs this project writes are
@@ -293,8 +292,6 @@ def _short(e: BaseException) -> str:
 def digest(path, cap: int, what: str | None = None) -> bytes | None:
     """The BLAKE2b digest of a regular file's bytes, read in blocks (memory bounded), at most `cap` of them;
     None if there is no file. Broken for a link, a FIFO, a device or a file over its cap."""
-    import hashlib
-
     what = what or Path(path).name
     try:
         fh, st = open_regular(path, what)

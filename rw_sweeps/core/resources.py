@@ -8,7 +8,7 @@ import dataclasses
 import os
 
 from . import trainer
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, shape_key
 
 
 def bytes_per_run(c: RunConfig) -> int:
@@ -49,7 +49,7 @@ def cause(cfg: RunConfig, total: int, largest: str) -> str:
 def available_bytes(device: str) -> int | None:
     """Free memory of the device a run will use (host: MemAvailable; GPU: its free memory), or None."""
     if device.startswith("cuda"):
-        import torch
+        import torch  # torch: only where a run trains
 
         idx = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
         return gpu_free_bytes([idx])[0]
@@ -70,7 +70,7 @@ def gpu_free_bytes(devices: list[int] | None = None) -> list[int]:
     """Free bytes of each GPU (all visible ones by default), counting as free what this process's caching
     allocator holds but does not use: a worker that trains chunk after chunk sees its GPU's memory as the
     first chunk did. torch.cuda.mem_get_info(i), which starts a CUDA context on GPU i."""
-    import torch
+    import torch  # torch: only where a run trains
 
     if devices is None:
         devices = list(range(torch.cuda.device_count()))
@@ -85,7 +85,7 @@ def gpu_free_bytes(devices: list[int] | None = None) -> list[int]:
 
 def resolve_device(device: str) -> str:
     """`auto` → cuda when a GPU is visible, else cpu; `cuda:N` checked against the visible GPUs."""
-    import torch
+    import torch  # torch: only where a run trains
 
     n = torch.cuda.device_count() if device != "cpu" else 0
     if device == "auto":
@@ -113,8 +113,6 @@ def check(cfg: RunConfig) -> None:
 def problems(cfgs: list[RunConfig], shapes: list | None = None) -> list[ConfigError | None]:
     """`check` for every run, asked once per shape and init at unit scale (its draw counts): the error, or None.
     `shapes`: the runs' `shape_key`s, where the caller has them."""
-    from .config import shape_key
-
     seen: dict = {}
     out = []
     for i, cfg in enumerate(cfgs):

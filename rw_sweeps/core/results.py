@@ -10,19 +10,22 @@ cannot run code.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
+import struct
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-from .safefs import atomic_write, write_with
-from .yamltext import Templates
-
-from . import contract
+from . import contract, readers, seal
+from .config import canonical
 from .contract import CHECKPOINT, CONFIG, HISTORY, SNAPSHOTS, SUMMARY  # noqa: F401 - the contract's names
 from .readers import Broken, GiB
+from .safefs import atomic_write, write_with
+from .yamltext import Templates
 
 
 def run_id(run_dir: Path) -> str:
@@ -107,8 +110,6 @@ NOT_RESULTS = ("checkpoint_every", "objective", "wandb")
 
 def identity(cfg: dict) -> dict:
     """The part of a run's config that determines its results, as the current schemas state it."""
-    from .config import canonical
-
     return {k: v for k, v in canonical(cfg).items() if k not in NOT_RESULTS}
 
 
@@ -140,9 +141,7 @@ def save_checkpoint(run_dir: Path, blob: dict) -> None:
     """The training state of an unfinished run (`rw_sweeps.core.training.checkpoint`: tensors and plain data),
     sealed (`rw_sweeps.core.seal`) over its config's identity, its folder's run_id and every value it holds:
     `load_checkpoint` resumes only what this user's code wrote for this run in this folder."""
-    import torch
-
-    from . import seal
+    import torch  # torch: only where a run trains
 
     blob = {k: v for k, v in blob.items() if k != "seal"}
     sealed = {**blob, "seal": seal.seal(*_sealed_parts(blob, run_dir))}
@@ -173,11 +172,7 @@ def load_checkpoint(cfg: dict, run_dir: Path, say=_say) -> dict | None:
 
 def _read_checkpoint(cfg: dict, run_dir: Path) -> tuple[dict | None, str | None]:
     """(the checkpoint, None) if it is this run's own, else (None, why); (None, None) if there is none."""
-    import io
-
-    import torch
-
-    from . import readers, seal
+    import torch  # torch: only where a run trains
 
     try:
         fh, st = readers.open_regular(run_dir / CHECKPOINT, CHECKPOINT)  # a regular file, no link, never blocking
@@ -238,10 +233,7 @@ def digest(value) -> bytes:
 
 
 def _walk(x, put) -> None:
-    import struct
-
-    import numpy as np
-    import torch
+    import torch  # torch: only where a run trains
 
     def walk(x) -> None:
         if x is None:

@@ -12,6 +12,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import data as data_mod
@@ -55,7 +56,6 @@ def closed_classes(Pi) -> list[int] | None:
     state: the strongly connected components of Π's support that no transition leaves."""
     if Pi is None:
         return None
-    import numpy as np
 
     A = np.asarray(Pi) > 0
     K = len(A)
@@ -183,7 +183,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         progress = has_terminal()
     bar = None
     if progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # tqdm: only on a terminal
 
         bar = tqdm(total=T, initial=state.step, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
     # Without a terminal (CI, a SLURM log) a long batch says where it is every PROGRESS_S seconds.
@@ -238,7 +238,6 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
 class _Block:
     """How many steps one kernel call takes: up to the next evaluation or checkpoint, and no more than
     about BLOCK_S seconds, so that a signal (SLURM's USR2) is answered within a block."""
-
     BLOCK_S = 1.0
 
     def __init__(self) -> None:
@@ -262,7 +261,6 @@ class _Log:
     """The records of a batch as device tensors until `flush`: per evaluation the metric columns (R,),
     per run the step it diverged at (T + 1: not yet), the snapshots' tensors. A flush copies everything
     buffered to the host at once and rebuilds the records; `FLUSH_BYTES` bounds what a device holds."""
-
     FLUSH_BYTES = 256 << 20
     HOST_READS = None  # the prediction check may read flags back: None → on a CPU only (where it is free)
     COLS = EVALUATED
@@ -368,7 +366,6 @@ class _Log:
         """Copy to the host and rebuild every record (history, snapshots, status, steps, break step) as of
         `step`, the state's step: what a checkpoint saves, or the batch's result."""
         self._copy()
-        import numpy as np
 
         dead, off = self.dead.cpu().numpy(), self.off.cpu().numpy()
         rows = np.concatenate(self.h_rows) if self.h_rows else np.zeros((0, len(self.COLS), len(self.recs)))

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from rw_sweeps.core.config import ConfigError, RunConfig, describe_unknown, type_rule
+from rw_sweeps.core.config import ConfigError, RunConfig, describe_unknown
+from rw_sweeps.core.registry import type_rule
 from rw_sweeps.core.errors import one_line
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
 

@@ -16,7 +16,9 @@ from typing import ClassVar, List, Optional
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig, option
+from ..errors import ConfigError
+from ..registry import option
+from .base import DataConfig
 from .kth_order import check_alpha
 
 STREAM = 0xB4E5  # the DAG's and T's numpy stream, mixed with the run's seed (never the data's torch stream)
@@ -89,9 +91,12 @@ class BayesNet(DataConfig):
         return ctx
 
     def draw(self, n: int, gen, seed: int):
-        import torch
+        import torch  # torch: only where a run trains
 
-        from ..data import Split, _cumulative_rows
+        from ..data import (  # torch: only where a run draws its data
+            Split,
+            cumulative_rows,
+        )
 
         graph, K, N = self.graph(seed), self.K, self.N
         u = torch.rand(n, N, generator=gen, dtype=torch.float64).numpy()
@@ -100,7 +105,7 @@ class BayesNet(DataConfig):
             T = sub.dirichlet(np.full(K, float(self.alpha)), size=(n, K ** self.in_degree))  # (n, C, K)
         else:
             T = np.broadcast_to(self.table(seed), (n, K ** self.in_degree, K))
-        F = _cumulative_rows(T)
+        F = cumulative_rows(T)
         rows = np.arange(n)
         s = np.empty((n, N), np.int64)
         for i, pa in enumerate(graph, start=1):

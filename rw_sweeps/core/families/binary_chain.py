@@ -6,7 +6,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig, option
+from ..errors import ConfigError
+from ..registry import option
+from .base import DataConfig
 
 
 @option("data")

@@ -7,7 +7,10 @@ from typing import ClassVar, List
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig, option
+from ..errors import ConfigError
+from ..markov import Pi, jump
+from ..registry import option
+from .base import DataConfig
 
 
 def _circle(K: int) -> None:
@@ -29,8 +32,6 @@ class RandomWalk(DataConfig):
         _circle(self.K)
 
     def transition(self, seed: int = 0) -> np.ndarray:
-        from ..markov import Pi
-
         return Pi(self.K, self.p)
 
     def is_trap(self) -> bool:
@@ -43,14 +44,16 @@ class RandomWalk(DataConfig):
         return max(self.p, 1 - self.p)
 
     def draw(self, n: int, gen, seed: int):
-        from ..data import random_walks
+        from ..data import random_walks  # torch: only where a run draws its data
 
         return random_walks(self.K, self.N, self.p, n, gen)
 
     def draw_into(self, gen, seed: int, tokens, y, P_true) -> None:
-        from ..data import _walks_into  # the SWAR fast path, straight into the stacked batch
+        from ..data import (
+            walks_into,  # the SWAR fast path, straight into the stacked batch
+        )
 
-        _walks_into(self.K, self.N, self.p, gen, tokens, y, P_true)
+        walks_into(self.K, self.N, self.p, gen, tokens, y, P_true)
 
 
 @option("data")
@@ -69,8 +72,6 @@ class LazyWalk(DataConfig):
         _circle(self.K)
 
     def transition(self, seed: int = 0) -> np.ndarray:
-        from ..markov import Pi
-
         return self.stay * np.eye(self.K) + (1 - self.stay) * Pi(self.K, self.p)
 
 
@@ -98,6 +99,4 @@ class JumpWalk(DataConfig):
                               "(to 1e-9)")
 
     def transition(self, seed: int = 0) -> np.ndarray:
-        from ..markov import jump
-
         return jump(self.K, self.jumps)

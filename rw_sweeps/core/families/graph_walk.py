@@ -6,7 +6,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig, choice, option
+from .. import markov
+from ..errors import ConfigError
+from ..markov import graph
+from ..registry import choice, option
+from .base import DataConfig
 
 
 @option("data")
@@ -24,8 +28,6 @@ class GraphWalk(DataConfig):
     def validate(self, seed: int) -> None:
         """The graph's name, its size keys, K consistent with them, and a connected graph (built here, from
         the run's seed for random_regular, so a disconnected draw fails before any job starts)."""
-        from .. import markov
-
         choice("data.graph", self.graph, markov.GRAPHS)
         g, K = self.graph, self.K
         if g in ("grid", "torus"):
@@ -52,13 +54,11 @@ class GraphWalk(DataConfig):
                               "mixes") from None
 
     def transition(self, seed: int = 0) -> np.ndarray:
-        from ..markov import graph
-
         return graph(self.graph, self.K, self.degree, self.side, self.dim, seed)
 
     def draw(self, n: int, gen, seed: int):
         if self.graph == "cycle":  # the p = 0.5 circle: its own sampler, the same data
-            from ..data import random_walks
+            from ..data import random_walks  # torch: only where a run draws its data
 
             return random_walks(self.K, self.N, 0.5, n, gen)
         return super().draw(n, gen, seed)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import ConfigError, DataConfig, option
+from ..errors import ConfigError
+from ..gpt.strategies import in_context
+from ..registry import option
+from .base import DataConfig
 from .kth_order import check_alpha
 
 
@@ -29,11 +32,9 @@ class IclMarkov(DataConfig):
 
     def laws(self, seq, seed: int):
         """The posterior predictive at every position: the in-context bigram strategy with α."""
-        from ..gpt.strategies import in_context
-
         return in_context(seq, self.K, self.alpha, "all")[1]
 
     def draw(self, n: int, gen, seed: int):
-        from ..data import icl_markov
+        from ..data import icl_markov  # torch: only where a run draws its data
 
         return icl_markov(self.K, self.N, self.alpha, n, gen)

@@ -9,7 +9,10 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig, option
+from ..errors import ConfigError
+from ..markov import MAX_KTH_ENTRIES, kth_tensor
+from ..registry import option
+from .base import DataConfig
 
 
 def check_alpha(alpha: float) -> None:
@@ -28,8 +31,6 @@ class KthOrder(DataConfig):
     ECHO: ClassVar[tuple] = ("order", "alpha")
 
     def validate(self, seed: int) -> None:
-        from ..markov import MAX_KTH_ENTRIES
-
         check_alpha(self.alpha)
         if self.K < 2:
             raise ConfigError("data.K", self.K, "must be >= 2 for data=kth_order")
@@ -41,8 +42,6 @@ class KthOrder(DataConfig):
 
     def first_order_pi(self, seed: int) -> Optional[np.ndarray]:
         """With order 1, T itself is Π (what v_pi_cosine compares V with); none for order ≥ 2."""
-        from ..markov import kth_tensor
-
         return kth_tensor(self.K, 1, self.alpha, seed) if self.order == 1 else None
 
     @property
@@ -56,9 +55,9 @@ class KthOrder(DataConfig):
     def laws(self, seq, seed: int):
         """T's row of the last k states at every position (uniform while fewer than k are observed: the first
         k states are drawn uniformly)."""
-        from ..data import _kth_law
+        from ..data import kth_law  # torch: only where a run draws its data
 
-        T, _ = _kth_law(self.K, self.order, float(self.alpha), seed)
+        T, _ = kth_law(self.K, self.order, float(self.alpha), seed)
         n, N = seq.shape
         out = np.full((n, N - 1, self.K), 1.0 / self.K)
         ctx = np.zeros(n, np.int64)
@@ -69,6 +68,8 @@ class KthOrder(DataConfig):
         return out
 
     def draw(self, n: int, gen, seed: int):
-        from ..data import kth_order  # T is fixed per run: drawn from the run's seed on its own stream
+        from ..data import (
+            kth_order,  # T is fixed per run: drawn from the run's seed on its own stream
+        )
 
         return kth_order(self.K, self.N, self.order, self.alpha, seed, n, gen)

@@ -9,8 +9,10 @@ from typing import Any, ClassVar, List, Optional
 
 import numpy as np
 
-from ..config import ConfigError, DataConfig, option
+from ..errors import ConfigError
 from ..readers import Broken, read_bytes
+from ..registry import option
+from .base import DataConfig
 
 
 @option("data")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import ConfigError, DataConfig, option
+from ..errors import ConfigError
+from ..registry import option
+from .base import DataConfig
 
 
 class _QA(DataConfig):
@@ -36,7 +38,7 @@ class QaMajority(_QA):
     N: int = 17  # 16 words, then the answer
 
     def draw(self, n: int, gen, seed: int):
-        from ..data import qa_majority
+        from ..data import qa_majority  # torch: only where a run draws its data
 
         return qa_majority(n, gen)
 
@@ -50,6 +52,6 @@ class QaPreference(_QA):
     N: int = 19  # 18 words, then the answer
 
     def draw(self, n: int, gen, seed: int):
-        from ..data import qa_preference
+        from ..data import qa_preference  # torch: only where a run draws its data
 
         return qa_preference(n, gen)

@@ -20,7 +20,9 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from ..config import ConfigError, ModelBase, choice, option, resolve_normalize
+from ..errors import ConfigError
+from ..models import ModelBase, resolve_normalize
+from ..registry import choice, option
 
 
 @option("model")

@@ -6,16 +6,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..config import InitConfig, option, rule
+from ..registry import option, rule
+from .base import InitConfig
 
 
 class Eq21:
     """A (FFN) and V as drawn, W as its compact (a, c): drawn directly (draw=compact, `model.init_compact`)
     or as the literal (K+M)² W reduced to (a, c) (draw=dense, `model.init_dense`)."""
-
     @staticmethod
     def initial(cfg, geo, dtype):
-        from .. import model  # torch only where a run trains: analysis reads the schemas without it
+        from .. import (
+            model,  # torch only where a run trains: analysis reads the schemas without it
+        )
 
         K, N, o = cfg.data.K, cfg.data.N, cfg.init
         gen = model.init_generator(cfg.seed)
@@ -38,10 +40,9 @@ class Eq21:
 class Gpt:
     """Every weight matrix and embedding N(0, σ²), drawn in `gpt.model.params_of`'s order (under either
     draw: model=gpt draws every parameter literally)."""
-
     @staticmethod
     def weight(cfg, p, gen):
-        import torch
+        import torch  # torch: only where a run trains
 
         return cfg.init.sigma * torch.randn(p.shape, generator=gen, dtype=torch.float64)
 
@@ -49,12 +50,11 @@ class Gpt:
 class Oracle:
     """The engine's own draws (same generator, same order): the literal W (draw=dense), or the compact draw
     lifted to a dense W with exactly that (a, c) (`model.dense_W`)."""
-
     @staticmethod
     def dense(cfg, dtype) -> dict:
-        import torch
+        import torch  # torch: only where a run trains
 
-        from .. import model
+        from .. import model  # torch: only where a run trains
 
         K, N, o = cfg.data.K, cfg.data.N, cfg.init
         gen = model.init_generator(cfg.seed)

@@ -7,15 +7,15 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..config import InitConfig, option, rule
+from ..registry import option, rule
+from .base import InitConfig
 
 
 class Gpt:
     """N(0, std²) per weight matrix and embedding, N(0, std²/(2·n_layer)) for the residual projections."""
-
     @staticmethod
     def weight(cfg, p, gen):
-        import torch
+        import torch  # torch: only where a run trains
 
         std = cfg.init.std
         if p.role == "residual":

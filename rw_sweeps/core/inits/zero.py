@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import InitConfig, option
+from ..registry import OPTIONS, option
+from .base import InitConfig
 
 
 class Eq21:
     """The zero state: V (A) = 0 and (a, c) = 0, with no draw."""
-
     @staticmethod
     def initial(cfg, geo, dtype):
         import torch  # torch only where a run trains: analysis reads the schemas without it
@@ -28,7 +28,7 @@ class Eq21:
 class Gpt:
     @staticmethod
     def weight(cfg, p, gen):
-        import torch
+        import torch  # torch: only where a run trains
 
         return torch.zeros(p.shape, dtype=torch.float64)
 
@@ -36,7 +36,7 @@ class Gpt:
 class Oracle:
     @staticmethod
     def dense(cfg, dtype) -> dict:
-        import torch
+        import torch  # torch: only where a run trains
 
         K, M = cfg.data.K, cfg.model.M
         theta = {"V": torch.zeros(K, K, dtype=dtype)}
@@ -57,7 +57,6 @@ class ZeroInit(InitConfig):
         return 0.0
 
     def unit(self) -> InitConfig:
-        """σ = 0 of init=gaussian's axis (its compact draw, the default)."""
-        from .gaussian import GaussianInit
-
-        return GaussianInit(sigma=1.0)
+        """σ = 0 of init=gaussian's axis (its compact draw, the default): read from the registry when asked, so
+        that zero init is registered first, the default option listed first."""
+        return OPTIONS["init"]["gaussian"](sigma=1.0)

@@ -5,16 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..config import OptimConfig, option, rule
+from ..registry import option, rule
+from .base import OptimConfig
 
 
 class Eq21:
     """Adam on the compact state: V (and A) as they are, W through the moments of u = W x̂_N."""
-
     KERNEL = False  # the PyTorch path
 
     def __init__(self, cfgs: list, geo, dtype, device):
-        from .. import adam as compact  # torch: only where a run trains (analysis reads the schemas without it)
+        from .. import (
+            adam as compact,  # torch: only where a run trains (analysis reads the schemas without it)
+        )
 
         self.compact, self.M = compact, cfgs[0].model.M
         self.hp = compact.hyper(cfgs, geo, dtype, device)
@@ -28,19 +30,18 @@ class Eq21:
 
 class Gpt:
     """model=gpt: m ← β₁m + (1 − β₁)g, v ← β₂v + (1 − β₂)g², p ← p − (lr/bc₁)·m/(√v/√bc₂ + ε_A)."""
-
     decay = None  # AdamW's λ per run (its subclass)
 
     def __init__(self, col):
         self.beta1, self.beta2, self.eps = col("beta1"), col("beta2"), col("adam_eps")
 
     def state(self, params: dict) -> dict:
-        import torch
+        import torch  # torch: only where a run trains
 
         return {f"{s}.{k}": torch.zeros_like(v) for k, v in params.items() for s in "mv"}
 
     def update(self, k: str, p, g, st: dict, lr, n: int, shape, decayed: bool):
-        import torch
+        import torch  # torch: only where a run trains
 
         if self.decay is not None and decayed:  # AdamW: θ ← θ·(1 − lr·λ) before the Adam step
             p = p * (1 - shape(p, lr * self.decay))
@@ -56,7 +57,7 @@ class Gpt:
 class Oracle:
     @staticmethod
     def make(params: list, o):
-        import torch
+        import torch  # torch: only where a run trains
 
         return torch.optim.Adam(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..config import option, rule
+from ..registry import option, rule
 from . import adam
 from .scheduled import Scheduled, refuse_schedule
 
@@ -51,7 +51,7 @@ class Gpt(adam.Gpt):
 class Oracle:
     @staticmethod
     def make(params: list, o):
-        import torch
+        import torch  # torch: only where a run trains
 
         return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.adam_eps,
                                  weight_decay=o.weight_decay)

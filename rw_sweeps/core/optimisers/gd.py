@@ -4,13 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..config import OptimConfig, option
+from ..registry import option
+from .base import OptimConfig
 
 
 class Eq21:
     """The compact engine's GD step: the compiled multi-step kernel where it applies (`fused.train_steps`,
     which falls back to `engine.train_step` elsewhere). GD keeps no state of its own."""
-
     KERNEL = True  # its steps run in the compiled kernel (the batch's tokens are then bytes)
 
     def __init__(self, cfgs: list, geo, dtype, device):
@@ -20,16 +20,14 @@ class Eq21:
 
     def start(self, state) -> None:
         """GD has no optimiser state."""
-
     def steps(self, state, data, eps, w, geo, n: int):
-        from .. import fused
+        from .. import fused  # torch: only where a run trains
 
         return fused.train_steps(state, data, self.lr, eps, w, geo, n)
 
 
 class Gpt:
     """model=gpt: p ← p − lr·g."""
-
     def __init__(self, col):
         pass
 
@@ -43,7 +41,7 @@ class Gpt:
 class Oracle:
     @staticmethod
     def make(params: list, o):
-        import torch
+        import torch  # torch: only where a run trains
 
         return torch.optim.SGD(params, lr=o.lr)
 

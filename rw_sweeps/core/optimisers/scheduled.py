@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..config import rule
 from ..errors import ConfigError
+from ..registry import rule
 
 SCHEDULES = ("constant", "cosine")
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..config import OptimConfig, option, rule
+from ..registry import option, rule
+from .base import OptimConfig
 from .scheduled import Scheduled, refuse_schedule
 
 
@@ -31,7 +32,7 @@ class Eq21:
         self.mu = torch.tensor([c.optim.momentum for c in cfgs], dtype=dtype, device=device)
 
     def start(self, state) -> None:
-        import torch
+        import torch  # torch: only where a run trains
 
         state.opt = {"b_a": torch.zeros_like(state.a), "b_c": torch.zeros_like(state.c),
                      **{"b_" + k: torch.zeros_like(v) for k, v in state.params.items()}}
@@ -53,12 +54,11 @@ class Eq21:
 
 class Gpt:
     """model=gpt: b ← μ·b + g (b = g at the first step), p ← p − lr·b."""
-
     def __init__(self, col):
         self.mu = col("momentum")
 
     def state(self, params: dict) -> dict:
-        import torch
+        import torch  # torch: only where a run trains
 
         return {"b." + k: torch.zeros_like(v) for k, v in params.items()}
 
@@ -70,7 +70,7 @@ class Gpt:
 class Oracle:
     @staticmethod
     def make(params: list, o):
-        import torch
+        import torch  # torch: only where a run trains
 
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum)
 

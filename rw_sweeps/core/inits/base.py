@@ -1,0 +1,55 @@
+"""What every init has and must provide (`InitConfig`), and what each engine calls on an init's
+implementation for it (`INIT_METHODS`, checked when an init registers)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from omegaconf import MISSING
+
+from ..registry import implementation
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+
+
+@dataclass
+class InitConfig:
+    """What every init has: its name, its scale and its σ axis. An init is a module of `rw_sweeps.core.inits`
+    (its schema, its rules, and its implementation for each engine it serves, `ENGINES`: engine name →
+    class); `implementation(engine)` gives it or refuses in one line. RunConfig's default is init=zero."""
+    name: str = MISSING
+    ENGINES: ClassVar[dict] = {}  # engine (a model's `ENGINE`) → the class that draws this init's θ(0) there
+    # what model.normalize=auto resolves to with this init (the paper's protocol: whole with a Gaussian init)
+    AUTO_NORMALIZE: ClassVar[str] = "none"
+
+    @classmethod
+    def registered(cls) -> None:
+        name = cls.__dataclass_fields__["name"].default
+        if not cls.ENGINES:
+            raise TypeError(f"init={name}: ENGINES names no engine it serves")
+        for method in ("scale", "unit"):
+            if getattr(cls, method) is getattr(InitConfig, method):
+                raise TypeError(f"init={name}: declares no {method}()")
+        for engine, impl in cls.ENGINES.items():
+            missing = [m for m in INIT_METHODS.get(engine, ()) if not callable(getattr(impl, m, None))]
+            if missing:
+                raise TypeError(f"init={name}: its {engine} implementation {impl.__name__} lacks {', '.join(missing)}")
+
+    def validate(self, c: "RunConfig") -> None:
+        """The init's rules beyond its fields' own (ConfigError, one line)."""
+    def implementation(self, engine: str, model: str = "?"):
+        return implementation(self, "init", engine, model)
+
+    def scale(self) -> float:
+        """The init's scale, what a run's summary records as `sigma`: σ, GPT-2's std, 0 for zero init."""
+        raise NotImplementedError
+
+    def unit(self) -> "InitConfig":
+        """The init at unit scale: the draw of which every point of its σ axis is `scale()` times (the escape
+        theory's δ_0; zero init is σ = 0 of init=gaussian's)."""
+        raise NotImplementedError
+
+
+# What an engine calls on an init's implementation for it (checked when an init registers).
+INIT_METHODS = {"eq21": ("initial", "draw_bytes"), "gpt": ("weight",), "oracle": ("dense",)}

@@ -1,0 +1,218 @@
+"""The option registry and its typing: which options each group has (`OPTIONS`, filled by `@option`), the
+rules a key declares where it is declared (`rule`, `check_rules`), an option's implementation for an engine or
+a one-line refusal (`implementation`), and a value as OmegaConf converts it for a schema's field (`typed`).
+
+Every option module (`families/`, `models.py`, `inits/`, `optimisers/`, `gpt/schema.py`) builds on this
+module and its group's base class alone; `rw_sweeps.core.config` puts them together into a run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from .errors import ConfigError, one_line
+
+GROUPS = ("data", "model", "init", "optim")
+SEED_MAX = 2**32 - 1  # seeds are 0 … 2³²−1 (torch's generator uses 32 bits; the init stream: model.init_seed)
+
+# ------------------------------------------------------------------------------------------ the registry
+OPTIONS: dict[str, dict[str, type]] = {g: {} for g in GROUPS}  # group → option name → its schema
+
+
+def option(group: str):
+    """Declare a dataclass as the schema of one option of `group`, named by its `name` field's default:
+    `from_dict` builds it for `<group>.name`, Hydra composes `schema/<group>/<name>` into it. The group's base
+    class may check, here, that the option provides what its group needs (`registered`)."""
+    def declare(cls):
+        name = cls.__dataclass_fields__["name"].default
+        if name in OPTIONS[group] and OPTIONS[group][name] is not cls:
+            raise ValueError(f"two schemas declare {group}={name}")
+        check = getattr(cls, "registered", None)
+        if check is not None:  # the group's base class says what an option of it must provide
+            check()
+        OPTIONS[group][name] = cls
+        _store(group, name, cls)
+        return cls
+    return declare
+
+
+def _store(group: str, name: str, cls: type) -> None:
+    """The schema as `schema/<group>/<name>` in Hydra's ConfigStore, outside the option group, so it is never a
+    choice of `<group>` (`glob(*)`, `--help`, shell completion, "Available options"); the option's YAML extends it
+    into its own node with `- /schema/<group>/<name>@_here_`."""
+    ConfigStore.instance().store(group=f"schema/{group}", name=name, node=cls, provider="rw_sweeps")
+
+
+def choice(key: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"must be one of {', '.join(map(str, allowed))}")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A key's rule, declared where the key is (`field(default=…, metadata=rule(lo=0, hi=1, hi_open=True))`)
+    and checked for every option by `check_rules`: a number finite and within [lo, hi] (an end open where
+    said), or a value among `choices`; `note` is said after it."""
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: Optional[tuple] = None
+    note: str = ""
+
+    def text(self) -> str:
+        if self.choices is not None:
+            out = f"must be one of {', '.join(map(str, self.choices))}"
+        elif self.lo is not None and self.hi is not None:
+            out = f"must be in {'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        elif self.lo is not None:
+            out = f"must be {'>' if self.lo_open else '>='} {self.lo:g}"
+        elif self.hi is not None:
+            out = f"must be {'<' if self.hi_open else '<='} {self.hi:g}"
+        else:
+            out = "must be a finite number"
+        return f"{out} ({self.note})" if self.note else out
+
+    def check(self, key: str, value: Any) -> None:
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ConfigError(key, value, self.text())
+            return
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(key, value, "must be a finite number")
+        ok = ((self.lo is None or (value > self.lo if self.lo_open else value >= self.lo))
+              and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)))
+        if not ok:
+            raise ConfigError(key, value, self.text())
+
+
+def rule(**kw) -> dict:
+    """A field's metadata holding its `Rule`."""
+    return {"rule": Rule(**kw)}
+
+
+def check_rules(obj: Any, prefix: str) -> None:
+    """Every rule an option's fields declare (ConfigError, one line, on the first broken one)."""
+    for f in dataclasses.fields(obj):
+        r = f.metadata.get("rule")
+        if r is not None:
+            r.check(prefix + f.name, getattr(obj, f.name))
+
+
+class Refusal(ConfigError):
+    """An option asked for an engine it has no implementation for."""
+
+
+def implementation(option: Any, group: str, engine: str, model: str):
+    """The implementation of an option for an engine (`ENGINES[engine]`, a class), or a one-line refusal
+    naming the option, the engine and what serves it: a dispatch ends in a refusal, never a default."""
+    impl = type(option).ENGINES.get(engine)
+    if impl is None:
+        serve = [n for n, c in OPTIONS[group].items() if engine in c.ENGINES]
+        raise Refusal(group, option.name, f"{group}={option.name} has no implementation for model={model}'s "
+                      f"engine ({engine}); {group} options that serve it: {', '.join(serve) or 'none'}")
+    check = getattr(impl, "check", None)
+    if check is not None:  # what the engine cannot do with this option's values (one line)
+        check(option)
+    return impl
+
+
+
+# ------------------------------------------------------------------------------------------ typing
+@functools.lru_cache(maxsize=None)
+def names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def as_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {k: as_dict(getattr(obj, k)) for k in names(type(obj))}
+    if isinstance(obj, (list, tuple)):
+        return [as_dict(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: as_dict(v) for k, v in obj.items()}
+    return obj
+
+
+@functools.lru_cache(maxsize=None)
+def node(cls):
+    """A structured OmegaConf node of the class: OmegaConf's own type conversion, as a scratch target."""
+    return OmegaConf.structured(cls)
+
+
+_TYPED: dict = {}  # (class, key, type, value) → the converted value: a grid repeats its values
+
+
+def typed(cls, name: str, value: Any, key: str) -> Any:
+    """The value as OmegaConf converts it for field `name` of the schema `cls` (`p: 0` → 0.0), or a one-line
+    ConfigError for a value of the wrong type."""
+    scalar = isinstance(value, (str, int, float, bool)) or value is None
+    flat = isinstance(value, list) and all(isinstance(x, (str, int, float, bool)) for x in value)
+    cache = scalar or flat  # lists of scalars (snapshot_steps, tags) by their items and the items' types
+    ck = (cls, name, type(value), value) if scalar else (cls, name, list, tuple((type(x), x) for x in value)) \
+        if flat else None
+    if cache and ck in _TYPED:
+        out = _TYPED[ck]
+        return list(out) if flat else out  # a list of its own: a config may be changed in place
+    plain = _plain(cls, name, value)
+    if plain is not _NOT_PLAIN:
+        return plain
+    scratch = node(cls)
+    try:
+        scratch[name] = value
+    except ValidationError as e:
+        raise ConfigError(key, value, type_rule(cls, name, e)) from None
+    out = scratch[name]
+    out = OmegaConf.to_container(out) if OmegaConf.is_config(out) else out
+    if cache:
+        _TYPED[ck] = list(out) if flat else out
+    return out
+
+
+_NOT_PLAIN = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _hint(cls, name: str):
+    return typing.get_type_hints(cls).get(name)
+
+
+def _plain(cls, name: str, value: Any) -> Any:
+    """OmegaConf's conversion where it is the identity or int → float (an int for an int field, a number for
+    a float field, a string for a string field, a bool for a bool field), without a node; else _NOT_PLAIN."""
+    hint, kind = _hint(cls, name), type(value)
+    if hint is int and kind is int or hint is str and kind is str or hint is bool and kind is bool:
+        return value
+    if hint is float and kind in (int, float):
+        return float(value)
+    return _NOT_PLAIN
+
+
+_RULES = {int: "must be an integer", float: "must be a number", bool: "must be true or false", str: "must be a string"}
+
+
+def type_rule(cls, name: str, e: BaseException) -> str:
+    hint = _hint(cls, name)
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    optional = type(None) in typing.get_args(hint)
+    base = args[0] if optional and args else hint
+    if base in _RULES:
+        return _RULES[base] + (" or null" if optional else "")
+    text = str(base).replace("typing.", "")
+    if "List[List[float]]" in text or "List[List[Any]]" in text:
+        return "must be a list of rows of numbers, e.g. [[0.9,0.1],[0.2,0.8]]" + (", or null" if optional else "")
+    if "List[float]" in text:
+        return "must be a list of numbers, e.g. [0.4,0.3,0.2,0.1]"
+    if "List[int]" in text:
+        return "must be a list of integers"
+    if "List[str]" in text:
+        return "must be a list of strings"
+    return one_line(e)

@@ -22,6 +22,8 @@ from .loop import BREAK_SPREAD, Record, SaveOnSignal, Ticker, device_of, has_ter
 from .metrics import EVALUATED, LAST
 
 LIVE_S = 1.0  # at most one live report (`train(live=…)`) a second: a flush rebuilds every record
+TRAP_BLOCK = 1 << 24  # histogram counts `trap_flags` holds at once (128 MB of int64)
+TRAP_PROBE = 8  # sequences `trap_flags` compares first, before the whole training set
 
 
 def trap_flags(tokens: torch.Tensor, K: int, classes: list | None = None) -> list[bool]:
@@ -35,20 +37,38 @@ def trap_flags(tokens: torch.Tensor, K: int, classes: list | None = None) -> lis
     must be the same for every sequence. A sequence belongs to the class of its last observed state (a
     walk never leaves a closed class; one still in transient states is its own class, −1)."""
     R, n, L = tokens.shape
-    off = (torch.arange(n, device=tokens.device) * K)[:, None]
-    flags = [None] * R
-    for r in range(R):
-        h = torch.bincount((tokens[r].long() + off).view(-1), minlength=n * K).view(n, K)
-        if classes is None or classes[r] is None:
-            flags[r] = (h == h[:1]).all()
-            continue
-        cls = torch.as_tensor(classes[r], device=tokens.device)[tokens[r, :, -1].long()]
-        ok = torch.ones((), dtype=torch.bool, device=tokens.device)
-        for c in torch.unique(cls).tolist():
-            hc = h[cls == c]
-            ok = ok & (hc == hc[:1]).all()
-        flags[r] = ok
-    return torch.stack(flags).tolist() if R else []
+    if R == 0:
+        return []
+    dev = tokens.device
+    # each sequence's class: that of its last state; one class for every sequence where a run has no Π
+    cls = torch.zeros((R, n), dtype=torch.long, device=dev)
+    for r, c in enumerate(classes or ()):
+        if c is not None:
+            cls[r] = torch.as_tensor(c, dtype=torch.long, device=dev)[tokens[r, :, -1].long()] + 1
+    # a histogram row must equal the row of its class's first sequence (ref[r, i] <= i). The first PROBE
+    # sequences settle it for almost every run that is not trapped; the rest are checked whole, in blocks of
+    # runs that bound the (runs, n, K) histograms to TRAP_BLOCK counts
+    first = torch.full((R, int(cls.max()) + 1), n, dtype=torch.long, device=dev)
+    first.scatter_reduce_(1, cls, torch.arange(n, device=dev).expand(R, n), reduce="amin")
+    ref = first.gather(1, cls)
+    flags = torch.zeros(R, dtype=torch.bool, device=dev)
+    left = torch.arange(R, device=dev)
+    for m in (min(n, TRAP_PROBE), n):
+        step = max(1, TRAP_BLOCK // max(1, m * K))
+        keep = []
+        for a in range(0, len(left), step):
+            rows = left[a:a + step]
+            t = tokens[rows, :m].long()
+            b = len(rows)
+            off = (torch.arange(b * m, device=dev) * K).view(b, m, 1)
+            h = torch.bincount((t + off).view(-1), minlength=b * m * K).view(b, m, K)
+            keep.append((h == h.gather(1, ref[rows, :m, None].expand(b, m, K))).flatten(1).all(1))
+        ok = torch.cat(keep) if keep else torch.zeros(0, dtype=torch.bool, device=dev)
+        left = left[ok]
+        if m == n or not len(left):
+            break
+    flags[left] = True
+    return flags.tolist()
 
 
 def closed_classes(Pi) -> list[int] | None:

@@ -21,7 +21,8 @@ import torch
 
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import engine, fused, model
-from rw_sweeps.core.config import RunConfig, data_config, option_config
+from rw_sweeps.core.config import RunConfig, data_config, option_config, validate
+from rw_sweeps.core.models import FfnModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 50
@@ -248,7 +249,7 @@ def test_unsupported_models_fall_back(kernel):
             assert torch.equal(a.params[k], b.params[k])
         pa, pb = engine.evaluate(a, test, eps, geo), fused.evaluate(b, test, eps, geo)
         assert all(torch.equal(getattr(pa, f), getattr(pb, f)) for f in PROBE_FIELDS)
-    assert not fused.available(K=128) and not fused.available(K=6, model="transformer_ffn")
+    assert not fused.available(K=128) and not fused.available(cfg=validate(RunConfig(model=FfnModelConfig())))
     assert fused.available(K=127)
 
 

@@ -6,12 +6,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def dynamic_import(node) -> str | None:
+    """The module a call imports by a literal name (`importlib.import_module("x")`, `import_module("x")`,
+    `__import__("x")`), or None."""
+    if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)):
+        return None
+    f = node.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    return node.args[0].value if name in ("import_module", "__import__") else None
+
+
 def _imports(source: str, package: str) -> set[str]:
     """Every module a file of `package` imports, at module level or inside a function, relative imports
-    made absolute."""
+    made absolute, and what it imports by a literal name (`importlib.import_module`, `__import__`)."""
     out = set()
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
+        if dynamic_import(node):
+            out.add(dynamic_import(node))
+        elif isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -107,7 +120,9 @@ def import_statements(m: Module):
         for child in ast.iter_child_nodes(node):
             if _type_checking(child):
                 continue
-            if isinstance(child, ast.Import):
+            if dynamic_import(child) and not dynamic_import(child).startswith("."):
+                yield child, [(dynamic_import(child), None)], True  # loaded where it is called
+            elif isinstance(child, ast.Import):
                 yield child, [(a.name, None) for a in child.names], local
             elif isinstance(child, ast.ImportFrom):
                 base = child.module or ""
@@ -193,7 +208,15 @@ def _commented(m: Module, stmt) -> bool:
         first -= 1
         if m.lines[first - 1].strip().startswith("#"):
             return True
-    return any("#" in ln for ln in m.lines[first - 1: stmt.end_lineno])
+    return any(_reason(ln) for ln in m.lines[first - 1: stmt.end_lineno])
+
+
+def _reason(line: str) -> bool:
+    """A comment that says something: a bare `# noqa` or `# type: ignore` is no reason."""
+    if "#" not in line:
+        return False
+    words = line.split("#", 1)[1].strip()
+    return bool(words) and not words.startswith(("noqa", "type: ignore"))
 
 
 def local_import_problems(mods: dict[str, Module]) -> list[str]:
@@ -229,6 +252,11 @@ def private_crossings(mods: dict[str, Module]) -> list[str]:
                         found.append(f"{m.path.relative_to(ROOT)}:{stmt.lineno}: {what} of {target}")
                     aliases[alias.asname or (what if what else alias.name.split(".")[0])] = target
         for node in ast.walk(m.tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                    and len(node.args) >= 2 and isinstance(node.args[0], ast.Name) and node.args[0].id in aliases
+                    and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                    and node.args[1].value.startswith("_") and not node.args[1].value.startswith("__")):
+                found.append(f"{m.path.relative_to(ROOT)}:{node.lineno}: {node.args[1].value} of {aliases[node.args[0].id]}")
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
                     and node.attr.startswith("_") and not node.attr.startswith("__")):
                 found.append(f"{m.path.relative_to(ROOT)}:{node.lineno}: {node.attr} of {aliases[node.value.id]}")

@@ -145,9 +145,31 @@ def test_an_optimiser_missing_a_part_fails_when_it_registers():
             name: str = "broken_half"
             ENGINES: ClassVar[dict] = {"eq21": Half}
 
-    with pytest.raises(TypeError, match="ENGINES names no engine"):
+    with pytest.raises(TypeError, match="Nothing declares no ENGINES of its own"):
         @registry.option("optim")
         @dataclass
         class Nothing(OptimConfig):
             name: str = "broken_nothing"
-    assert "broken_half" not in config.OPTIONS["optim"] and "broken_nothing" not in config.OPTIONS["optim"]
+
+    # a subclass of another optimiser that forgets ENGINES would train as its parent: refused
+    parent = next(iter(OPTIMISERS.values()))
+    with pytest.raises(TypeError, match="Inherits declares no ENGINES of its own"):
+        @registry.option("optim")
+        @dataclass
+        class Inherits(parent):
+            name: str = "broken_inherits"
+
+    with pytest.raises(TypeError, match="ENGINES names the engine 'gtp'; engines: eq21, gpt, oracle"):
+        @registry.option("optim")
+        @dataclass
+        class Misspelt(OptimConfig):
+            name: str = "broken_misspelt"
+            ENGINES: ClassVar[dict] = {"gtp": Half}
+
+    with pytest.raises(TypeError, match=r"ENGINES\['gpt'\] is None, not a class"):
+        @registry.option("optim")
+        @dataclass
+        class NoClass(OptimConfig):
+            name: str = "broken_noclass"
+            ENGINES: ClassVar[dict] = {"gpt": None}
+    assert not any(n.startswith("broken_") for n in config.OPTIONS["optim"])

@@ -307,8 +307,8 @@ def validate(c: RunConfig) -> RunConfig:
     """Every rule the engine relies on that OmegaConf cannot state, each failing with the dotted key, the
     value and what is allowed. The model's own rules are its schema's (`ModelBase.validate`)."""
     d, mo, i, o = c.data, c.model, c.init, c.optim
-    check_rules(o, "optim.")  # the optimiser's rules live on its fields
-    check_rules(i, "init.")  # and the init's on its
+    for group in GROUPS:  # every option's key rules live on its fields
+        check_rules(getattr(c, group), group + ".")
     _check_seed(c.seed)
     choice("precision", c.precision, ("float64", "float32"))
     if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isascii() and c.device[5:].isdigit())):

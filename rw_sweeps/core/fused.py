@@ -267,21 +267,22 @@ def info() -> dict:
 
 
 # ------------------------------------------------------------------------------------------- dispatching
-def _shape_ok(K: Optional[int], model: str, gram: str, precision: str) -> bool:
-    return (model == "transformer" and gram == "exact" and precision in ("float64", "float32")
-            and (K is None or 1 <= K <= MAX_K))
+def _shape_ok(K: Optional[int], kernel: bool, gram: str, precision: str) -> bool:
+    return kernel and gram == "exact" and precision in ("float64", "float32") and (K is None or 1 <= K <= MAX_K)
 
 
-def available(cfg=None, *, K: Optional[int] = None, model: str = "transformer", gram: str = "exact",
+def available(cfg=None, *, K: Optional[int] = None, kernel: bool = True, gram: str = "exact",
               precision: str = "float64") -> bool:
     """Whether `train_step` / `evaluate` run the compiled kernel for runs of this shape (a RunConfig, or
-    the keywords): False for the FFN model, gram=numeric, an optimiser whose steps are not the kernel's, K > 127, RW_SWEEPS_BACKEND=torch, or no
-    build. Every model.normalize runs in the kernel (the logits' scales ν_tok, ν_pos, ν_q are arguments)."""
+    the keywords; `kernel`: does the model option declare it serves, `ModelBase.KERNEL`): False for a model
+    it does not serve (the FFN model), gram=numeric, an optimiser whose steps are not the kernel's, K > 127,
+    RW_SWEEPS_BACKEND=torch, or no build. Every model.normalize runs in the kernel (the logits' scales ν_tok,
+    ν_pos, ν_q are arguments)."""
     if cfg is not None:
-        K, model, gram, precision = cfg.data.K, cfg.model.name, cfg.model.gram, cfg.precision
+        K, kernel, gram, precision = cfg.data.K, type(cfg.model).KERNEL, cfg.model.gram, cfg.precision
         if not getattr(type(cfg.optim).ENGINES.get("eq21"), "KERNEL", False):  # its steps are PyTorch's
             return False
-    if backend() == "torch" or not _shape_ok(K, model, gram, precision):
+    if backend() == "torch" or not _shape_ok(K, kernel, gram, precision):
         return False
     return library() is not None
 

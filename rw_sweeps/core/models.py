@@ -40,6 +40,7 @@ class ModelBase:
     # why the escape theory (`rw_sweeps.core.theory`, the linearised GD step of eq. 2.1) does not describe
     # this model, or None where it does
     ESCAPE_THEORY: ClassVar[Optional[str]] = "the escape theory linearises eq. 2.1's GD step (model=transformer)"
+    KERNEL: ClassVar[bool] = False  # does the compiled kernel (`rw_sweeps.core.fused`) train it?
 
     def resolved(self, init: "InitConfig") -> "ModelBase":
         """The model with what depends on the init resolved (model.normalize=auto); a copy where it changes."""
@@ -68,6 +69,7 @@ class ModelConfig(ModelBase):
     TRAINER: ClassVar[str] = "rw_sweeps.core.training"
     ENGINE: ClassVar[str] = "eq21"
     ESCAPE_THEORY: ClassVar[Optional[str]] = None
+    KERNEL: ClassVar[bool] = True
 
     def resolved(self, init: "InitConfig") -> "ModelConfig":
         return resolve_normalize(self, init)
@@ -119,6 +121,7 @@ class FfnModelConfig(ModelConfig):
     # where the FFN sits: after the attention, f = A·ReLU(V·X·S) | before it, per token,
     # f = Σ_i S_i·A·ReLU(V x_i) = A·ReLU(V)·X·S (x_N's token part is 0, so the query adds nothing)
     ffn: str = "after"
+    KERNEL: ClassVar[bool] = False  # the kernel is eq. 2.1's; the FFN trains on the PyTorch path
     ESCAPE_THEORY: ClassVar[Optional[str]] = (
         "zero init is a fixed point where ReLU'(0) = 0, so the linearised step is the identity and the escape is "
         "second order in sigma, which this theory does not see")

@@ -87,7 +87,8 @@ class Rule:
                 raise ConfigError(key, value, self.text())
             return
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(key, value, "must be a finite number")
+            raise ConfigError(key, value, "must be a finite number" + (
+                "" if self.lo is None and self.hi is None else "; " + self.text()))
         ok = ((self.lo is None or (value > self.lo if self.lo_open else value >= self.lo))
               and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)))
         if not ok:
@@ -109,6 +110,24 @@ def check_rules(obj: Any, prefix: str) -> None:
 
 class Refusal(ConfigError):
     """An option asked for an engine it has no implementation for."""
+
+
+def check_engines(cls: type, group: str, methods: dict[str, tuple]) -> None:
+    """What `@option(group)` checks of an option's `ENGINES` (a one-line TypeError naming the option and what
+    is wrong): declared by the class itself (a subclass that inherited its parent's would train as its
+    parent), naming only engines there are (`methods`: engine → what the engine calls), each a class that has
+    every method its engine calls."""
+    name = f"{group}={cls.__dataclass_fields__['name'].default}"
+    if "ENGINES" not in cls.__dict__ or not cls.ENGINES:
+        raise TypeError(f"{name}: {cls.__name__} declares no ENGINES of its own (engine → its implementation there)")
+    for engine, impl in cls.ENGINES.items():
+        if engine not in methods:
+            raise TypeError(f"{name}: ENGINES names the engine {engine!r}; engines: {', '.join(methods)}")
+        if not isinstance(impl, type):
+            raise TypeError(f"{name}: ENGINES[{engine!r}] is {impl!r}, not a class")
+        missing = [m for m in methods[engine] if not callable(getattr(impl, m, None))]
+        if missing:
+            raise TypeError(f"{name}: its {engine} implementation {impl.__name__} lacks {', '.join(missing)}")
 
 
 def implementation(option: Any, group: str, engine: str, model: str):

@@ -113,6 +113,7 @@ class DataConfig:
 
     def validate(self, seed: int) -> None:
         """The family's own rules (ConfigError, one line)."""
+
     def transition(self, seed: int = 0):
         """Π as a K×K numpy array (row i: the law of the next state given state i), None if the data are not
         a first-order chain; `seed` (the run's) matters only where the chain is drawn from it."""

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from omegaconf import MISSING
 
-from ..registry import implementation
+from ..registry import check_engines, implementation
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -26,18 +26,14 @@ class InitConfig:
     @classmethod
     def registered(cls) -> None:
         name = cls.__dataclass_fields__["name"].default
-        if not cls.ENGINES:
-            raise TypeError(f"init={name}: ENGINES names no engine it serves")
         for method in ("scale", "unit"):
             if getattr(cls, method) is getattr(InitConfig, method):
                 raise TypeError(f"init={name}: declares no {method}()")
-        for engine, impl in cls.ENGINES.items():
-            missing = [m for m in INIT_METHODS.get(engine, ()) if not callable(getattr(impl, m, None))]
-            if missing:
-                raise TypeError(f"init={name}: its {engine} implementation {impl.__name__} lacks {', '.join(missing)}")
+        check_engines(cls, "init", INIT_METHODS)
 
     def validate(self, c: "RunConfig") -> None:
         """The init's rules beyond its fields' own (ConfigError, one line)."""
+
     def implementation(self, engine: str, model: str = "?"):
         return implementation(self, "init", engine, model)
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from omegaconf import MISSING
 
-from ..registry import implementation, rule
+from ..registry import check_engines, implementation, rule
 
 if TYPE_CHECKING:
     from ..config import RunConfig
@@ -30,16 +30,11 @@ class OptimConfig:
 
     @classmethod
     def registered(cls) -> None:
-        if not cls.ENGINES:
-            raise TypeError(f"optim={cls.__dataclass_fields__['name'].default}: ENGINES names no engine it serves")
-        for engine, impl in cls.ENGINES.items():
-            missing = [m for m in ENGINE_METHODS.get(engine, ()) if not callable(getattr(impl, m, None))]
-            if missing:
-                raise TypeError(f"optim={cls.__dataclass_fields__['name'].default}: its {engine} implementation "
-                                f"{impl.__name__} lacks {', '.join(missing)}")
+        check_engines(cls, "optim", ENGINE_METHODS)
 
     def validate(self, c: "RunConfig") -> None:
         """The optimiser's rules beyond its fields' own (ConfigError, one line)."""
+
     def implementation(self, engine: str, model: str = "?"):
         return implementation(self, "optim", engine, model)
 

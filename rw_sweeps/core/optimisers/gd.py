@@ -20,6 +20,7 @@ class Eq21:
 
     def start(self, state) -> None:
         """GD has no optimiser state."""
+
     def steps(self, state, data, eps, w, geo, n: int):
         from .. import fused  # torch: only where a run trains
 

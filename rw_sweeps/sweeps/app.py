@@ -16,13 +16,24 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import hydra
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from rw_sweeps.core import signals
 from rw_sweeps.core.config import ConfigError, from_dict, wandb_group
-from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.errors import Interrupted, Refused, one_line
+from rw_sweeps.core.keys import describe, groups
+from rw_sweeps.core.resources import check, problems
 
+from . import run, tracking, writer
+from .hydra_adapter import command_line, errors_reach_caller
 from .hydra_errors import one_line_errors
+from .placement import check_run_folder
+from .planner import no_group_deleted, packaged_conf
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +78,7 @@ def task_value(cfg, summary: dict) -> Any:
 
 
 def _finish(cfg, summary: dict, tag: str = "") -> tuple[Any, list[str]]:
-    from .run import run_line
-
-    line = run_line(summary, tag)
+    line = run.run_line(summary, tag)
     if summary["status"] == "failed":
         return RunFailed(line), [line]
     return task_value(cfg, summary), [line]
@@ -77,14 +86,6 @@ def _finish(cfg, summary: dict, tag: str = "") -> tuple[Any, list[str]]:
 
 def train(cfg: DictConfig) -> Any:
     """One run of eq. 2.1 (or F.1) for the composed config; returns its summary (or its objective)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from rw_sweeps.core.resources import check
-
-    from rw_sweeps.core import signals
-
-    from . import run
-
     hc = HydraConfig.get()
     resolved = OmegaConf.to_container(cfg, resolve=True)
     known = _Prechecked.run
@@ -110,8 +111,6 @@ def train(cfg: DictConfig) -> Any:
     with signals.deferred():  # a signal while its results are written: raised once they are
         summary = trained.write()[0]
     if hc.mode.name == "RUN":  # a single run ends here: its wandb run first (a multirun's launcher waits)
-        from . import tracking
-
         tracking.wait()
     value, lines = _finish(rc, summary)
     if hc.mode.name == "RUN":
@@ -128,9 +127,6 @@ def train_batch(specs: Sequence) -> "run.Pending":
     """`train` for many jobs (`rw_sweeps.sweeps.planner.Spec`s) at once. Trains them (runs of one shape are
     one batched program); the returned Pending writes their results and gives, per job, what `train` would
     have returned (or raised) and the lines it would have logged."""
-    from . import run
-    from rw_sweeps.core.resources import problems
-
     out: list = [None] * len(specs)
     valid = []
     for i, s in enumerate(specs):
@@ -203,30 +199,19 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
     """Compose the command line as Hydra will (its search path, `--config-dir`, every override syntax),
     before Hydra creates any folder; in single-run mode also check every value. A multirun's values are
     checked run by run by the rw sweeper, still before any job starts. Raises ConfigError (one line)."""
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from .hydra_adapter import command_line
-    from .planner import no_group_deleted
-
     try:
         with one_line_errors():
             read = command_line(argv, calling_file, config_path, config_name)
             if read is None:
                 return
-            args, hydra, name = read
+            args, hydra_app, name = read
             overrides = list(args.overrides)
-            mode = hydra.get_mode(config_name=name, overrides=overrides)
+            mode = hydra_app.get_mode(config_name=name, overrides=overrides)
             mode = RunMode.MULTIRUN if args.multirun else (mode or RunMode.RUN)
-            cfg = hydra.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
-                                       run_mode=mode, with_log_configuration=False)
+            cfg = hydra_app.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
+                                           run_mode=mode, with_log_configuration=False)
             no_group_deleted(overrides)
             if mode == RunMode.RUN:
-                from rw_sweeps.core.resources import check
-
-                from .placement import check_run_folder
-
                 HydraConfig.instance().set_config(cfg)
                 task = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
                 resolved = OmegaConf.to_container(task, resolve=True)
@@ -244,15 +229,9 @@ def _register_resolvers() -> None:
     options, for `--help` (`conf/hydra/help/rw.yaml`)."""
     if not OmegaConf.has_resolver("rw_keys"):
         def keys_text() -> str:
-            from rw_sweeps.core.keys import describe
-
             return describe()
 
         def groups_text() -> str:
-            from rw_sweeps.core.keys import groups
-
-            from .planner import packaged_conf
-
             return groups(packaged_conf())
 
         OmegaConf.register_new_resolver("rw_keys", keys_text)
@@ -265,11 +244,6 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
     before any job starts) is one line and exit 2. Ctrl-C, SIGTERM and SIGHUP take one path
     (`rw_sweeps.sweeps.signals`): what is in flight is checkpointed or written, one line, the lock released,
     exit 130, 143 or 129."""
-    from rw_sweeps.core.errors import Interrupted, Refused
-
-    from rw_sweeps.core import signals
-    from .hydra_adapter import errors_reach_caller
-
     signals.install()
     _register_resolvers()
     try:
@@ -297,10 +271,6 @@ def _stopped(exc: BaseException, message: Optional[str]) -> None:
     """The orderly end after a signal: later signals raise nothing (`signals.stopping`); the results of a
     chunk that finished before it are written; one line; the queued wandb logging; the lock released; exit
     with the signal's code. `message`: the line (waiting for SLURM: the jobs go on), else the default one."""
-    from rw_sweeps.core import signals
-
-    from . import tracking, writer
-
     code = signals.stopping(exc)
     try:
         writer.flush()  # the results of a chunk that finished before the signal
@@ -318,10 +288,6 @@ def _stopped(exc: BaseException, message: Optional[str]) -> None:
 
 def cli() -> None:
     """`rw-launch`: launch.py, from any folder, with the configs packaged beside the code."""
-    import hydra
-
-    from .planner import packaged_conf
-
     conf = packaged_conf()
 
     @hydra.main(config_path=conf, config_name="config", version_base="1.3")

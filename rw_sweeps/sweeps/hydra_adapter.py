@@ -11,7 +11,17 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
+from hydra._internal.core_plugins import basic_sweeper as hydra_basic_sweeper
+from hydra._internal.hydra import Hydra
+from hydra._internal.utils import create_automatic_config_search_path, get_args_parser, run_and_report
+from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf._utils import OmegaConfDumper
+
+from rw_sweeps.core.errors import Refused
+
+from .writer import on_writer_thread
 
 __all__ = ["basic_sweeper", "split_arguments", "command_line", "job_value", "yaml_str_representer",
            "sbatch_script", "SUBMITIT_ENTRY", "observes_jobs", "WrittenLater", "errors_reach_caller"]
@@ -24,11 +34,9 @@ SUBMITIT_ENTRY = "submitit.core._submit"
 def basic_sweeper() -> type:
     """Hydra's grid sweeper class: the rw sweeper extends it (batching, `hydra.sweeper.params`, its override
     expansion: comma lists, range(), glob()); Hydra exposes no public grid-expansion function. Looked up
-    when asked, not at import: Hydra's plugin scan re-executes its module, and a class taken before the
-    scan is no longer the one its own `super(BasicSweeper, self)` names."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    return BasicSweeper
+    on its module when asked, not taken at import: Hydra's plugin scan re-executes that module, and a class
+    taken before the scan is no longer the one its own `super(BasicSweeper, self)` names."""
+    return hydra_basic_sweeper.BasicSweeper
 
 
 def split_arguments(overrides: list, max_batch_size: Optional[int]) -> list:
@@ -41,10 +49,6 @@ def command_line(argv: list[str], calling_file: str, config_path: str, config_na
     same search path, `--config-dir` included, and the config name), or None for --help/--cfg/--info and
     shell completion, which Hydra answers itself. `hydra.main` has no public hook that composes without
     running the task (the Compose API does not read argv or `--config-dir`)."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_automatic_config_search_path, get_args_parser
-    from hydra.core.config_search_path import SearchPathQuery
-
     args, _ = get_args_parser().parse_known_args(argv)
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
         return None
@@ -73,8 +77,6 @@ class WrittenLater(JobReturn):
         self.__dict__["_written"] = written
 
     def _ready(self) -> dict:
-        from .writer import on_writer_thread
-
         written = self.__dict__.get("_written")
         if written is not None and not on_writer_thread():
             exc = written.exception()  # waits; the chunk's writing sets this return before it ends
@@ -100,13 +102,13 @@ class WrittenLater(JobReturn):
 def yaml_str_representer():
     """OmegaConf's rule for YAML strings (quote what would read back as a bool, a number or null), so that
     `.hydra/*.yaml` written with libyaml are byte for byte what `OmegaConf.to_yaml` writes."""
-    from omegaconf._utils import OmegaConfDumper
-
     return OmegaConfDumper.str_representer
 
 
 def sbatch_script(**params: Any) -> str:
     """The sbatch script submitit writes for these SlurmExecutor parameters (the dry run prints it)."""
+    # submitit: only a dry run of the slurm backend prints a script; the launcher plugin imports this
+    # module, and Hydra imports the plugins at every start-up (--help included)
     from submitit.slurm.slurm import _make_sbatch_string
 
     return _make_sbatch_string(**params)
@@ -116,8 +118,6 @@ def observes_jobs(callbacks: Any) -> bool:
     """Does any configured Hydra callback define a per-job hook (`on_job_start`, `on_job_end`)? Only then
     must the packed launcher build each job's DictConfig for it. Hydra's `Callbacks` holds its instances in
     `.callbacks`; a callback that keeps the base class's hooks cannot observe a job."""
-    from hydra.experimental.callback import Callback
-
     for cb in getattr(callbacks, "callbacks", None) or []:
         if any(getattr(type(cb), hook) is not getattr(Callback, hook) for hook in ("on_job_start", "on_job_end")):
             return True
@@ -131,10 +131,6 @@ def errors_reach_caller() -> Iterator[None]:
     re-raises only under HYDRA_FULL_ERROR=1, its documented switch, so it is set for the call; any other
     exception is then reported as Hydra reports it (its `run_and_report`: the message of a compact error,
     a trace without Hydra's frames, exit 1), or re-raised whole if the user had set HYDRA_FULL_ERROR."""
-    from hydra._internal.utils import run_and_report
-
-    from rw_sweeps.core.errors import Refused
-
     users = os.environ.get("HYDRA_FULL_ERROR")
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:

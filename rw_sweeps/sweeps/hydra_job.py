@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
 from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir
@@ -251,6 +252,8 @@ def _failed(s: Spec, exc: BaseException) -> tuple:
 
 def say(line: str) -> None:
     """A line on stdout, from any thread: above a progress bar that is drawn, not through it."""
+    # tqdm: only once a line is said; the launcher plugin imports this module, and Hydra imports the plugins
+    # at every start-up (--help included)
     from tqdm import tqdm
 
     tqdm.write(line, file=sys.stdout)
@@ -283,15 +286,11 @@ class _job_context:
         self.config, self.spec = config, spec
 
     def __enter__(self):
-        from hydra.core.hydra_config import HydraConfig
-
         self.old_hydra, self.old_cwd = HydraConfig.instance().cfg, os.getcwd()
         HydraConfig.instance().set_config(self.config)
         if self.spec.base_hydra["job"].get("chdir"):
             os.chdir(self.spec.output_dir)
 
     def __exit__(self, *exc):
-        from hydra.core.hydra_config import HydraConfig
-
         HydraConfig.instance().cfg = self.old_hydra
         os.chdir(self.old_cwd)

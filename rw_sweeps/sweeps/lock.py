@@ -23,7 +23,7 @@ from pathlib import Path
 from rw_sweeps.core import readers
 from rw_sweeps.core.contract import LOCK_CAP
 from rw_sweeps.core.errors import Refused
-from rw_sweeps.core.safefs import atomic_write
+from rw_sweeps.core.safefs import atomic_write, ensure_dir
 
 from .status import PENDING, RUNNING, alive, is_pid, is_start, process_start, shown, slurm_states
 
@@ -124,8 +124,6 @@ def acquire(sweep_dir: Path, wait: bool = False, poll_s: float = 2.0) -> dict:
           "arrays": []}
     if str(path.resolve()) in _HELD:
         return me
-    from rw_sweeps.core.safefs import ensure_dir
-
     ensure_dir(path.parent)
     while True:
         if _create(path, me):

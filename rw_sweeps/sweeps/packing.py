@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from rw_sweeps.core import resources
 from rw_sweeps.core.config import shape_key
 from rw_sweeps.core.resources import bytes_per_run
 
@@ -94,6 +95,8 @@ def plan_devices(specs: list, budgets_gb: list[float], max_runs: Optional[int] =
 def visible_gpus() -> list[str]:
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (indices, or UUIDs under MIG)."""
     try:
+        # torch: CUDA is asked only when a launch plans for GPUs; the launcher plugin imports this module,
+        # and Hydra imports the plugins at every start-up (--help included)
         import torch
 
         n = torch.cuda.device_count()
@@ -112,13 +115,11 @@ def gpu_budgets_gb(memory_gb: Optional[float]) -> Optional[list[float]]:
     """Each visible GPU's own chunk budget, in device order (CUDA_VISIBLE_DEVICES'): 80 % of its free memory
     (torch.cuda.mem_get_info(i)), at most memory_gb when it is set; None without a GPU."""
     try:
-        import torch
-
-        from rw_sweeps.core.resources import gpu_free_bytes
+        import torch  # torch: only a launch on GPUs asks (see visible_gpus)
 
         if not torch.cuda.is_available() or not torch.cuda.device_count():
             return None
-        return _budgets(gpu_free_bytes(), memory_gb)
+        return _budgets(resources.gpu_free_bytes(), memory_gb)
     except Exception:  # noqa: BLE001
         return None
 
@@ -127,14 +128,12 @@ def gpu_budget_gb(memory_gb: Optional[float], all_gpus: bool = False) -> Optiona
     """80 % of this process's GPU's free memory (the smallest over the visible GPUs with `all_gpus`), at
     most memory_gb when it is set; None without a GPU."""
     try:
-        import torch
-
-        from rw_sweeps.core.resources import gpu_free_bytes
+        import torch  # torch: only a job that may have a GPU asks (see visible_gpus)
 
         if not torch.cuda.is_available():
             return None
         budgets = gpu_budgets_gb(memory_gb) if all_gpus else _budgets(
-            gpu_free_bytes([torch.cuda.current_device()]), memory_gb)
+            resources.gpu_free_bytes([torch.cuda.current_device()]), memory_gb)
     except Exception:  # noqa: BLE001
         return None
     return min(budgets) if budgets else None
@@ -163,9 +162,9 @@ class Plan:
         return f"not packed: {n_runs:,} runs{done} as {len(self.jobs):,} job(s) on {self.where}: {why_not}"
 
 
-# One function per place a launch runs, each the plan of its launcher backend (`plan` of the rw launcher's
-# InProcessLauncher, LocalGpusLauncher and SlurmLauncher). `p`: the launcher's params (memory_gb,
-# max_runs_per_job, the SLURM GPU keys); `pack` False: one job per run.
+# One function per place a launch runs, each named by its launcher backend (`cut_into_jobs` of the rw
+# launcher's InProcessLauncher, LocalGpusLauncher and SlurmLauncher). `p`: the launcher's params
+# (memory_gb, max_runs_per_job, the SLURM GPU keys); `pack` False: one job per run.
 def _one_job_per_run(todo: list, where: str) -> Plan:
     return Plan([[s] for s in todo], None, False, where)
 
@@ -217,10 +216,8 @@ def writes_behind(setting: Optional[bool], cfg: Any) -> bool:
     one training thread, itself slower than two (`benchmarks/bench_sweep.py --write-behind`, medians of 2)."""
     if setting is not None:
         return bool(setting)
-    from rw_sweeps.core.resources import resolve_device
-
     try:
-        return resolve_device(cfg.device).startswith("cuda")
+        return resources.resolve_device(cfg.device).startswith("cuda")
     except Exception:  # noqa: BLE001 - the run itself says why its device is not there
         return False
 

@@ -14,6 +14,7 @@ would have built.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,11 +23,16 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
+from hydra.types import RunMode
 
 from rw_sweeps.core.config import ConfigError, RunConfig, convert, from_dict, shape_key, with_seed
 
+from .hydra_adapter import split_arguments
 from .hydra_errors import one_line_errors
 
 
@@ -235,8 +241,6 @@ class Planner:
             spec.cfg = with_seed(cfg, changes["seed"]) if seed else copy.copy(cfg)
             spec.shape = shape
         else:  # Hydra composes this job itself; `${hydra:...}` resolves against its own node
-            from hydra.core.hydra_config import HydraConfig
-
             template = self.compose(overrides, num)
             HydraConfig.instance().set_config(template)
             full = OmegaConf.to_container(template, resolve=False, enum_to_str=True)
@@ -338,10 +342,12 @@ def no_group_deleted(overrides: Sequence[str]) -> None:
 
 
 def packaged_conf() -> str:
-    """The folder of the configs packaged beside the code (`conf/`, installed as `rw_sweeps_conf`)."""
-    import rw_sweeps_conf
-
-    return os.path.dirname(os.path.abspath(rw_sweeps_conf.__file__))
+    """The folder of the configs packaged beside the code (`conf/`, installed as `rw_sweeps_conf`): where
+    the package is found; it is not imported (it holds only the YAML files)."""
+    spec = importlib.util.find_spec("rw_sweeps_conf")
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError("No module named 'rw_sweeps_conf'", name="rw_sweeps_conf")
+    return os.path.dirname(os.path.abspath(spec.origin))
 
 
 def plan_overrides(overrides: Sequence[str], conf_dir: str | None = None) -> list[Spec]:
@@ -349,13 +355,6 @@ def plan_overrides(overrides: Sequence[str], conf_dir: str | None = None) -> lis
     with Hydra, the experiment's `hydra.sweeper.params` first and then the overrides, expanded as the rw
     sweeper expands them, each job planned by `Planner`. What the theory CLI and the tests plan with; a bad
     value raises ConfigError (one line)."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.types import RunMode
-
-    from .hydra_adapter import split_arguments
-
     overrides = [o for o in overrides if o not in ("-m", "--multirun")]  # comma lists always expand here
     GlobalHydra.instance().clear()
     try:

@@ -8,12 +8,9 @@ folder (`rw_sweeps.core.results`) and wandb run (`rw_sweeps.sweeps.tracking`).
 from __future__ import annotations
 
 import math
-import socket
-import subprocess
 import sys
 import time
 import traceback
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -205,31 +202,14 @@ def _per_group(cfgs: list[RunConfig], run_dirs: list[Path], keys: list, progress
                                       for idx in group_by(keys, lambda k: k).values()])
 
 
-@lru_cache(maxsize=1)
 def provenance() -> dict:
-    """The code that trained a run (summary.json and wandb): git commit and dirty flag of the checkout
-    the package runs from (null outside one), package and torch versions, host. Read once per process."""
-    import torch
+    """The code that trained a run, for its summary.json and wandb run (`rw_sweeps.sweeps.provenance`)."""
+    # rw_sweeps.sweeps.provenance imports torch (its version): only once a run's summary is written; the front
+    # door and the launcher plugin import this module, and a command that trains nothing (--help, a dry run)
+    # does not pay for torch
+    from .provenance import provenance as code_that_trained
 
-    from importlib.metadata import PackageNotFoundError, version
-
-    here = Path(__file__).resolve().parent
-    commit = dirty = None
-    try:
-        git = ["git", "-C", str(here)]
-        commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
-        if commit:
-            st = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                text=True, timeout=10)
-            dirty = bool(st.stdout.strip()) if st.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        pkg = version("rw-sweeps")
-    except PackageNotFoundError:
-        pkg = None
-    return {"git_commit": commit, "git_dirty": dirty, "version": pkg, "torch_version": torch.__version__,
-            "host": socket.gethostname()}
+    return code_that_trained()
 
 
 def run_line(summary: dict, tag: str = "") -> str:

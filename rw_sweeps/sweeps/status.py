@@ -372,7 +372,7 @@ class Sweep:
             progress = sys.stderr.isatty() and not os.environ.get("CI")
         bar, last_line, last_print = None, None, 0.0
         if progress and not quiet:
-            from tqdm import tqdm
+            from tqdm import tqdm  # tqdm: only a progress bar on a terminal needs it
 
             # nrows: some terminals (e.g. under `script`) report no height, and tqdm would then draw nothing
             bar = tqdm(total=len(self.runs), desc=shown(f"sweep {self.dir.name}"), file=sys.stderr, nrows=10,

@@ -43,8 +43,9 @@ import threading
 from pathlib import Path
 
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core import readers
-from rw_sweeps.core.safefs import PlantedLink, owned_dirs, write_with
+from rw_sweeps.core import readers, results
+from rw_sweeps.core.contract import CAPS, SUMMARY
+from rw_sweeps.core.safefs import PlantedLink, atomic_write, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
@@ -122,9 +123,7 @@ def live(cfgs: list[dict], run_dirs: list[Path]) -> "Live | None":
     w = cfgs[0]["wandb"]
     if w["mode"] == "disabled" or not per_run(w, len(cfgs)):
         return None
-    from rw_sweeps.core.results import run_id
-
-    return Live(cfgs, [Path(d) for d in run_dirs], [run_id(d) for d in run_dirs])
+    return Live(cfgs, [Path(d) for d in run_dirs], [results.run_id(d) for d in run_dirs])
 
 
 class Live:
@@ -255,8 +254,6 @@ MARKER_CAP = 4096  # bytes of `.wandb_exported.json` (three short fields)
 
 def summary_hash(run_dir: Path) -> str | None:
     """SHA-1 of the run's summary.json as the contract reads it (a regular file within its cap), or None."""
-    from rw_sweeps.core.contract import CAPS, SUMMARY
-
     try:
         return hashlib.sha1(readers.read_bytes(Path(run_dir) / SUMMARY, CAPS[SUMMARY])).hexdigest()
     except (OSError, readers.Broken):
@@ -268,8 +265,6 @@ def mark_exported(run_dir: Path, run_id: str, mode: str) -> None:
     digest = summary_hash(run_dir)
     if digest is None:  # no summary on disk: nothing to vouch for
         return
-    from rw_sweeps.core.results import atomic_write
-
     atomic_write(Path(run_dir) / EXPORTED, json.dumps({"run_id": run_id, "mode": mode, "summary_sha1": digest}))
 
 
@@ -311,7 +306,7 @@ def _log_job(entries: list[dict]) -> None:
                 for e, f in zip(entries, flat)]
         # Histories go as one Parquet artifact, not a Table: wandb type-checks every Table cell in Python
         # (~0.2 ms a row, seconds for a packed job), and the run folders hold them anyway.
-        import pandas as pd
+        import pandas as pd  # pandas: only a packed job's history artifact needs it
 
         hist = pd.DataFrame([{"run_id": e["run_id"], **{k: f.get(k) for k in swept}, **row}
                              for e, f in zip(entries, flat) for row in e["history"]])

@@ -20,6 +20,8 @@ from pathlib import Path
 from rw_sweeps.core import contract, readers, results
 from rw_sweeps.core.errors import one_line
 
+from . import tracking
+
 
 def run_folders(sweep: Path) -> list[Path]:
     """The sweep's run folders (numbered job folders, or any sub-folder holding a run's config.yaml), in
@@ -56,7 +58,6 @@ def _entry(run_dir: Path, mode: str) -> dict | None:
 def _export(args: tuple) -> tuple[int, int, int, list[str]]:
     """One worker: its slice of run folders → (exported, skipped unfinished, failed, error lines)."""
     dirs, mode = args
-    from . import tracking
     done = unfinished = failed = 0
     errors = []
     for d in dirs:
@@ -75,8 +76,6 @@ def _export(args: tuple) -> tuple[int, int, int, list[str]]:
 
 def export(sweep: Path, workers: int = 2, mode: str = "offline", force: bool = False) -> dict:
     """Export the sweep's finished runs; returns the counts (exported, skipped, unfinished, failed)."""
-    from rw_sweeps.core import results
-    from . import tracking
     dirs = run_folders(Path(sweep))
     todo, skipped = [], 0
     for d in dirs:

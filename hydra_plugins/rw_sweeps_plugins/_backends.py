@@ -9,10 +9,13 @@ import logging
 import os
 import shlex
 import signal
+import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from rw_sweeps.core import signals
+from rw_sweeps.sweeps import packing
 from rw_sweeps.sweeps.hydra_adapter import SUBMITIT_ENTRY, sbatch_script
 
 from hydra_plugins.rw_sweeps_plugins._schema import SLURM_KEYS
@@ -27,11 +30,11 @@ def local_gpu_pool(payloads: list, folder: str, pinned: bool = False) -> list:
     """At most one job per GPU at a time, each pinned to its device through CUDA_VISIBLE_DEVICES; with
     `pinned`, payload i runs on GPU i (packed: one process per GPU trains all of that GPU's chunks; a
     None payload, a GPU with nothing to do, starts no process and returns [])."""
+    # submitit: only a local_gpus launch starts processes; Hydra imports the plugins (and so this module) at
+    # every start-up, --help included
     import submitit
 
-    from rw_sweeps.sweeps.packing import visible_gpus
-
-    gpus = visible_gpus()
+    gpus = packing.visible_gpus()
     executors = []
     if gpus and pinned:
         log.info(f"local_gpus: {len(gpus)} GPU(s) ({', '.join(gpus)}): one process per GPU, each training "
@@ -77,8 +80,6 @@ def _stop_local_jobs(jobs: list, exc: BaseException) -> None:
     LOCAL_STOP_S). Not the controller: it would SIGKILL its task a second later. Not SIGTERM: inside a
     submitit job it is only logged. A job left running would go on writing into the sweep after its lock
     is released."""
-    from rw_sweeps.core import signals
-
     signals.stopping(exc)  # a second signal within a second is the same request; a later one stops at once
     for job in jobs:
         tasks = _children(_local_pid(job))
@@ -139,8 +140,6 @@ def result_or_error(job, wait: bool = True) -> Any:
 
 def slurm_max_array_size() -> int:
     """The cluster's MaxArraySize (an array holds at most that many tasks); SLURM's default is 1001."""
-    import subprocess
-
     try:
         out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
         for line in out.splitlines():

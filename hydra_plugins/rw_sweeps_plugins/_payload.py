@@ -8,13 +8,19 @@ every other module of the package again, and a payload's class must stay the one
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, List, Optional
 
-from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import open_dict
 
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+
+from rw_sweeps.core import trainer
 from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.safefs import refuse_links
+from rw_sweeps.sweeps import packing, tracking, writer
 from rw_sweeps.sweeps.hydra_adapter import job_value
 
 
@@ -23,6 +29,8 @@ def current_job_id() -> Optional[str]:
     if "SUBMITIT_EXECUTOR" not in os.environ and "SUBMITIT_FOLDER" not in os.environ:
         return None
     try:
+        # submitit: only inside a submitit job (where it is loaded already); the launcher imports this module,
+        # and Hydra imports the plugins at every start-up
         import submitit
 
         return str(submitit.JobEnvironment().job_id)
@@ -33,7 +41,6 @@ def current_job_id() -> Optional[str]:
 def wait_for_writes() -> None:
     """This process's results still being written (`rw_sweeps.sweeps.writer`), then its queued wandb logging
     (`rw_sweeps.sweeps.tracking`, which the writes feed), before its work counts as ended."""
-    from rw_sweeps.sweeps import tracking, writer
     writer.flush()
     tracking.wait()
 
@@ -46,8 +53,6 @@ class Payload:
         self.singleton_state = Singleton.get_state()
 
     def __call__(self) -> Any:
-        from hydra.core.utils import setup_globals
-
         jid = current_job_id()
         if jid is not None:
             Singleton.set_state(self.singleton_state)
@@ -64,7 +69,7 @@ class Requeued:
     requeue_note = False  # say so on stderr
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        import submitit
+        import submitit  # submitit: submitit calls this only inside its job (see current_job_id)
 
         if self.requeue_note:
             print(f"rw_sweeps: job interrupted, requeued (pid {os.getpid()})", file=sys.stderr, flush=True)
@@ -82,13 +87,7 @@ class HydraJob(Requeued, Payload):
         super().__init__()
 
     def run(self, job_id: Optional[str]) -> JobReturn:
-        from omegaconf import open_dict
-
-        from hydra.core.utils import run_job
-
         if self.output_dir is not None:  # Hydra's run_job writes `.hydra/` and the log with plain open()
-            from rw_sweeps.core.safefs import refuse_links
-
             refuse_links(Path(self.output_dir), self.config.hydra.output_subdir)
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
         with open_dict(cfg.hydra.job):
@@ -122,23 +121,17 @@ class ChunkJob(Requeued, Payload):
             wait_for_writes()
         failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
         if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
-            from rw_sweeps.sweeps.packing import RunsFailed
-
-            raise RunsFailed(f"{len(failed)} run(s) failed: " + ", ".join(failed[:5]))
+            raise packing.RunsFailed(f"{len(failed)} run(s) failed: " + ", ".join(failed[:5]))
         return returns
 
     def _train(self) -> List[JobReturn]:
         """The chunk, in pieces that fit this process's GPU when it has one (a SLURM job's allocated GPU)."""
-        from dataclasses import replace
-
-        from rw_sweeps.sweeps.packing import chunks, gpu_budget_gb
-
         if self.label:
             print(self.label, flush=True)
-        budget = gpu_budget_gb(self.memory_gb) if self.chunk.specs and current_job_id() is not None else None
+        budget = packing.gpu_budget_gb(self.memory_gb) if self.chunk.specs and current_job_id() is not None else None
         if budget is None:
             return self.chunk()
-        return [r for part in chunks(self.chunk.specs, budget) for r in replace(self.chunk, specs=part)()]
+        return [r for part in packing.chunks(self.chunk.specs, budget) for r in replace(self.chunk, specs=part)()]
 
 
 class GpuJob(Payload):
@@ -153,7 +146,6 @@ class GpuJob(Payload):
         super().__init__()
 
     def run(self, job_id: Optional[str]) -> List[Any]:
-        from rw_sweeps.core import trainer
         out: List[Any] = []
         for i, job in enumerate(self.chunks):
             if job_id is not None:

@@ -18,6 +18,7 @@ keys, `_payload.py` what a job runs in its process, `_backends.py` the local GPU
 Hydra's plugin scan executes this module again (not the `_` ones): the subclasses live beside their base.
 """
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
+import atexit
 import itertools
 import logging
 import os
@@ -27,12 +28,17 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 
+from rw_sweeps.core import signals
 from rw_sweeps.core.errors import Interrupted, one_line
-from rw_sweeps.sweeps import packing
+from rw_sweeps.core.safefs import remove_stale_temps
+from rw_sweeps.sweeps import app, lock, packing, placement, status
 from rw_sweeps.sweeps.hydra_adapter import observes_jobs
+from rw_sweeps.sweeps.hydra_job import Chunk, LazyJobReturn
+from rw_sweeps.sweeps.planner import Planner
+from rw_sweeps.sweeps.run import run_line
 
 from hydra_plugins.rw_sweeps_plugins._backends import (compact_ids, local_gpu_pool, result_or_error,
                                                        sbatch_scripts, slurm_max_array_size, slurm_parameters)
@@ -99,9 +105,7 @@ class RwLauncher(Launcher):
         return self._sweep_dir[1]
 
     def batch_function(self) -> Optional[Callable]:
-        from rw_sweeps.sweeps.app import batch_function
-
-        return batch_function(self.task_function)
+        return app.batch_function(self.task_function)
 
     # ---------------------------------------------------------------------------------------- launch
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Optional[Sequence[JobReturn]]:
@@ -109,24 +113,17 @@ class RwLauncher(Launcher):
         twin = self.batch_function()
         if twin is None:  # any other task: Hydra's own semantics, job by job
             return self._launch_jobs(job_overrides, initial_job_idx)
-        from rw_sweeps.sweeps.planner import Planner
-
         if self.planner is None:
             self.planner = Planner(self.hydra_context.config_loader, self.config)
         return self.launch_specs(self.planner.plan(job_overrides, initial_job_idx), twin, self.planner)
 
     def _reset_logging(self) -> None:
         """As Hydra's basic launcher: the sweep's own logging, not the last job's (its log file may be gone)."""
-        from hydra.core.utils import configure_log, setup_globals
-
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
 
     def launch_specs(self, specs: list, twin: Callable, planner) -> Optional[Sequence[JobReturn]]:
         """The project's jobs, already planned by `planner` (the rw sweeper passes its validated specs)."""
-        from rw_sweeps.sweeps import status
-        from rw_sweeps.sweeps.hydra_job import Chunk
-
         self._reset_logging()
         p = self.params
         done_idx = self.place(specs, planner)
@@ -186,7 +183,6 @@ class RwLauncher(Launcher):
     def place(self, specs: list, planner) -> set:
         """Every spec's folder (`rw_sweeps.sweeps.placement`, once per spec: the rw sweeper places the whole grid
         before its first batch); the indices of the runs already done. A conflict is one line, exit 2."""
-        from rw_sweeps.sweeps import placement
         if all(getattr(s, "placed", None) is not None for s in specs):
             return {i for i, s in enumerate(specs) if isinstance(s.placed, dict)}
         default_subdir = planner.subdir == "${hydra.job.num}"
@@ -199,13 +195,9 @@ class RwLauncher(Launcher):
 
     def _launch_jobs(self, job_overrides, initial_job_idx) -> Optional[Sequence[JobReturn]]:
         """Any task, one Hydra job per job, as Hydra's basic launcher / hydra-submitit-launcher run it."""
-        from hydra.core.utils import filter_overrides
-
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        from rw_sweeps.sweeps.app import NOT_DECLARED
-
         cut = self.cut_into_jobs(list(job_overrides), pack=False)
-        why = NOT_DECLARED if self.params["pack"] else "hydra.launcher.pack=false"
+        why = app.NOT_DECLARED if self.params["pack"] else "hydra.launcher.pack=false"
         log.info(f"{cut.line(len(job_overrides), 0, why)}; sweep folder {self.sweep_dir}")
         payloads, nums = [], []
         for i, ov in enumerate(job_overrides):
@@ -230,11 +222,6 @@ class RwLauncher(Launcher):
         """One launch per sweep folder (`rw_sweeps.sweeps.lock`), held until this process ends, also when a
         signal ends it (`rw_sweeps.core.signals.on_stop`). Once it is held, the temp files that killed
         writes left in the folder are removed (no other launch can be writing them)."""
-        import atexit
-
-        from rw_sweeps.core.safefs import remove_stale_temps
-        from rw_sweeps.core import signals
-        from rw_sweeps.sweeps import lock
         if self.record is not None or getattr(self, "_locked", None) == self.sweep_dir:
             return  # a later batch of this sweep: already held
         lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])  # SweepLocked: refused, in one line
@@ -245,7 +232,6 @@ class RwLauncher(Launcher):
 
     # ---------------------------------------------------------------------------------------- record
     def _record(self, specs, done, todo) -> dict:
-        from rw_sweeps.sweeps import status
         if self.record is None:
             self.record = status.new_record(self.sweep_label, self.params["backend"], detached=self.params["detach"])
         rec = self.record
@@ -286,7 +272,6 @@ class RwLauncher(Launcher):
 
     def _record_local(self, names: list, rec: Optional[dict]) -> None:
         """The local backends' jobs in the sweep's record: its runs are this launch's (`jobs.local`)."""
-        from rw_sweeps.sweeps import status
         if rec is not None:
             rec["jobs"].setdefault("local", []).extend(n for job in names for n in job)
             status.write_record(self.sweep_dir, rec)
@@ -363,9 +348,8 @@ class SlurmLauncher(RwLauncher):
         print(sbatch_scripts(self.params, n_jobs), end="", flush=True)
 
     def run_payloads(self, payloads: list, names: list, rec: Optional[dict], pinned: bool) -> Optional[list]:
-        import submitit
+        import submitit  # submitit: only a SLURM launch submits; Hydra imports this module at every start-up
 
-        from rw_sweeps.sweeps import lock, status
         p = self.params
         ex = submitit.SlurmExecutor(folder=p["submitit_folder"], max_num_timeout=p["max_num_timeout"])
         ex.update_parameters(**slurm_parameters(p))
@@ -406,17 +390,13 @@ BACKENDS = RwLauncher.backends = {cls.backend: cls for cls in (InProcessLauncher
 
 def _from_folder(spec, error: Any, summary: Optional[dict]) -> JobReturn:
     """A run whose job died or failed: its JobReturn from its folder (the source of truth)."""
-    from rw_sweeps.sweeps.app import RunFailed, task_value
-    from rw_sweeps.sweeps.hydra_job import LazyJobReturn
-    from rw_sweeps.sweeps.run import run_line
-
     ret = LazyJobReturn(spec, overrides=list(spec.overrides), working_dir=spec.output_dir, task_name=spec.name)
     if summary is not None and summary.get("status") in ("done", "diverged"):
-        ret.status, ret.return_value = JobStatus.COMPLETED, task_value(spec.cfg, summary)
+        ret.status, ret.return_value = JobStatus.COMPLETED, app.task_value(spec.cfg, summary)
     else:
         reason = summary.get("error") if summary else one_line(error) if isinstance(error, BaseException) \
             else "the job ended without writing a summary"
         ret.status = JobStatus.FAILED
-        ret.return_value = RunFailed(run_line(summary) if summary else f"failed: {reason}")
+        ret.return_value = app.RunFailed(run_line(summary) if summary else f"failed: {reason}")
     return ret
 

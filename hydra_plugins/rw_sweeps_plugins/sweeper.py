@@ -22,6 +22,7 @@ import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -32,7 +33,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
+from rw_sweeps.core.resources import problems
+from rw_sweeps.core.results import read_summary
+from rw_sweeps.core.safefs import atomic_write, ensure_dir
+from rw_sweeps.sweeps import placement, writer
+from rw_sweeps.sweeps.app import batch_function, note_failed
 from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_value
+from rw_sweeps.sweeps.planner import Planner
+from rw_sweeps.sweeps.status import summary_line
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +64,7 @@ def outcome(ret, skipped: bool = False) -> str:
     value = job_value(ret)
     if isinstance(value, dict) and "status" in value:
         return "skipped" if value.get("skipped") else str(value["status"])
-    from rw_sweeps.core import results
-    summary = results.read_summary(Path(ret.working_dir)) if ret.working_dir else None
+    summary = read_summary(Path(ret.working_dir)) if ret.working_dir else None
     return str(summary.get("status", "done")) if isinstance(summary, dict) else "done"
 
 
@@ -65,9 +72,7 @@ class RwSweeper(basic_sweeper()):
     def _once_each(self, jobs: list, specs: list, planner) -> list:
         """A grid that names one run twice (`optim.lr=1,1.0`, `seed=0,0`) trains it once, and says so in one
         line; the jobs left are numbered as Hydra numbers a grid without the repeats."""
-        from rw_sweeps.sweeps.placement import repeats
-
-        again = repeats(specs)
+        again = placement.repeats(specs)
         if not again:
             return specs
         def differ(a, b):
@@ -86,10 +91,6 @@ class RwSweeper(basic_sweeper()):
         self.task_function = task_function
 
     def sweep(self, arguments: List[str]) -> Any:
-        from rw_sweeps.sweeps.app import batch_function, note_failed
-        from rw_sweeps.sweeps.status import summary_line
-        from rw_sweeps.sweeps.planner import Planner
-
         params_conf = self._parse_config() + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         self.overrides = self.split_arguments(parser.parse_overrides(params_conf), self.max_batch_size)
@@ -105,8 +106,6 @@ class RwSweeper(basic_sweeper()):
                 # jobs train on this machine (the rw launcher's backend declares it; SLURM's jobs check in the
                 # job; any other launcher's are taken to run here)
                 if getattr(self.launcher, "trains_here", True):
-                    from rw_sweeps.core.resources import problems
-
                     problem = next((p for p in problems([s.cfg for s in specs], [s.shape for s in specs]) if p is not None), None)
                     if problem is not None:
                         raise problem
@@ -123,7 +122,6 @@ class RwSweeper(basic_sweeper()):
         if specs is not None and hasattr(self.launcher, "place"):
             # the folder is usable, the lock is taken, then every run of the grid finds its folder, before
             # anything else is written; a read-only sweep whose runs are all done is reported, untouched
-            from rw_sweeps.sweeps import placement
             can_write = placement.writable(sweep_dir)  # FolderTaken: refused, in one line
             if can_write and not dry_run:
                 self.launcher.take_lock()
@@ -133,8 +131,6 @@ class RwSweeper(basic_sweeper()):
                                   f"not writable, and {len(specs) - len(done)} of its {len(specs)} runs are not done")
             dry_run = dry_run or not can_write
         if not dry_run:
-            from rw_sweeps.core.safefs import atomic_write, ensure_dir
-
             ensure_dir(sweep_dir)
             atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # what OmegaConf.save writes
         counts: Counter = Counter()
@@ -188,8 +184,6 @@ def _optuna_without_a_best(impl) -> None:
         except ValueError as exc:
             if "No trials are completed yet" not in str(exc):
                 raise
-            from rw_sweeps.sweeps import writer
-
             writer.flush()
             where = OmegaConf.select(self.config, "hydra.sweep.dir", default=None) if self.config else None
             raise Refused(f"every trial of the study failed or diverged ({self.n_trials} trials): no best value"
@@ -208,8 +202,6 @@ class _OptunaImplFinder:
     def find_spec(self, name, path=None, target=None):
         if name != OPTUNA_IMPL:
             return None
-        from importlib.machinery import PathFinder
-
         spec = PathFinder.find_spec(name, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec

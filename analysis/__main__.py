@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt   # noqa: E402
 import pandas as pd               # noqa: E402
 
+from rw_sweeps.core import signals                          # noqa: E402
 from rw_sweeps.core.console import prog                    # noqa: E402
 
 from . import claims                                      # noqa: E402
@@ -177,8 +178,6 @@ def main(argv=None) -> int:
     called with an argv (from Python), the caller's signal handling stays as it is."""
     if argv is not None:
         return _main(argv)
-    from rw_sweeps.core import signals
-
     signals.install()
     try:
         code = _main(argv)

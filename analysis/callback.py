@@ -18,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rw_sweeps.core.config import wandb_group
 
+from . import wandb_run
+
 
 class WandbAnalysis(Callback):
     def __init__(self) -> None:
@@ -45,8 +47,6 @@ class WandbAnalysis(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if self._settings(config) is not None:
-            from . import wandb_run
-
             self._warming = threading.Thread(target=wandb_run.warm, name="rw-analysis-warm", daemon=True)
             self._warming.start()
 
@@ -58,8 +58,6 @@ class WandbAnalysis(Callback):
         if self._warming is not None:
             self._warming.join()
         try:
-            from . import wandb_run
-
             wandb_run.log_analysis(sweep_dir, w)
         except Exception as exc:  # noqa: BLE001 - the run folders are the source of truth
             print(f"warning: wandb analysis run not logged: {type(exc).__name__}: {exc}", file=sys.stderr)

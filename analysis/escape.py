@@ -34,6 +34,7 @@ import pandas as pd               # noqa: E402
 from rw_sweeps.core.safefs import atomic_write  # noqa: E402
 
 from rw_sweeps.core import contract, readers   # noqa: E402
+from rw_sweeps.core.config import stored        # noqa: E402
 from .phase import axis_label, phase_diagram   # noqa: E402
 
 ESCAPE = "escape"
@@ -59,6 +60,8 @@ def add_predictions(runs: pd.DataFrame, predict=None, progress=None) -> pd.DataF
     run's steps", NaN where it makes no prediction (its `theory_reason` says why). `predict`
     defaults to rw_sweeps.core.theory.predict (list[RunConfig] -> list[dict])."""
     if predict is None:
+        # torch (through rw_sweeps.core.theory): only predictions not yet cached need it, and the report
+        # draws every other figure without it
         from rw_sweeps.core.theory import predict
     out = runs.copy()
     got = {}
@@ -91,7 +94,6 @@ def _sweep_predictions(sweep: Path, runs: pd.DataFrame, predict, progress) -> di
         if not (hit and hit.get("config_sha1") == sha):
             todo.append((path, rid, sha, text))
     if todo:
-        from rw_sweeps.core.config import stored   # the analysis reads files; only the theory needs it
         todo.sort(key=lambda item: _trajectory_order(item[3]))
         for i in range(0, len(todo), CHUNK):
             part = todo[i:i + CHUNK]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import html
+import os
 from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
 from .load import STATUSES, config_keys
+from .phase import swept_keys
 
 CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
@@ -38,8 +40,6 @@ def sweep_config(runs: pd.DataFrame) -> pd.DataFrame:
     and left out): its value if the same in every run, else the values, and whether it was swept (an axis
     of the grid, or the seed) or derived (it varies, but follows the swept keys, as `model.normalize`
     follows `init`)."""
-    from .phase import swept_keys
-
     swept = set(swept_keys(runs)) | {"seed"}
     rows = []
     for k in config_keys(runs):
@@ -63,10 +63,6 @@ MAX_RUN_ROWS = 2000  # rows in the page's per-run table; every run is in runs.pa
 def run_table(runs: pd.DataFrame, out: Path) -> tuple[str, int]:
     """The per-run table as HTML (a link to each run's folder, the swept keys, the seed, the headline
     fields), sortable by any column in the browser, and how many runs it leaves out."""
-    import os
-
-    from .phase import swept_keys
-
     keys = [k for k in swept_keys(runs) if k != "seed"] + (["seed"] if "seed" in runs else [])
     cols = [c for c in dict.fromkeys([*keys, *RUN_COLUMNS]) if c in runs.columns]
     shown = runs.head(MAX_RUN_ROWS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from pathlib import Path
 
 from rw_sweeps.core.safefs import owned_dirs
@@ -24,6 +25,8 @@ def analysis_id(sweep_dir: Path) -> str:
 def warm() -> None:
     """Import what the analysis run needs (matplotlib, analysis, wandb), so that the sweep's end does not wait
     for it: `callback.WandbAnalysis` calls it on a thread while the sweep trains."""
+    # matplotlib, pandas (load, phase) and wandb: warming them is this function's purpose; the callback that
+    # imports this module is instantiated by Hydra at every launch, before any run trains
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,13 +42,14 @@ def log_analysis(sweep_dir: Path, w: dict) -> None:
     analysis SWEEP`'s, built into `<sweep>/wandb_analysis/report/` by `analysis.__main__.build`), the runs
     table (one row per run: the swept keys, seed and headline metrics) and every column of every run as a
     Parquet artifact."""
-    import warnings
-
+    # matplotlib and pandas: only once a sweep has ended; the callback that imports this module is
+    # instantiated by Hydra at every launch
     import matplotlib
     import pandas as pd
 
     matplotlib.use("Agg")  # the worker thread draws without a display
 
+    # the report's modules (pandas, matplotlib's pyplot): likewise, once the backend above is chosen
     from .__main__ import build
     from .load import config_keys
     from .phase import swept_keys

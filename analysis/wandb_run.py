@@ -30,6 +30,7 @@ def warm() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    # pyplot and the report's modules (pandas): warmed likewise, once the backend above is chosen
     import matplotlib.pyplot  # noqa: F401
 
     from . import load, phase  # noqa: F401

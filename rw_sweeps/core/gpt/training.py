@@ -150,12 +150,13 @@ def _loss_of(law: torch.Tensor, y: torch.Tensor, cfg: RunConfig, eps: torch.Tens
     return _objective(out, y, cfg, eps).mean((1, 2))
 
 
-def train_loss(params: dict, batch: Batch, cfg: RunConfig, eps: torch.Tensor) -> torch.Tensor:
-    """(R,) the training objective: per sequence the mean over its positions read, then the mean (or sum,
-    optim.reduction=sum) over the batch."""
+def train_loss(params: dict, batch: Batch, cfg: RunConfig, eps: torch.Tensor, sums: torch.Tensor) -> torch.Tensor:
+    """(R,) the training objective: per sequence the mean over its positions read, then the mean over the
+    batch, or the sum where the run's optim.reduction=sum (`sums`, (R,) bool: the key is per run, so runs of
+    either reduction train in one batch)."""
     out, _ = model.forward(params, batch.x, cfg.model, cfg.data.K, cfg.data.target)
     per_seq = _objective(out, batch.y, cfg, eps).mean(-1)
-    return per_seq.mean(1) if cfg.optim.reduction == "mean" else per_seq.sum(1)
+    return torch.where(sums, per_seq.sum(1), per_seq.mean(1))
 
 
 def evaluate(params: dict, test: TestSet, cfg: RunConfig, eps: torch.Tensor, snapshot: bool) -> tuple[dict, dict | None]:
@@ -246,6 +247,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     recs = [Record(cfg, Path(d)) for cfg, d in zip(cfgs, run_dirs)]
     opt_acc = test.P_true.double().amax(-1).mean((1, 2)).tolist()
     eps = torch.tensor([c.optim.eps for c in cfgs], dtype=dtype, device=dev)
+    sums = torch.tensor([c.optim.reduction == "sum" for c in cfgs], device=dev)
     # constant over training: on the host once, written into every history row
     baselines = {"opt_loss": _loss_of(test.P_true, test.y, c0, eps).tolist(),
                  "unigram_loss": _loss_of(test.baseline, test.y, c0, eps).tolist()}
@@ -275,7 +277,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             batch = train_set if train_set is not None else _batch_of(cfgs, t, dev)
             live_params = {k: v.detach().requires_grad_(t < T) for k, v in params.items()}
             with torch.set_grad_enabled(t < T):
-                loss = train_loss(live_params, batch, c0, eps)
+                loss = train_loss(live_params, batch, c0, eps, sums)
                 grads = dict(zip(live_params, torch.autograd.grad(loss.sum(), list(live_params.values())))) \
                     if t < T else {}
             ok = _finite_grads(loss, grads)

@@ -172,10 +172,13 @@ def describe_unknown(cls, prefix: str, key: str | None = None) -> str:
     if group in GROUPS:
         text = f"unknown key for {group}={cls.__dataclass_fields__['name'].default}; allowed: {allowed(cls)}"
         owners = [n for n, c in OPTIONS[group].items() if key in c.__dataclass_fields__] if key else []
+        name = cls.__dataclass_fields__["name"].default
         if owners:
             text += f" ({group}.{key} is a key of {', '.join(f'{group}={n}' for n in owners)})"
-        if group == "init" and key == "sigma":  # the paper's grid, written as one σ axis
-            text += "; to sweep σ with zero init, write init=gaussian init.sigma=0,… (σ = 0 is zero init)"
+        axis = cls().unit() if group == "init" else None  # an init that is the 0 of another's scale axis
+        if axis is not None and type(axis) is not cls and key in axis.__dataclass_fields__:
+            text += (f"; to sweep {group}.{key} with {group}={name}, write {group}={axis.name} {group}.{key}=0,… "
+                     f"({group}.{key} = 0 is {group}={name})")
         return text
     return f"unknown key; allowed: {allowed(cls)}"
 

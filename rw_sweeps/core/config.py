@@ -42,7 +42,7 @@ from .inits.base import InitConfig
 from .metrics import OBJECTIVES
 from .models import ModelBase
 from .optimisers.base import OptimConfig
-from .registry import GROUPS, OPTIONS, SEED_MAX, as_dict, check_rules, choice, names, typed
+from .registry import GROUPS, OPTIONS, SEED_MAX, as_dict, check_rules, choice, frozen, names, typed
 
 DEFAULT_SNAPSHOTS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 400, 700, 1000]
 
@@ -125,10 +125,6 @@ def data_config(name: str = "random_walk", **keys: Any) -> DataConfig:
 
 
 # ------------------------------------------------------------------------------------------ derived keys
-def _frozen(v: Any) -> Any:
-    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
-
-
 @functools.lru_cache(maxsize=None)
 def _shape_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.PER_RUN)
@@ -140,8 +136,8 @@ def shape_key(cfg: RunConfig) -> tuple:
     out = [getattr(cfg, k) for k in _shape_fields(RunConfig) if k not in GROUPS]
     for g in (g for g in GROUPS if g not in RunConfig.PER_RUN):
         opt = getattr(cfg, g)
-        out.append((type(opt).__name__, *(_frozen(getattr(opt, k)) for k in _shape_fields(type(opt)))))
-    return tuple(_frozen(x) for x in out)
+        out.append((type(opt).__name__, *(frozen(getattr(opt, k)) for k in _shape_fields(type(opt)))))
+    return tuple(frozen(x) for x in out)
 
 
 # ------------------------------------------------------------------------------------------ building

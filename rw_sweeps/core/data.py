@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import markov
-from .registry import names
+from .registry import frozen, names
 
 if TYPE_CHECKING:
     from .families.base import DataConfig
@@ -383,11 +383,7 @@ MAX_PREFETCHED = 200_000  # runs held at most (a stale prefetch must not grow wi
 def data_key(cfg) -> tuple:
     """What a run's data are a function of: its seed and every key of its data family."""
     d = cfg.data
-    return (cfg.seed, type(d).__name__, *(_frozen(getattr(d, k)) for k in names(type(d))))
-
-
-def _frozen(v):
-    return tuple(_frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+    return (cfg.seed, type(d).__name__, *(frozen(getattr(d, k)) for k in names(type(d))))
 
 
 def _run_key(cfg, dtype, token_dtype) -> tuple:

@@ -151,6 +151,11 @@ def names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+def frozen(v: Any) -> Any:
+    """A value as a key can hold it: lists (and lists of lists) as tuples."""
+    return tuple(frozen(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
 def as_dict(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return {k: as_dict(getattr(obj, k)) for k in names(type(obj))}

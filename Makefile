@@ -1,11 +1,13 @@
-# `make demo`: set up and run the default sweep; `make test`: set up and run every test.
+# `make demo`: set up and run the default sweep; `make test`: set up and run every test, on JOBS parallel workers;
+# `make test-fast`: the unit layer only (no test that starts a process), for the edit loop.
 # TORCH overrides the torch requirement, e.g. TORCH="torch==2.13.0 --index-url <your CUDA index>" on a GPU box.
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 SWEEP ?= multirun/demo
+JOBS  ?= 3   # pytest-xdist workers: on 2 cores, a third overlaps the time tests spend waiting on processes
 
-.PHONY: install demo test bench clean slurm-up slurm-down
+.PHONY: install demo test test-fast bench clean slurm-up slurm-down
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,7 +24,10 @@ demo: install
 	@echo "report: $(SWEEP)/report/index.html"
 
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(JOBS) --dist loadgroup
+
+test-fast: install
+	RW_UNIT_ONLY=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not slurm"
 
 bench: install
 	$(PY) benchmarks/bench_hydra.py

@@ -101,3 +101,44 @@ def seconds_per_step() -> float:
 def steps_lasting(seconds: float, lo: int = 20, hi: int = 20000) -> int:
     """A step count whose training takes about `seconds` on this machine (a multiple of 10, in [lo, hi])."""
     return int(min(hi, max(lo, -(-seconds / seconds_per_step() // 10) * 10)))
+
+
+# `make test-fast` is the unit layer, in this process. A test that starts a Python process (launch.py, analysis,
+# status, a child that measures), a SLURM command or a browser is end to end: most of its cost is that
+# process's start-up, and it carries the `e2e` mark. Under RW_UNIT_ONLY=1 starting one fails the test that does,
+# so no unmarked one slips into the fast loop. Cheap helpers the product itself calls (git for provenance, the C
+# compiler that builds the fused kernel once per machine) are not such processes.
+SLURM_COMMANDS = {"sbatch", "srun", "squeue", "sinfo", "scancel", "sacct", "scontrol"}
+
+
+def pytest_configure(config):
+    xdist_controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if os.environ.get("RW_UNIT_ONLY") == "1" and not xdist_controller:  # the controller starts the workers
+        refuse_processes()
+
+
+def end_to_end(argv0: str) -> bool:
+    name = os.path.basename(argv0)
+    return (argv0 == sys.executable or name.startswith("python") or name in SLURM_COMMANDS
+            or name.startswith("chrom") or name == "node")  # node: the browser driver of playwright
+
+
+def refuse_processes() -> None:
+    start = subprocess.Popen.__init__
+
+    def unit_only(self, args, *rest, **kwargs):
+        argv0 = os.fsdecode(args if isinstance(args, (str, bytes, os.PathLike)) else args[0])
+        if end_to_end(argv0.split()[0] if kwargs.get("shell") and argv0.strip() else argv0):
+            pytest.fail(f"this test starts a process ({argv0!r}) under RW_UNIT_ONLY=1: mark it `e2e`", pytrace=False)
+        start(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = unit_only
+
+
+def pytest_collection_modifyitems(config, items):
+    """Parallel workers (`pytest -n N --dist loadgroup`, as `make test` runs): a test module stays on one worker,
+    so its module- and session-scoped sweeps are built once; every test that needs the SLURM cluster runs on one
+    worker, one after another (the cluster is one node, and those tests read its queue)."""
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))

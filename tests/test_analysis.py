@@ -26,6 +26,8 @@ from analysis.phase import add_success, phase_diagram
 from .conftest import ROOT, launch
 from .wandb_files import read_run
 
+pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
+
 TOL = 0.02
 # a few seconds per sweep; with n_train < 1000 some p = 0.5 seeds fail, which the phase cells
 # are meant to show anyway

@@ -26,6 +26,8 @@ import pytest
 from .conftest import ROOT, launch
 from ._hostile import run_measured
 
+pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
+
 GRID = ("data.p=0.5,1", "data.n_train=64", "data.n_test=64", "model.M=200", "optim.steps=5", "wandb.mode=disabled")
 
 

@@ -75,6 +75,7 @@ def test_eq21_finds_a_parent_that_is_not_the_last_token():
             assert last["parent_attention"] > 0.99
 
 
+@pytest.mark.e2e
 def test_model_gpt_trains_on_a_bayes_net_through_the_front_door(tmp_path):
     """The next-token objective at every position of the network, logged to its folder and to wandb."""
     import json

@@ -27,6 +27,7 @@ def test_the_engine_equals_the_literal_model_on_it(tmp_path):
     assert c.data.name == "birth_death" and rec.status == "done"
 
 
+@pytest.mark.e2e
 def test_zero_init_learns_its_optimum_from_the_command_line(tmp_path):
     r = launch("-m", "data=birth_death", "data.K=4", "data.N=21", "data.p=0.2,0.9", "model.M=100", "data.n_train=200",
                "data.n_test=200", "optim.steps=100", "wandb.mode=disabled", f"hydra.sweep.dir={tmp_path / 's'}")

@@ -149,6 +149,7 @@ def test_engine_equals_the_oracle(family, tmp_path):
                         rel_tol=1e-9)
 
 
+@pytest.mark.e2e
 def test_binary_chain_sweep_end_to_end(tmp_path):
     """`launch.py -m data=binary_chain data.p=0.2,0.8 data.q=0.3`: two real runs, each with its Π."""
     sweep = tmp_path / "sweep"
@@ -169,6 +170,7 @@ def test_binary_chain_sweep_end_to_end(tmp_path):
         assert hist[-1]["v_pi_cosine"] is not None
 
 
+@pytest.mark.e2e
 def test_markov_matrix_from_the_command_line(tmp_path):
     """Π given inline on the command line reaches the run as a list of rows."""
     out = tmp_path / "run"
@@ -268,6 +270,7 @@ def test_new_family_engine_equals_the_oracle(family, tmp_path, monkeypatch):
     test_engine_equals_the_oracle(family, tmp_path)
 
 
+@pytest.mark.e2e
 def test_graph_walk_sweep_end_to_end(tmp_path):
     """`launch.py -m data=graph_walk data.graph=cycle,complete data.K=6 optim.steps=3`: two real runs."""
     sweep = tmp_path / "sweep"
@@ -462,6 +465,7 @@ def test_engine_equals_the_oracle_beyond_first_order(case, tmp_path):
         assert cos is None
 
 
+@pytest.mark.e2e
 def test_icl_markov_sweep_end_to_end(tmp_path):
     """`launch.py -m data=icl_markov data.N=9,17 optim.steps=3`: two runs, opt_acc measured, v_pi_cosine null."""
     sweep = tmp_path / "sweep"
@@ -507,6 +511,7 @@ def test_parent_positions_are_the_last_k_for_an_order_k_chain(tmp_path):
     assert s_walk["parents_attention"] == pytest.approx(s_walk["parent_attention"], abs=1e-12)
 
 
+@pytest.mark.e2e
 def test_markov_matrix_reads_its_pi_from_a_file_and_records_it(tmp_path):
     # text (commas or spaces) or .npy; the run's config.yaml holds the matrix itself
     (tmp_path / "pi.txt").write_text("0.9, 0.1\n0.2 0.8\n")

@@ -282,6 +282,7 @@ def test_a_batch_retried_run_by_run_says_resuming_once_per_run(tmp_path, monkeyp
         same_results(w, d)
 
 
+@pytest.mark.e2e
 def test_a_real_launch_says_on_stdout_why_a_planted_checkpoint_is_refused(tmp_path):
     sweep = tmp_path / "S"
     (sweep / "0").mkdir(parents=True)

@@ -197,6 +197,7 @@ def test_bad_input_is_one_config_error(override, key, allowed, mode):
     assert "\n" not in line and key in line and allowed in line, line
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args", [["data.p=1.5"], ["-m", "seed=0,1", "data.p=abc"]], ids=["run", "multirun"])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args):
     """The real front door, as users run it: one line on stderr, exit 2, no folder."""
@@ -209,6 +210,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args):
     assert not out.exists() and not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
 
 
+@pytest.mark.e2e
 def test_bad_value_inside_a_grid_is_caught_before_any_job(tmp_path):
     r = launch("-m", "data.p=0.5,0.7,7", "optim.steps=1", f"hydra.sweep.dir={tmp_path / 's'}", cwd=tmp_path)
     assert r.returncode == 2 and "data.p=7" in r.stderr and not (tmp_path / "s").exists()
@@ -220,6 +222,7 @@ def test_config_error_names_key_value_and_rule():
     assert from_dict({"data": {"p": 0}}).data.p == 0.0  # `data.p=0` arrives as an int from the command line
 
 
+@pytest.mark.e2e
 def test_bad_launcher_settings_are_one_line_too(tmp_path):
     for override, key in [("hydra.launcher.backend=moon", "hydra.launcher.backend"),
                           ("hydra.launcher.memory_gb=0", "hydra.launcher.memory_gb"),

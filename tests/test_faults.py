@@ -42,6 +42,7 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
 
 
 # ------------------------------------------------------------------------------------- isolation, resume
+@pytest.mark.e2e
 @pytest.mark.parametrize("culprit", ["2/summary.json", "3/history.jsonl"])
 def test_an_unwritable_run_folder_fails_only_its_own_run(tmp_path, culprit):
     sweep = tmp_path / "S"
@@ -56,6 +57,7 @@ def test_an_unwritable_run_folder_fails_only_its_own_run(tmp_path, culprit):
         assert r.stderr.count("failed /") == 1
 
 
+@pytest.mark.e2e
 def test_a_file_where_a_run_folder_must_go_fails_only_that_run(tmp_path):
     sweep = tmp_path / "S"
     sweep.mkdir()
@@ -66,6 +68,7 @@ def test_a_file_where_a_run_folder_must_go_fails_only_that_run(tmp_path):
     assert f"failed {sweep / '2'}: " in r.stderr and "Not a directory" in r.stderr
 
 
+@pytest.mark.e2e
 def test_damaged_or_incomplete_folders_are_retrained_and_counted_corrupt(tmp_path):
     sweep = tmp_path / "S"
     r = launch("-m", *L, "seed=range(0,9)", f"hydra.sweep.dir={sweep}")
@@ -94,6 +97,7 @@ def test_damaged_or_incomplete_folders_are_retrained_and_counted_corrupt(tmp_pat
     assert len(load_runs([sweep], cache=False)) == 9
 
 
+@pytest.mark.e2e
 def test_a_second_launch_into_a_busy_sweep_folder_refuses_in_one_line_or_waits(tmp_path):
     sweep = tmp_path / "S"
     first = start_launch("-m", "data.n_test=100", "optim.steps=200000", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
@@ -118,6 +122,7 @@ def test_a_second_launch_into_a_busy_sweep_folder_refuses_in_one_line_or_waits(t
     assert not (sweep / lock.LOCK).exists()  # released at exit
 
 
+@pytest.mark.e2e
 def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
     sweep = tmp_path / "S"
     sweep.mkdir()
@@ -140,6 +145,7 @@ def _interrupt(tmp_path: Path, sig: int, extra: list[str]) -> tuple[Path, subpro
     return sweep, p, args
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_sweep_checkpoints_every_run_and_resumes_from_there(tmp_path, sig):
     sweep, p, args = _interrupt(tmp_path, sig, ["seed=0,1"])  # checkpoint_every=0, the default
@@ -156,6 +162,7 @@ def test_an_interrupted_sweep_checkpoints_every_run_and_resumes_from_there(tmp_p
     assert not list(sweep.glob("*/summary.json"))  # and nothing is falsely finished
 
 
+@pytest.mark.e2e
 def test_ctrl_c_keeps_the_runs_of_a_chunk_whose_results_were_being_written_behind(tmp_path):
     """Chunk 1 (two short runs) ends, and its results go to the writer thread while chunk 2 trains; Ctrl-C
     in chunk 2 still leaves chunk 1's runs done on disk, and chunk 2's checkpointed."""
@@ -175,6 +182,7 @@ def test_ctrl_c_keeps_the_runs_of_a_chunk_whose_results_were_being_written_behin
     assert all((sweep / n / "checkpoint.pt").exists() for n in "23")
 
 
+@pytest.mark.e2e
 def test_resumed_runs_continue_from_the_signal_checkpoint_bit_for_bit(tmp_path):
     sweep, p, args = _interrupt(tmp_path, signal.SIGINT, ["optim.steps=100000"])
     p.communicate(timeout=120)
@@ -196,6 +204,7 @@ def test_resumed_runs_continue_from_the_signal_checkpoint_bit_for_bit(tmp_path):
     assert torch.load(sweep / "0" / "checkpoint.pt", weights_only=False)["state"]["step"] >= step
 
 
+@pytest.mark.e2e
 def test_a_resumed_run_keeps_one_offline_wandb_run(tmp_path):
     sweep = tmp_path / "S"
     args = ["-m", *L[:-1], "wandb.mode=offline", "seed=0", f"hydra.sweep.dir={sweep}"]
@@ -210,6 +219,7 @@ def test_a_resumed_run_keeps_one_offline_wandb_run(tmp_path):
     assert len(runs) == 1 and runs[0].name.endswith(summaries(sweep)["0"]["run_id"])
 
 
+@pytest.mark.e2e
 def test_packed_wandb_jobs_keep_their_artifacts_inside_the_sweep_folder(tmp_path):
     sweep = tmp_path / "S"
     home = tmp_path / "home"
@@ -220,6 +230,7 @@ def test_packed_wandb_jobs_keep_their_artifacts_inside_the_sweep_folder(tmp_path
     assert not list(home.rglob("staging/*"))  # nothing staged outside the sweep folder
 
 
+@pytest.mark.e2e
 def test_a_diverged_run_reports_its_last_finite_evaluation(tmp_path):
     r = launch("init=gaussian", "init.sigma=0.01", "optim.lr=1e200", "data.n_test=100", "optim.steps=5",
                "wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'r'}")
@@ -250,6 +261,7 @@ def test_bad_values_are_one_line(override, key, rule):
 
 @pytest.mark.parametrize("override,key", [("device=cuda:9", "device"), ("data.K=100000", "data.K"),
                                           ("data.n_train=1000000000", "data.n_train")])
+@pytest.mark.e2e
 def test_runs_that_cannot_work_here_are_one_line_before_anything_is_written(tmp_path, override, key):
     import torch
 
@@ -263,11 +275,13 @@ def test_runs_that_cannot_work_here_are_one_line_before_anything_is_written(tmp_
         assert not (tmp_path / "r").exists() and not (tmp_path / "s").exists()
 
 
+@pytest.mark.e2e
 def test_plus_key_in_a_single_run_writes_nothing(tmp_path):
     r = launch("+foo=1", cwd=tmp_path)
     assert r.returncode == 2 and "foo" in one_error_line(r) and not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.e2e
 def test_long_runs_print_progress_lines_without_a_terminal(tmp_path):
     r = launch("data.n_test=100", "optim.steps=3000", "wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'r'}",
                env={"RW_SWEEPS_PROGRESS_S": "0.05"})
@@ -282,6 +296,7 @@ def test_long_runs_print_progress_lines_without_a_terminal(tmp_path):
     "+hydra.launcher.additional_parameters.comment='x\ntouch {pwned}'", "hydra.job.name='job\ntouch {pwned}'",
     "hydra.sweep.dir='{tmp}/s\ntouch {pwned}'", "hydra.launcher.partition='gpu;touch {pwned}'",
 ])
+@pytest.mark.e2e
 def test_no_value_smuggles_a_command_into_an_sbatch_script(tmp_path, override):
     pwned = tmp_path / "pwned"
     r = launch("-m", "hydra/launcher=packed_slurm", "hydra.launcher.dry_run=true",

@@ -297,6 +297,7 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
         fused.reset()
 
 
+@pytest.mark.e2e
 def test_concurrent_first_use(kernel, tmp_path):
     """Processes compiling at once into one empty cache (SLURM array jobs) all load a complete library,
     and leave one file behind."""

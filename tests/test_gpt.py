@@ -235,6 +235,7 @@ def test_a_model_option_refuses_what_it_cannot_train_in_one_line(overrides, line
     assert line in str(e.value)
 
 
+@pytest.mark.e2e
 def test_launch_trains_the_peers_objective_and_prints_its_baselines(tmp_path):
     r = launch("model=gpt", "data=binary_chain", "data.p=0.8", "data.q=0.8", "data.target=all", "data.online=true",
                "optim=adamw", "data.N=32", "optim.steps=30", "data.n_test=64", "eval_every=10",
@@ -248,6 +249,7 @@ def test_launch_trains_the_peers_objective_and_prints_its_baselines(tmp_path):
     assert vals["opt_loss"] - 0.02 < vals["test_loss"] < vals["unigram_loss"] + 0.05
 
 
+@pytest.mark.e2e
 def test_an_interrupted_gpt_sweep_resumes_to_the_uninterrupted_files(tmp_path):
     """Ctrl-C mid-training checkpoints both packed gpt runs (exit 130); the same command again resumes them,
     and their history.jsonl equals that of the same sweep run without interruption, byte for byte."""

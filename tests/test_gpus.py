@@ -146,6 +146,7 @@ def test_a_chunk_that_raises_fails_its_runs_only_and_the_gpu_s_next_chunks_run(c
     assert "a chunk of 3 run(s) failed: RuntimeError: CUDA error: out of memory\n" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the CPU fallback is not exercised")
 def test_packed_gpus_without_a_gpu_trains_every_chunk_in_one_process(tmp_path):
     sweep = tmp_path / "sweep"

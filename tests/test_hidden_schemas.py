@@ -92,6 +92,7 @@ def test_glob_star_sweeps_exactly_the_real_options_of_each_group(group):
     assert sorted(getattr(s.cfg, group).name for s in specs) == YAMLS[group]
 
 
+@pytest.mark.e2e
 def test_glob_with_an_exclusion_launches_exactly_the_other_real_inits(tmp_path):
     sweep = tmp_path / "s"
     r = launch("-m", "init=glob(*,exclude=[gpt2])", *TINY, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -105,6 +106,7 @@ def test_glob_with_an_exclusion_launches_exactly_the_other_real_inits(tmp_path):
 # ------------------------------------------------------------------------------------------ not a choice
 @pytest.mark.parametrize("override,group", [("init=zero_schema", "init"), ("data=random_walk_schema", "data"),
                                             ("model=gpt_schema", "model"), ("optim=gd_schema", "optim")])
+@pytest.mark.e2e
 def test_a_schema_name_as_an_option_is_refused_in_one_line_naming_the_real_options(override, group, tmp_path):
     r = launch(override, *TINY, cwd=tmp_path)
     assert r.returncode != 0 and r.stdout == ""
@@ -120,6 +122,7 @@ def test_hydra_s_own_available_options_have_no_schema(loader):
     assert listed[:3] == ["gaussian", "gpt2", "zero"] and not any(o.endswith("_schema") for o in listed)
 
 
+@pytest.mark.e2e
 def test_the_schema_still_types_the_option_so_another_option_s_key_is_refused(tmp_path):
     r = launch("data=random_walk", "data.q=0.3", *TINY, cwd=tmp_path)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
@@ -128,6 +131,7 @@ def test_the_schema_still_types_the_option_so_another_option_s_key_is_refused(tm
 
 
 # ------------------------------------------------------------------------------------------ what users see
+@pytest.mark.e2e
 def test_help_lists_no_schema(tmp_path):
     r = launch("--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -138,6 +142,7 @@ def test_help_lists_no_schema(tmp_path):
         assert groups[group].split(", ") == YAMLS[group]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("info", ["defaults", "defaults-tree", "searchpath", "all"])
 def test_info_names_no_schema_choice(info, tmp_path):
     r = launch("--info", info, cwd=tmp_path)
@@ -145,6 +150,7 @@ def test_info_names_no_schema_choice(info, tmp_path):
     assert "_schema" not in r.stdout
 
 
+@pytest.mark.e2e
 def test_info_defaults_shows_each_option_merged_into_its_own_node(tmp_path):
     r = launch("--info", "defaults", "init=gaussian", cwd=tmp_path)
     rows = [[c.strip() for c in line.strip("| ").split("|")] for line in r.stdout.splitlines() if line.startswith("|")]
@@ -152,12 +158,14 @@ def test_info_defaults_shows_each_option_merged_into_its_own_node(tmp_path):
     assert ["schema/run", "", "False", "config"] in rows
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("group", GROUPS)
 def test_shell_completion_offers_exactly_the_real_options(group):
     assert _complete(f"launch.py {group}=") == [f"{group}={n}" for n in YAMLS[group]]
     assert _complete(f"launch.py -m data.p=0.5 {group}=") == [f"{group}={n}" for n in YAMLS[group]]
 
 
+@pytest.mark.e2e
 def test_shell_completion_of_the_groups_offers_no_schema_name():
     words = _complete("launch.py ")
     assert {"data=", "model=", "init=", "optim=", "experiment="} <= set(words)

@@ -105,6 +105,7 @@ SETTINGS = dict(deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", H.FILES)
 @settings(max_examples=25, **SETTINGS)
 @given(data=st.data())
@@ -114,6 +115,7 @@ def test_a_run_folder_with_a_file_cut_at_any_byte_is_done_only_if_its_content_is
     check_damage(sweep, name, "truncate", at, data.draw(st.sampled_from("01"), label="run"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name,kind", [(n, k) for n in H.FILES for k in H.kinds(n)])
 @settings(max_examples=8, **SETTINGS)
 @given(data=st.data())
@@ -122,6 +124,7 @@ def test_a_damaged_run_folder_is_never_done_and_analysis_agrees(sweep, name, kin
     check_damage(sweep, name, kind, arg, data.draw(st.sampled_from("01"), label="run"))
 
 
+@pytest.mark.e2e
 def test_a_tag_that_would_run_code_is_never_obeyed_by_the_judge_analysis_or_a_relaunch(sweep, tmp_path):
     s = H.copy_sweep(sweep, tmp_path / "S")
     marker = tmp_path / "pwned"
@@ -142,6 +145,7 @@ def test_a_tag_that_would_run_code_is_never_obeyed_by_the_judge_analysis_or_a_re
 
 
 # ------------------------------------------------------------------------------ named reproductions
+@pytest.mark.e2e
 @pytest.mark.parametrize("kept", ["", "seed: 0\n"], ids=["emptied", "cut-after-its-first-line"])
 def test_a_config_yaml_that_lost_its_keys_is_not_done_nor_shown_at_the_schema_defaults(sweep, tmp_path, kept):
     """A config.yaml emptied (or cut) reads at the schema's defaults: p = 0.5, M = 1000, 50 steps. The run of
@@ -171,6 +175,7 @@ def test_a_30_digit_integer_in_a_json_file_is_refused_as_outside_int64(tmp_path)
 GRID = ["data.p=0.5,1", "seed=0,1,2"]   # folders 0..5: (0.5, 0), (0.5, 1), (0.5, 2), (1, 0), (1, 1), (1, 2)
 
 
+@pytest.mark.e2e
 def test_a_relaunch_retrains_each_damaged_run_with_one_line_and_skips_the_rest(tmp_path):
     s = tmp_path / "S"
     r = launch("-m", *GRID, *S, f"hydra.sweep.dir={s}")

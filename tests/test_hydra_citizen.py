@@ -34,6 +34,7 @@ def _unset_version_base():
     ("rw", ["hydra.launcher.backend=local_gpus", "hydra.launcher.pack=false"]),  # local_gpus (the CPU here)
     ("rw", ["hydra.launcher.backend=local_gpus"]),                              # packed_gpus
 ], ids=["packed", "unpacked", "local_gpus", "packed_gpus"])
+@pytest.mark.e2e
 class TestRwLauncher(LauncherTestSuite):
     """Any task but the project's own runs through Hydra's run_job, job by job, as Hydra's launchers do."""
 
@@ -57,6 +58,7 @@ def _callback(path: Path) -> list[str]:
     return ["+hydra.callbacks.record._target_=tests.callbacks.Record", f"+hydra.callbacks.record.path={path}"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("preset", ["packed", "packed_gpus"])
 def test_callbacks_and_env_set_see_every_packed_run_as_its_own_job(preset, tmp_path):
     events = tmp_path / "events.jsonl"
@@ -87,6 +89,7 @@ def test_callbacks_and_env_set_see_every_packed_run_as_its_own_job(preset, tmp_p
     assert [runs[str(i)]["status"] for i in range(4)] == ["done", "failed", "done", "failed"]
 
 
+@pytest.mark.e2e
 def test_packing_follows_the_declaration_and_the_launcher_says_how_the_sweep_runs(tmp_path):
     """A task that drops `@batched(train_batch)` runs job by job through run_job, with its edit, and the
     launcher says `not packed` and why; the declared task is packed, and the line says so."""
@@ -130,6 +133,7 @@ def test_packing_follows_the_declaration_and_the_launcher_says_how_the_sweep_run
 
 
 # -------------------------------------------------------------------- every valid command line
+@pytest.mark.e2e
 def test_glob_runs_every_experiment_preset(tmp_path):
     sweep = tmp_path / "s"
     r = launch("-m", "experiment=glob(*)", "optim.steps=2", "data.n_train=64", "data.n_test=64", "model.M=200",
@@ -146,6 +150,7 @@ def test_glob_runs_every_experiment_preset(tmp_path):
     assert all(s["status"] == "done" and s["steps"] == 2 for s in runs.values())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("launcher", ["basic", "submitit_local"])
 def test_hydra_s_own_launchers_run_the_app(launcher, tmp_path):
     sweep = tmp_path / "s"
@@ -160,6 +165,7 @@ def test_hydra_s_own_launchers_run_the_app(launcher, tmp_path):
     assert all((sweep / n / ".hydra" / "hydra.yaml").exists() for n in ("0", "1"))
 
 
+@pytest.mark.e2e
 def test_interpolated_and_plus_overrides_are_checked_when_resolved(tmp_path):
     sweep = tmp_path / "s"
     r = launch("-m", "data.p=0.3,0.5", "optim.lr=${data.p}", *QUIET, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -176,6 +182,7 @@ def test_interpolated_and_plus_overrides_are_checked_when_resolved(tmp_path):
         assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.e2e
 def test_an_experiment_from_config_dir_runs(tmp_path):
     extra = tmp_path / "more" / "experiment"
     extra.mkdir(parents=True)
@@ -187,6 +194,7 @@ def test_an_experiment_from_config_dir_runs(tmp_path):
     assert s["p"] == 0.7 and abs(s["test_acc"] - 0.7) < 0.07
 
 
+@pytest.mark.e2e
 def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "s"
@@ -204,6 +212,7 @@ def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
     assert best["best_value"] > 0.5  # p > 0.55: the optimum max(p, 1 − p) is above chance
 
 
+@pytest.mark.e2e
 def test_choice_range_and_tag_sweeps_run(tmp_path):
     sweep = tmp_path / "s"
     r = launch("-m", "data.p=choice(0.3,0.7)", "seed=tag(fast,range(0,2))", *QUIET,
@@ -231,6 +240,7 @@ def test_the_installed_commands_work_from_any_folder(tmp_path):
     assert st.returncode == 0 and "2 runs: 2 done" in st.stdout, st.stdout + st.stderr
 
 
+@pytest.mark.e2e
 def test_the_wheel_carries_the_configs(tmp_path):
     import subprocess
     import sys
@@ -264,6 +274,7 @@ def test_the_planners_quick_parse_of_an_integer_override_is_hydras_own():
 
 
 # ------------------------------------------------------------------------------------------ presets and habits
+@pytest.mark.e2e
 def test_the_debug_preset_is_a_tiny_run_named_rw(tmp_path):
     r = launch("debug=default", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -273,6 +284,7 @@ def test_the_debug_preset_is_a_tiny_run_named_rw(tmp_path):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps"] == 5
 
 
+@pytest.mark.e2e
 def test_the_shipped_optuna_search_preset_runs_its_study(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "s"
@@ -285,6 +297,7 @@ def test_the_shipped_optuna_search_preset_runs_its_study(tmp_path):
     assert {"optim.lr", "optim.eps"} == set(best["best_params"]) and all(s["p"] == 0.8 for s in runs.values())
 
 
+@pytest.mark.e2e
 def test_a_users_own_preset_that_overrides_the_sweeper_is_obeyed(tmp_path):
     """A preset's `override /hydra/sweeper: optuna` works as in any Hydra app: the primary config names no
     sweeper of its own (`conf/sweep/rw.yaml` does, earlier in the defaults list)."""
@@ -301,6 +314,7 @@ def test_a_users_own_preset_that_overrides_the_sweeper_is_obeyed(tmp_path):
     assert (sweep / "optimization_results.yaml").exists() and len(summaries(sweep)) == 2
 
 
+@pytest.mark.e2e
 def test_help_says_what_the_app_is_and_lists_the_groups_and_every_keys_comment(tmp_path):
     r = launch("--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -326,6 +340,7 @@ def test_a_missing_extras_plugin_names_the_extra_to_install():
                       "the 'optuna' extra: pip install 'rw-sweeps[optuna]')")
 
 
+@pytest.mark.e2e
 def test_whole_numbers_in_a_transition_matrix_are_numbers(tmp_path):
     r = launch("data=markov_matrix", "data.K=2", "data.Pi=[[0,1],[1,0]]", *QUIET, f"hydra.run.dir={tmp_path / 'r'}",
                cwd=tmp_path)

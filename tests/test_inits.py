@@ -75,6 +75,7 @@ def test_every_init_composes_and_validates_with_a_model_it_serves(name):
     assert c.model.ENGINE in cls.ENGINES
 
 
+@pytest.mark.e2e
 def test_every_init_launches_through_the_front_door(tmp_path):
     sweep = tmp_path / "s"
     serve = [n for n, c in INITS.items() if "gpt" in c.ENGINES]  # every init that model=gpt's engine has
@@ -86,6 +87,7 @@ def test_every_init_launches_through_the_front_door(tmp_path):
     assert {n: got[n] for n in ("zero", "gaussian", "gpt2")} == {"zero": 0.0, "gaussian": 0.01, "gpt2": 0.02}
 
 
+@pytest.mark.e2e
 def test_an_engine_an_init_does_not_serve_is_refused_by_the_front_door_in_one_line(tmp_path):
     out = tmp_path / "out"
     for args in (["init=gpt2"], ["-m", "init=zero,gpt2"]):

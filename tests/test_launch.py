@@ -15,6 +15,7 @@ HISTORY_KEYS = {"step", "train_loss", "test_loss", "test_acc", "test_kl", "paren
                 "v_pi_cosine", "pred_dist"}
 
 
+@pytest.mark.e2e
 def test_the_default_run_prints_one_line(tmp_path):
     r = launch(f"hydra.run.dir={tmp_path / 'run'}", "wandb.mode=disabled", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -25,6 +26,7 @@ def test_the_default_run_prints_one_line(tmp_path):
     assert f"test_acc={s['test_acc']:.4f}" in lines[0]
 
 
+@pytest.mark.e2e
 def test_the_8_run_grid_writes_the_results_contract_and_wandb_files(tmp_path):
     sweep = tmp_path / "sweep"
     r = launch("-m", "data.p=0,0.1,0.5,1", "init=zero,gaussian", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -61,6 +63,7 @@ def test_the_8_run_grid_writes_the_results_contract_and_wandb_files(tmp_path):
     assert zero[0.5]["parent_attention"] > 0.99 and zero[0.1]["parent_attention"] > 0.99
 
 
+@pytest.mark.e2e
 def test_rerunning_a_sweep_skips_finished_runs(tmp_path):
     sweep = tmp_path / "s"
     args = ["-m", "data.p=0.3,0.7", *SMALL, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]
@@ -78,6 +81,7 @@ def test_rerunning_a_sweep_skips_finished_runs(tmp_path):
     assert summaries(sweep)["1"]["p"] == 0.9
 
 
+@pytest.mark.e2e
 def test_failed_and_diverged_runs_do_not_stop_the_sweep(tmp_path):
     sweep = tmp_path / "s"
     # runs 2 and 3 fail at run time (a directory where their history goes); sigma=1 makes f_y + eps negative:
@@ -102,6 +106,7 @@ def test_failed_and_diverged_runs_do_not_stop_the_sweep(tmp_path):
 TINY_RUN = ["debug=default"]
 
 
+@pytest.mark.e2e
 def test_a_grid_that_names_a_run_twice_trains_it_once_and_says_so(tmp_path):
     sweep = tmp_path / "s"
     r = launch("-m", "optim.lr=1,1.0", "seed=0,1", *TINY_RUN, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
@@ -112,6 +117,7 @@ def test_a_grid_that_names_a_run_twice_trains_it_once_and_says_so(tmp_path):
     assert "sweep " + str(sweep) + ": 2 runs: 2 done" in r.stdout
 
 
+@pytest.mark.e2e
 def test_zero_init_with_a_sigma_axis_is_refused_with_the_way_to_write_it(tmp_path):
     r = launch("-m", "init=zero,gaussian", "init.sigma=1e-4,1e-2", *TINY_RUN, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
@@ -126,6 +132,7 @@ def test_zero_init_with_a_sigma_axis_is_refused_with_the_way_to_write_it(tmp_pat
     assert abs(first["parent_attention"] - 1 / 97) < 1e-15  # over the N = 97 columns of X
 
 
+@pytest.mark.e2e
 def test_console_lines_name_the_swept_values_jobs_and_skipped_runs(tmp_path):
     sweep = tmp_path / "s"
     args = ["-m", "optim.lr=0.5,1", "init=zero,gaussian", *TINY_RUN, f"hydra.sweep.dir={sweep}"]
@@ -145,6 +152,7 @@ def test_console_lines_name_the_swept_values_jobs_and_skipped_runs(tmp_path):
     assert len(skipped) == 4 and not any(line.startswith("done:") for line in r.stdout.splitlines())
 
 
+@pytest.mark.e2e
 def test_a_single_run_says_where_its_folder_is(tmp_path):
     r = launch(*TINY_RUN, f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

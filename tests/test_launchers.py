@@ -11,6 +11,8 @@ import torch
 
 from .conftest import SMALL, launch, start_launch, status_cmd, steps_lasting, summaries, wait_until
 
+pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
+
 QUIET = [*SMALL, "wandb.mode=disabled"]
 
 

@@ -5,10 +5,13 @@ import json
 import os
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
 from .conftest import ROOT
+
+pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
 
 
 def test_the_example_notebook_runs_and_draws_what_it_says(tmp_path, monkeypatch):

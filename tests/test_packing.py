@@ -55,6 +55,7 @@ def test_a_diverging_run_does_not_disturb_its_chunk(tmp_path):
     assert len(hist) == 1 and json.loads(hist[0])["train_loss"] is None  # kept, up to the divergence
 
 
+@pytest.mark.e2e
 def test_packed_sweep_equals_unpacked_sweep_run_by_run(tmp_path):
     """Hydra's basic launcher (one run_job per run) and the packed launcher give the same results and the
     same Hydra job folders: .hydra/config.yaml and overrides.yaml byte for byte, hydra.yaml but for the
@@ -113,6 +114,7 @@ def _peak(R: int) -> int:
                               check=True).stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.e2e
 def test_memory_per_run_is_bounded():
     # §5 shape (K=6, N=97, M=1000, 1000 + 1000 sequences): the dense formulation needs X̃ of
     # n·(K+M)·N·8 B ≈ 0.78 GB per 1000 sequences; the compact engine needs a few MB per run. What one more run
@@ -126,6 +128,7 @@ def test_memory_per_run_is_bounded():
     assert per_run < dense / 100
 
 
+@pytest.mark.e2e
 def test_packed_jobs_log_one_wandb_run_with_a_runs_table(tmp_path):
     import pandas as pd
 

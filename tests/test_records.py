@@ -88,6 +88,7 @@ def record_without(key: str) -> dict:
     ({**GOOD, "start": -1}, "start must be a start time in clock ticks, or null (it is an integer)"),
     *[(record_without(k), f".rw_sweep.json has no {k!r}") for k in GOOD],
 ])
+@pytest.mark.e2e
 def test_a_record_that_breaks_the_contract_is_refused_in_one_line(tmp_path, content, why):
     sweep = sweep_with(tmp_path, status.STATE, content)
     for args in ([], ["--wait", "--interval", "0.1"]):
@@ -96,6 +97,7 @@ def test_a_record_that_breaks_the_contract_is_refused_in_one_line(tmp_path, cont
         assert r.stdout == ""
 
 
+@pytest.mark.e2e
 def test_a_record_that_meets_the_contract_is_read(tmp_path):
     sweep = sweep_with(tmp_path, status.STATE, {**GOOD, "start": None})  # null: a writer without /proc
     r = status_cmd(str(sweep), timeout=60)
@@ -103,6 +105,7 @@ def test_a_record_that_meets_the_contract_is_read(tmp_path):
     assert r.stdout == "sweep S: 1 runs: 0 done, 0 skipped, 0 failed, 0 diverged, 0 running, 1 pending\n"
 
 
+@pytest.mark.e2e
 def test_a_missing_record_still_counts_the_runs_from_their_folders(tmp_path):
     sweep = tmp_path / "S"
     (sweep / "0" / ".hydra").mkdir(parents=True)
@@ -115,6 +118,7 @@ def test_a_missing_record_still_counts_the_runs_from_their_folders(tmp_path):
 FAILED = {"status": "failed", "steps": 0, "seed": 0, "K": 2, "N": 2}
 
 
+@pytest.mark.e2e
 def test_escape_codes_in_a_label_a_run_name_and_an_error_are_printed_escaped(tmp_path):
     label = "\x1b[2J\x1b[H\x9b31mALL GOOD\u202e\r"  # clear the screen, home, C1 CSI, a bidi override, CR
     name = "run\x1b]0;title\x07"
@@ -132,6 +136,7 @@ def test_escape_codes_in_a_label_a_run_name_and_an_error_are_printed_escaped(tmp
                                    "1 failed")
 
 
+@pytest.mark.e2e
 def test_escape_codes_in_a_folder_name_are_printed_escaped_without_a_record(tmp_path):
     sweep = tmp_path / "S"
     (sweep / "x\x1b[2J").mkdir(parents=True)
@@ -153,6 +158,7 @@ def local_record(start) -> dict:
     return rec if start == "none" else {**rec, "start": start}
 
 
+@pytest.mark.e2e
 def test_a_local_sweep_whose_pid_was_reused_by_another_process_has_ended(tmp_path):
     sweep = sweep_with(tmp_path, status.STATE, local_record(status.process_start(ME) + 1))
     r = status_cmd(str(sweep), timeout=60)
@@ -162,6 +168,7 @@ def test_a_local_sweep_whose_pid_was_reused_by_another_process_has_ended(tmp_pat
     assert r.stderr == f"failed {sweep}/0: job local ended (ENDED) without writing this run's summary\n"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("start", ["right", "none"])  # "none": a record of an older version, judged by pid
 def test_a_local_sweep_whose_process_lives_is_pending(tmp_path, start):
     sweep = sweep_with(tmp_path, status.STATE, local_record(status.process_start(ME) if start == "right" else "none"))
@@ -170,6 +177,7 @@ def test_a_local_sweep_whose_process_lives_is_pending(tmp_path, start):
     assert r.stdout.endswith(", 0 running, 1 pending; jobs: 1 LIVE\n")
 
 
+@pytest.mark.e2e
 def test_process_start_is_field_22_of_proc_stat_and_names_one_process():
     start = status.process_start(ME)
     with open(f"/proc/{ME}/stat") as fh:
@@ -213,6 +221,7 @@ def acquire_in_child(sweep: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("content", [NESTED, "FIFO", "SPARSE", '{"host": "h", "pid": "1234", "since": 1, "arrays": []}',
                                      '{"host": "h", "pid": 4294967296, "since": 1, "arrays": []}',
                                      '{"host": "h", "pid": 1234, "start": "x", "since": 1, "arrays": []}'])
+@pytest.mark.e2e
 def test_a_lock_that_breaks_the_contract_is_refused_in_one_line_and_kept(tmp_path, content):
     sweep = sweep_with(tmp_path, lock.LOCK, content)
     before = os.lstat(sweep / lock.LOCK)
@@ -228,6 +237,7 @@ def holder(start) -> dict:
     return rec if start == "none" else {**rec, "start": start}
 
 
+@pytest.mark.e2e
 def test_a_lock_whose_pid_was_reused_by_a_live_unrelated_process_is_taken_over(tmp_path):
     sweep = sweep_with(tmp_path, lock.LOCK, holder(status.process_start(ME) + 1))
     r = acquire_in_child(sweep)
@@ -237,6 +247,7 @@ def test_a_lock_whose_pid_was_reused_by_a_live_unrelated_process_is_taken_over(t
     assert not (sweep / lock.LOCK).exists()  # released by the child
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("start", ["right", "none"])  # "none": a lock of an older version, judged by pid
 def test_a_lock_whose_process_lives_is_held(tmp_path, start):
     content = holder(status.process_start(ME) if start == "right" else "none")
@@ -253,6 +264,7 @@ def test_a_lock_names_its_host_and_jobs_escaped(tmp_path):
     assert "evil\\x1b[2J" in lock.describe({**content, "pid": 7}, tmp_path)
 
 
+@pytest.mark.e2e
 def test_status_judges_a_run_as_the_launcher_and_analysis_do(tmp_path):
     """One contract: a done summary over a shortened history is failed (corrupt) for status, corrupt for
     analysis, and retrained by a relaunch; the intact run is done for all three."""

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # pointers a reader of the repository cannot follow: tracker numbers and documents kept elsewhere (the
@@ -39,3 +43,28 @@ def test_every_package_and_config_folder_is_packaged():
     conf = {".".join(("rw_sweeps_conf", *p.relative_to(ROOT / "conf").parts)) for p in (ROOT / "conf").rglob("*")
             if p.is_dir() and "__pycache__" not in p.parts}
     assert packages | conf | {"rw_sweeps_conf"} == listed, sorted((packages | conf | {"rw_sweeps_conf"}) ^ listed)
+
+
+
+@pytest.mark.e2e
+def test_the_unit_layer_refuses_exactly_the_processes_that_make_a_test_end_to_end():
+    """`make test-fast` (RW_UNIT_ONLY=1) fails a test that starts a Python process, a SLURM command or a browser
+    (so an unmarked end-to-end test cannot slip into the edit loop), and lets the product's cheap helpers run."""
+    from .conftest import end_to_end
+
+    assert all(map(end_to_end, [sys.executable, "python3", "/usr/bin/python3.11", "sbatch", "/usr/bin/squeue",
+                                "chromium", "node"]))
+    assert not any(map(end_to_end, ["git", "/usr/bin/cc", "gcc", "true"]))
+    child = f"""
+import subprocess, sys
+sys.path.insert(0, {str(ROOT)!r})
+from tests import conftest
+conftest.refuse_processes()
+print(subprocess.run(["git", "--version"], capture_output=True, text=True).stdout.split()[0])
+try:
+    subprocess.run([sys.executable, "-c", "pass"])
+except BaseException as exc:
+    print(type(exc).__name__, exc)
+"""
+    out = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    assert out[0] == "git" and out[1].startswith("Failed this test starts a process") and "mark it `e2e`" in out[1], out

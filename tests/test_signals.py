@@ -212,6 +212,8 @@ def test_a_later_second_signal_stops_at_once_with_the_first_ones_code_and_releas
 import sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from rw_sweeps.core import signals
+
+pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
 signals.install()
 signals.on_stop(lambda: open({str(marker)!r}, "w").close())
 try:

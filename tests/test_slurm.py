@@ -278,6 +278,7 @@ def dry_run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
                   f"hydra.sweep.dir={tmp_path / 'sweep'}", *overrides)
 
 
+@pytest.mark.e2e
 def test_e_the_sbatch_script_carries_what_the_user_asked_for(tmp_path):  # no cluster needed
     r = dry_run(tmp_path, "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=90",
                 "hydra.launcher.cpus_per_task=4", "hydra.launcher.gres=gpu:1", "hydra.launcher.mem_gb=16",

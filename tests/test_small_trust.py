@@ -64,6 +64,7 @@ def test_a_run_that_fits_is_not_refused_and_a_small_key_is_never_blamed(monkeypa
     assert named2 == "data.N" and need2 > need
 
 
+@pytest.mark.e2e
 def test_the_launch_refuses_a_huge_d_model_in_one_line_naming_it(tmp_path):
     r = launch("model=gpt", "model.d_model=65536", "wandb.mode=disabled", f"hydra.run.dir={tmp_path / 'r'}",
                cwd=tmp_path)
@@ -73,6 +74,7 @@ def test_the_launch_refuses_a_huge_d_model_in_one_line_naming_it(tmp_path):
 
 
 # ------------------------------------------------------------------------------ analysis with nothing to show
+@pytest.mark.e2e
 def test_analysis_of_sweeps_with_no_finished_run_is_an_error_line_and_exit_2(tmp_path):
     sweep = tmp_path / "S"
     (sweep / "0").mkdir(parents=True)
@@ -86,6 +88,7 @@ def test_analysis_of_sweeps_with_no_finished_run_is_an_error_line_and_exit_2(tmp
 
 
 # ------------------------------------------------------------------------------ Optuna: no trial completed
+@pytest.mark.e2e
 def test_an_optuna_study_where_every_trial_diverges_ends_in_one_line_and_keeps_its_runs(tmp_path):
     """σ = 0.5 makes the loss undefined at step 0 whatever the lr and ε: every trial returns None (failed),
     and Optuna has no best trial to name."""

@@ -214,6 +214,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=300)
 
 
+@pytest.mark.e2e
 def test_cli_prints_one_json_line_per_config():
     # (e) a comma list is a sweep: one line per combination, in the sweeper's order
     r = _cli(*SMALL, "init.sigma=1e-4,1e-5")
@@ -229,12 +230,14 @@ def test_cli_prints_one_json_line_per_config():
     (["data.p=1.5"], "error: invalid config: data.p=1.5: must be in [0, 1]"),
     (["seed=0,1", "data.p=abc"], "error: invalid config: data.p='abc': must be a number"),
 ])
+@pytest.mark.e2e
 def test_cli_rejects_a_bad_value_in_one_line(args, line):
     r = _cli(*SMALL[:-1], *args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == line
 
 
+@pytest.mark.e2e
 def test_cli_prints_each_prediction_as_it_is_ready_and_keeps_what_it_finished(tmp_path):
     out = tmp_path / "escape.jsonl"
     r = _cli("--out", str(out), *SMALL, "init.sigma=1e-4")
@@ -251,6 +254,7 @@ def test_cli_prints_each_prediction_as_it_is_ready_and_keeps_what_it_finished(tm
     assert sorted(row["job"] for row in kept) == [0, 1]
 
 
+@pytest.mark.e2e
 def test_cli_keeps_no_line_of_another_grids_run(tmp_path):
     out = tmp_path / "escape.jsonl"
     assert _cli("--out", str(out), *SMALL, "init.sigma=1e-4").returncode == 0

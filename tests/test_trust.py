@@ -92,6 +92,7 @@ def test_a_run_resumed_from_a_checkpoint_off_the_evaluation_grid_equals_an_unint
 
 
 # ------------------------------------------------------------------------------ a finished run is kept
+@pytest.mark.e2e
 def test_a_grown_grid_keeps_every_finished_folder_and_trains_only_the_new_runs(tmp_path):
     sweep = tmp_path / "S"
     r = launch("-m", *S, "data.p=0,0.5", "seed=0,1", f"hydra.sweep.dir={sweep}")
@@ -109,6 +110,7 @@ def test_a_grown_grid_keeps_every_finished_folder_and_trains_only_the_new_runs(t
         assert f"num: {n}\n" in hydra and f"output_dir: {sweep / n}\n" in hydra
 
 
+@pytest.mark.e2e
 def test_a_changed_value_is_refused_in_one_line_naming_the_folder_and_key_unless_overwrite(tmp_path):
     sweep = tmp_path / "S"
     assert launch("-m", *S, "seed=0,1", f"hydra.sweep.dir={sweep}").returncode == 0
@@ -125,6 +127,7 @@ def test_a_changed_value_is_refused_in_one_line_naming_the_folder_and_key_unless
     assert [s["steps"] for s in summaries(sweep).values()] == [10, 10]
 
 
+@pytest.mark.e2e
 def test_keys_that_change_no_result_do_not_make_a_run_different(tmp_path):
     sweep = tmp_path / "S"
     assert launch("-m", *S, "seed=0,1", f"hydra.sweep.dir={sweep}").returncode == 0
@@ -137,6 +140,7 @@ def test_keys_that_change_no_result_do_not_make_a_run_different(tmp_path):
     assert runs() == files
 
 
+@pytest.mark.e2e
 def test_a_sweep_without_a_named_folder_records_its_resolved_folder_as_the_wandb_group(tmp_path):
     r = launch("-m", *S, "seed=0,1", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -156,6 +160,7 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
+@pytest.mark.e2e
 def test_a_planted_checkpoint_that_would_run_code_is_ignored_and_the_run_trains_from_scratch(tmp_path):
     sweep, marker = tmp_path / "S", tmp_path / "pwned"
     (sweep / "0").mkdir(parents=True)
@@ -166,6 +171,7 @@ def test_a_planted_checkpoint_that_would_run_code_is_ignored_and_the_run_trains_
     assert summaries(sweep)["0"]["status"] == "done" and summaries(sweep)["0"]["steps"] == 5
 
 
+@pytest.mark.e2e
 def test_links_planted_in_a_sweep_folder_are_never_followed(tmp_path):
     sweep, outside = tmp_path / "S", tmp_path / "outside"
     outside.mkdir()
@@ -190,6 +196,7 @@ def test_links_planted_in_a_sweep_folder_are_never_followed(tmp_path):
 
 
 # ------------------------------------------------------------------------------ the lock
+@pytest.mark.e2e
 @pytest.mark.parametrize("content", ["", "garbage", '{"host": "h", "pid": 1, "since": 1e300, "arrays": []}'])
 def test_a_lock_that_cannot_be_read_is_reported_in_one_line_and_not_taken_over(tmp_path, content):
     sweep = tmp_path / "S"
@@ -214,6 +221,7 @@ def test_a_young_empty_lock_counts_as_held(tmp_path, monkeypatch):
     assert (sweep / lock.LOCK).read_text() == ""
 
 
+@pytest.mark.e2e
 def test_a_refused_second_launch_writes_nothing_not_even_multirun_yaml(tmp_path):
     sweep = tmp_path / "S"
     sweep.mkdir()
@@ -242,6 +250,7 @@ def test_the_lock_is_created_with_its_content_in_one_step(tmp_path):
 
 
 # ------------------------------------------------------------------------------ unusable sweep folders
+@pytest.mark.e2e
 def test_a_file_given_as_the_sweep_folder_is_one_line(tmp_path):
     (tmp_path / "f").write_text("x")
     r = launch("-m", *S, "seed=0", f"hydra.sweep.dir={tmp_path / 'f'}")
@@ -268,6 +277,7 @@ def read_only(tmp_path):
         subprocess.run(["umount", str(folder)], capture_output=True)
 
 
+@pytest.mark.e2e
 def test_a_read_only_finished_sweep_reports_every_run_done_and_writes_nothing(tmp_path, read_only):
     sweep = tmp_path / "S"
     assert launch("-m", *S, "seed=0,1", f"hydra.sweep.dir={sweep}").returncode == 0
@@ -281,6 +291,7 @@ def test_a_read_only_finished_sweep_reports_every_run_done_and_writes_nothing(tm
     assert r.returncode == 2 and "not writable, and 1 of its 3 runs are not done" in one_error_line(r)
 
 
+@pytest.mark.e2e
 def test_a_sweep_folder_under_a_read_only_parent_is_one_line(tmp_path, read_only):
     parent = tmp_path / "ro"
     parent.mkdir()
@@ -290,6 +301,7 @@ def test_a_sweep_folder_under_a_read_only_parent_is_one_line(tmp_path, read_only
 
 
 # ------------------------------------------------------------------------------ a full disk
+@pytest.mark.e2e
 def test_a_nearly_full_disk_keeps_every_run_that_fit(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("a small tmpfs needs root")
@@ -318,6 +330,7 @@ def run_validated(folder: Path) -> RunConfig:
 
 
 # ------------------------------------------------------------------------------ interrupts at start-up
+@pytest.mark.e2e
 def test_an_interrupt_during_start_up_leaves_a_sweep_the_next_launch_completes(tmp_path):
     sweep = tmp_path / "S"
     args = ["-m", *S, "seed=range(0,2000)", f"hydra.sweep.dir={sweep}"]
@@ -332,6 +345,7 @@ def test_an_interrupt_during_start_up_leaves_a_sweep_the_next_launch_completes(t
 
 
 # ------------------------------------------------------------------------------ failures stay local
+@pytest.mark.e2e
 def test_an_optuna_study_where_half_the_trials_diverge_records_them_failed_and_goes_on(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     import yaml
@@ -386,6 +400,7 @@ def test_closed_classes_are_the_components_no_transition_leaves():
 
 
 # ------------------------------------------------------------------------------ analysis of a damaged folder
+@pytest.mark.e2e
 def test_analysis_counts_ill_typed_and_unknown_status_summaries_as_corrupt_and_rebuilds_a_mistyped_cache(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -429,6 +444,7 @@ def test_the_escape_theory_is_judged_on_late_breaking_trap_runs_apart_from_the_r
     assert parts["the rest"]["n"] == 3 and parts["the rest"]["median"] == 1.0  # easy, and exact
 
 
+@pytest.mark.e2e
 def test_a_single_run_into_a_folder_of_another_config_is_refused_unless_overwrite(tmp_path):
     folder = tmp_path / "run"
     assert launch(*S, f"hydra.run.dir={folder}").returncode == 0
@@ -489,6 +505,7 @@ def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forwa
     assert not exact[0] and exact[-1]  # both outcomes occur
 
 
+@pytest.mark.e2e
 def test_unpacked_jobs_refuse_a_planted_link_before_hydra_writes_through_it(tmp_path):
     sweep, outside = tmp_path / "S", tmp_path / "outside"
     outside.mkdir()

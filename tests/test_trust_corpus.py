@@ -24,6 +24,8 @@ from rw_sweeps.core import contract
 from . import _hostile as H
 from .conftest import ROOT, launch
 
+pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
+
 S = ["data.n_train=64", "data.n_test=64", "model.M=200", "optim.steps=5", "wandb.mode=disabled"]
 GRID = ["data.p=0.5,1"]
 HANG_S = 120   # a hang guard: every command here takes seconds

@@ -60,6 +60,7 @@ def test_a_key_left_out_of_a_stored_config_is_the_same_run_whatever_the_key(name
             assert identity(less) == full, f"{group}.{key}"
 
 
+@pytest.mark.e2e
 def test_old_run_folders_are_done_for_the_launcher_and_analysis_and_train_to_the_same_numbers(tmp_path):
     from analysis import load_runs
 

@@ -92,6 +92,7 @@ def test_a_failure_in_the_background_is_one_warning_and_wait_raises_nothing(tmp_
     assert "warning: wandb logging failed: RuntimeError: no space left" in err and "second line" not in err
 
 
+@pytest.mark.e2e
 def test_wandb_export_replays_finished_runs_skips_and_forces(tmp_path):
     sweep = tmp_path / "S"
     r = launch("-m", "data.p=0.3,0.7", "seed=0,1", *TINY, "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
@@ -125,6 +126,7 @@ def test_wandb_export_replays_finished_runs_skips_and_forces(tmp_path):
         assert len(list((sweep / name / "wandb").glob("offline-run-*"))) == 1
 
 
+@pytest.mark.e2e
 def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     sweep = tmp_path / "S"
     args = ["-m", "data.p=0.3,0.7", "seed=0,1", *TINY, "wandb.mode=offline", f"hydra.sweep.dir={sweep}"]
@@ -173,6 +175,7 @@ def test_the_analysis_callback_travels_pickled_to_a_job_while_it_warms_up(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------------- as users know it
+@pytest.mark.e2e
 def test_wandb_environment_variables_are_the_defaults_and_explicit_keys_override_them(tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_PROJECT": "from-env", "WANDB_ENTITY": "lab", "WANDB_TAGS": "a, b"}
     r = launch(*TINY, f"hydra.run.dir={tmp_path / 'env'}", env=env)
@@ -193,6 +196,7 @@ def test_wandb_environment_variables_are_the_defaults_and_explicit_keys_override
     assert read_run(tmp_path / "back")["id"] == summaries(tmp_path)["back"]["run_id"]
 
 
+@pytest.mark.e2e
 def test_a_small_batch_streams_its_rows_while_it_trains_each_stamped_when_it_was_evaluated(tmp_path, monkeypatch):
     """The training loop hands the records to `live` as it goes: every report's rows are a prefix of the
     final history, and the front door's offline run holds that history with one real time per row."""

@@ -2,6 +2,8 @@
 and zero-init GD reaching its optimum from the command line."""
 from __future__ import annotations
 
+import pytest
+
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core.config import data_config
 

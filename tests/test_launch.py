@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from .conftest import SMALL, launch, summaries
@@ -143,7 +144,7 @@ def test_console_lines_name_the_swept_values_jobs_and_skipped_runs(tmp_path):
     assert done == ["[optim.lr=0.5 init=gaussian]", "[optim.lr=0.5 init=zero]",
                     "[optim.lr=1 init=gaussian]", "[optim.lr=1 init=zero]"]
     jobs = [line for line in lines if line.startswith("job ")]
-    assert jobs[0].startswith("job 1/") and f"of 4" in jobs[0]
+    assert jobs[0].startswith("job 1/") and "of 4" in jobs[0]
     assert lines.index(next(l for l in lines if l.endswith("runs finished so far"))) > lines.index(jobs[0])
     r = launch(*args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -6,15 +6,16 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from rw_sweeps.core import resources
+from rw_sweeps.core.config import RunConfig, data_config, validate
+from rw_sweeps.core.inits.gaussian import GaussianInit
+from rw_sweeps.core.models import ModelConfig
+from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.sweeps import packing, run
 from rw_sweeps.sweeps.planner import Spec
-from rw_sweeps.core.config import RunConfig, data_config, validate
-from rw_sweeps.core.models import ModelConfig
-from rw_sweeps.core.inits.gaussian import GaussianInit
-from rw_sweeps.core.optimisers.gd import Gd
 
 from .conftest import ROOT, SMALL, launch, summaries
 

@@ -10,11 +10,13 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import yaml
 
-from rw_sweeps.core import results
 from analysis import wandb_run
+from rw_sweeps.core import results
 from rw_sweeps.sweeps import tracking
+
 from .conftest import ROOT, launch, summaries
 from .wandb_files import read_run
 
@@ -200,7 +202,8 @@ def test_wandb_environment_variables_are_the_defaults_and_explicit_keys_override
 def test_a_small_batch_streams_its_rows_while_it_trains_each_stamped_when_it_was_evaluated(tmp_path, monkeypatch):
     """The training loop hands the records to `live` as it goes: every report's rows are a prefix of the
     final history, and the front door's offline run holds that history with one real time per row."""
-    from rw_sweeps.core import config as config_mod, training
+    from rw_sweeps.core import config as config_mod
+    from rw_sweeps.core import training
 
     cfg = config_mod.from_dict({"optim": {"steps": 12}, "eval_every": 3, "model": {"M": 200},
                                 "data": {"name": "random_walk", "n_train": 64, "n_test": 64}})

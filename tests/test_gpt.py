@@ -271,3 +271,20 @@ def test_an_interrupted_gpt_sweep_resumes_to_the_uninterrupted_files(tmp_path):
     assert again.returncode == 0 and "from its checkpoint at step" in again.stdout, again.stderr
     for n in "01":
         assert (tmp_path / "cut" / n / "history.jsonl").read_bytes() == (tmp_path / "whole" / n / "history.jsonl").read_bytes()
+
+
+def test_relative_loss_is_null_with_its_reason_where_the_output_is_not_a_distribution():
+    """relative_loss compares the model's loss with the Bayes and unigram losses of distributions. Eq. 2.1's f
+    (model.readout=linear) is not one: −log(f_y + ε) can go below the Bayes loss, so there it is null and the
+    summary says why; with a softmax readout it is (test_loss − opt_loss)/(unigram_loss − opt_loss), and null
+    where the two baselines coincide (p + q = 1)."""
+    eq21 = _train([composed("model=gpt_eq21", "model.M=12", *SMALL_EQ21)])[0]
+    s = gpt_training.summary(eq21, 0.0)
+    assert s["relative_loss"] is None and s["opt_loss"] is not None
+    assert s["relative_loss_null"].startswith("model.readout=linear: the output f is not a distribution")
+    soft = [composed(*GPT, f"data.p={p}", f"data.q={q}", "optim.steps=5") for p, q in ((0.3, 0.1), (0.4, 0.6))]
+    state, coincide = (gpt_training.summary(r, 0.0) for r in _train(soft))
+    assert state["relative_loss"] == pytest.approx((state["test_loss"] - state["opt_loss"])
+                                                   / (state["unigram_loss"] - state["opt_loss"]), rel=1e-12)
+    assert state["relative_loss_null"] is None and state["relative_loss"] > 0
+    assert coincide["relative_loss"] is None and "baselines coincide" in coincide["relative_loss_null"]

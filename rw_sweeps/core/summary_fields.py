@@ -75,7 +75,7 @@ SUMMARY_FIELDS = {
     "M": Field("int", 1),
     **{k: Field("int", 1) for k in ("n_layer", "n_head")},
     **{k: Field("bool") for k in ("tie", "online", "git_dirty")},
-    **{k: Field("str") for k in ("data", "init", "model", "precision", "optim", "target", "run_id",
+    **{k: Field("str") for k in ("relative_loss_null", "data", "init", "model", "precision", "optim", "target", "run_id",
                                  "git_commit", "version", "torch_version", "host")},
 }
 # The summary's copies of config keys (for a reader of the one file): each must equal the config's.

@@ -253,7 +253,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                  "unigram_loss": _loss_of(test.baseline, test.y, c0, eps).tolist()}
     spec = model.params_of(c0.model, K, N)
     params = {k: v.to(dev) for k, v in model.init_params(cfgs, K, N, dtype).items()}
-    opt = Optimiser(cfgs, params, {p.name: p.decayed for p in spec}, dtype, dev)
+    opt = Optimiser(cfgs, params, {p.name: cfgs[0].optim.decays(p.role) for p in spec}, dtype, dev)
     start = 0
     dead = torch.full((len(cfgs),), T + 1, dtype=torch.int64, device=dev)  # the step a run diverged at
     if resumed:

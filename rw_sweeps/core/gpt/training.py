@@ -21,7 +21,7 @@ from .. import results
 from ..config import RunConfig
 from ..metrics import GPT_EVALUATED, GPT_LAST
 from ..loop import BREAK_SPREAD, Record, SaveOnSignal, Ticker, device_of
-from ..training import parent_positions
+from ..training import bayes_test_acc, parent_positions
 from . import model, strategies
 from .optim import Optimiser
 
@@ -266,8 +266,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             rec.steps = b["steps"]
             if rec.status != "done":
                 dead[r] = -1
-    for rec, a in zip(recs, opt_acc):
-        rec.opt_acc = a
+    for rec, a, b in zip(recs, opt_acc, bayes_test_acc(test.P_true, test.y)):
+        rec.opt_acc, rec.opt_test_acc = a, b
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
     ticker = Ticker(len(cfgs), start, T) if progress is not False else None
     stop = SaveOnSignal()
@@ -400,7 +400,7 @@ def summary(rec: Record, wall: float) -> dict:
         "status": rec.status, "error": rec.error,
         **{k: last.get(k) for k in GPT_LAST}, "relative_loss": gap,
         "relative_loss_null": why, "eval_step": last.get("step"),
-        "opt_acc": rec.opt_acc, "symmetry_break_step": broke, "steps": rec.steps, "wall_s": round(wall, 6),
+        "opt_acc": rec.opt_acc, "opt_test_acc": rec.opt_test_acc, "symmetry_break_step": broke, "steps": rec.steps, "wall_s": round(wall, 6),
         "parent_positions": parent_positions(cfg),
         "p": getattr(d, "p", None), "q": getattr(d, "q", None), **d.echoed(),  # the family's keys (`ECHO`)
         "K": d.K, "N": d.N, "model": m.name,

@@ -254,3 +254,5 @@ def test_a_balanced_start_refuses_a_training_set_that_is_not_a_multiple_of_K_in_
         with pytest.raises(ConfigError, match=r"^invalid config: data\.start='sorted': must be one of uniform, balanced$"):
             validate(RunConfig(data=data_config(start="sorted", **kw)))
         validate(RunConfig(data=data_config(start="balanced", n_train=996, **kw)))
+        with pytest.raises(ConfigError, match=r"data\.n_train=3: must be a multiple of data\.K \(6\) .* e\.g\. 6$"):
+            validate(RunConfig(data=data_config(start="balanced", n_train=3, **kw)))

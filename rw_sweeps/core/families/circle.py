@@ -26,8 +26,9 @@ def _circle(d: DataConfig) -> None:
         # makes them exactly equal only when every node starts equally many training sequences
         key, n = ("data.batch", d.batch) if d.online else ("data.n_train", d.n_train)
         if n % d.K:
+            near = " or ".join(str(m) for m in (n - n % d.K, n - n % d.K + d.K) if m > 0)  # never 0: no set
             raise ConfigError(key, n, f"must be a multiple of data.K ({d.K}) with data.start=balanced "
-                              f"(every node starts {key}/K sequences), e.g. {n - n % d.K} or {n - n % d.K + d.K}")
+                              f"(every node starts {key}/K sequences), e.g. {near}")
 
 
 @option("data")

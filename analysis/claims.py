@@ -285,3 +285,48 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 def legend() -> str:
     return "; ".join(f"{LABELS[c]}: {TEXT[c]}" for c in CLAIMS)
+
+
+# ---------------------------------------------------------------------------------------------
+# the claims register (docs/claims.md): a rate over seeds with its 95 % interval
+
+Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile
+PLATEAU = 0.5  # a run is on the unigram plateau at a step where its relative loss there exceeds this
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score interval for a rate of k successes in n trials (95 % by default): unlike the normal
+    interval it stays inside [0, 1] and is not empty at k = 0 or k = n, which is where small seed counts
+    sit. (nan, nan) for n = 0."""
+    if n == 0:
+        return math.nan, math.nan
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    # at k = 0 (k = n) the bound is 0 (1) exactly; the subtraction leaves rounding there
+    return (0.0 if k == 0 else centre - half), (1.0 if k == n else centre + half)
+
+
+def rate(k: int, n: int) -> str:
+    """`k of n (lo–hi)`, the Wilson 95 % interval, as docs/claims.md writes a rate."""
+    lo, hi = wilson(k, n)
+    return f"{k} of {n} ({lo:.2f}–{hi:.2f})"
+
+
+def plateau_table(hist: pd.DataFrame, steps, keys, threshold: float = PLATEAU) -> pd.DataFrame:
+    """Makkuva et al.'s finding as a rate: per cell of `keys`, how many runs sit on the unigram plateau at
+    each of `steps` (relative loss (test_loss − opt_loss)/(unigram_loss − opt_loss) > threshold at the
+    history row of that step, the baselines as that row has them), with Wilson 95 % intervals. `hist` is
+    `load_history(runs, columns=keys)` of the done runs. A run with no row at a step, or whose baselines
+    there coincide (within 1e-3 nats, where relative_loss is null), is not counted at it."""
+    rows = []
+    for cell, sub in hist.groupby(list(keys), sort=True):
+        row = dict(zip(keys, cell if isinstance(cell, tuple) else (cell,)))
+        for t in steps:
+            at = sub[sub["step"] == t]
+            at = at[(at["unigram_loss"] - at["opt_loss"]).abs() > 1e-3]
+            on = int(((at["test_loss"] - at["opt_loss"]) / (at["unigram_loss"] - at["opt_loss"]) > threshold).sum())
+            lo, hi = wilson(on, len(at))
+            row.update({f"on_{t}": on, f"n_{t}": len(at), f"lo_{t}": lo, f"hi_{t}": hi})
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -89,3 +89,28 @@ def test_model_gpt_trains_on_a_bayes_net_through_the_front_door(tmp_path):
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "done" and s["parent_positions"] == net(0).parents(0)
     assert s["opt_loss"] < s["unigram_loss"] and s["test_loss"] < s["unigram_loss"] + 0.1
+
+
+def test_the_summary_carries_the_bayes_predictors_realised_test_accuracy_beside_its_expectation():
+    """opt_acc is the Bayes accuracy's expectation on the test set (the mean of max_j P(y = j | context));
+    opt_test_acc is what the Bayes predictor scores on those very targets (argmax_j P, ties → the smallest
+    label), the like of the model's test_acc. Seed 1 (y's parent x_7), 200 zero-init GD steps: the model
+    that found the parent predicts as the Bayes predictor does, so its test_acc is opt_test_acc, not opt_acc."""
+    import numpy as np
+
+    from rw_sweeps.core import data
+    from rw_sweeps.core import training as eq21_training
+    from rw_sweeps.core.gpt import training as gpt_training
+
+    from .test_gpt import _train
+
+    args = ["data=bayes_net", "seed=1", "model.M=100", "optim.steps=200", "eval_every=50"]
+    for model, summary in (("transformer", eq21_training.summary), ("gpt_eq21", gpt_training.summary)):
+        rec = _train([composed(f"model={model}", *args)])[0]
+        s = summary(rec, 0.0)
+        _, test = data.make(rec.cfg.data, 1)
+        P, y = test.P_true.numpy(), test.y.numpy()
+        assert s["opt_test_acc"] == np.mean(P.argmax(1) == y)
+        assert s["opt_acc"] == pytest.approx(P.max(1).mean(), rel=1e-12)
+        assert abs(s["opt_test_acc"] - s["opt_acc"]) > 0.01  # on a test set of 1000 the two differ
+        assert abs(s["test_acc"] - s["opt_test_acc"]) <= 0.002, (model, s["test_acc"], s["opt_test_acc"])

@@ -1,6 +1,8 @@
 """The random-init studies' analysis on synthetic run folders with known histories (tests/_fake_runs.py): the reading
 table's fractions, its order, locked_position on a constructed record, the locking rate and the escape
-map's theory overlay (with a stub in place of rw_sweeps.core.theory.predict)."""
+map's theory overlay (with a stub in place of rw_sweeps.core.theory.predict). Then the claims register
+(docs/claims.md): its rates' Wilson intervals, the plateau table, and the cheap claims re-checked on seeds
+and shapes the docs did not use."""
 from __future__ import annotations
 
 import json
@@ -282,3 +284,72 @@ def test_the_escape_figures_and_the_ratio_of_predicted_to_measured(escape_sweep)
     figs = list(escape.escape_figures(runs, notes, predict=broken))
     assert [n for n, _, _ in figs] == ["escape_success", "escape_break", "escape_success_step"]
     assert "no theory overlay (ImportError: no rw_sweeps.core.theory)" in notes[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the claims register (docs/claims.md)
+
+def test_the_wilson_interval_is_the_textbook_one_and_keeps_its_properties():
+    """Wilson's 95 % score interval: 0 of 10 → (0, 0.2775) and 5 of 10 → (0.2366, 0.7634), the values every
+    table of it gives; inside [0, 1], containing k/n, mirrored under k ↦ n − k, narrowing as n grows."""
+    assert claims.wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=5e-5)
+    assert claims.wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=5e-5)
+    for n in (1, 8, 16, 300):
+        for k in range(n + 1):
+            lo, hi = claims.wilson(k, n)
+            assert 0 <= lo <= k / n <= hi <= 1
+            assert (lo, hi) == pytest.approx(tuple(1 - x for x in claims.wilson(n - k, n)[::-1]), abs=1e-12)
+    assert np.diff(claims.wilson(2, 8)) > np.diff(claims.wilson(20, 80)) > np.diff(claims.wilson(200, 800))
+    assert claims.rate(1, 8) == "1 of 8 (0.02–0.47)"
+
+
+def test_the_plateau_table_counts_runs_above_half_the_gap_per_cell_and_step():
+    """A run is on the unigram plateau at step t when (test_loss − opt_loss)/(unigram_loss − opt_loss) > 0.5
+    at its row of step t; a run whose baselines coincide (p + q = 1) is not counted."""
+    rows = []
+    runs = {("a", True): (0.9, 1.0), ("b", True): (0.1, 0.9), ("c", True): (0.0, 0.0), ("d", False): (0.0, 0.2),
+            ("e", False): (0.6, 0.4)}  # relative loss at step 400, at step 200; opt 0.5, unigram 0.7
+    for (path, tie), (end, mid) in runs.items():
+        rows += [{"path": path, "model.tie": tie, "step": t, "test_loss": 0.5 + 0.2 * r, "opt_loss": 0.5,
+                  "unigram_loss": 0.7} for t, r in ((0, 1.0), (200, mid), (400, end))]
+    rows += [{"path": "f", "model.tie": True, "step": t, "test_loss": 0.69, "opt_loss": 0.6931,
+              "unigram_loss": 0.6934} for t in (0, 200, 400)]
+    t = claims.plateau_table(pd.DataFrame(rows), (200, 400), ["model.tie"]).set_index("model.tie")
+    assert t.loc[True, ["on_200", "n_200", "on_400", "n_400"]].tolist() == [2, 3, 1, 3]
+    assert t.loc[False, ["on_200", "n_200", "on_400", "n_400"]].tolist() == [0, 2, 1, 2]
+    assert (t.loc[True, "lo_400"], t.loc[True, "hi_400"]) == pytest.approx(claims.wilson(1, 3))
+
+
+def _deep(start, seed, steps=12):
+    from rw_sweeps.core import trainer
+
+    from .test_config import composed
+
+    cfg = composed("model=gpt_eq21", "model.residual=true", "model.n_layer=2", "model.M=40", "model.normalize=none",
+                   "data.K=4", "data.N=13", "data.p=1", "data.n_train=48", "data.n_test=48", "init=zero",
+                   f"optim.steps={steps}", "eval_every=1", f"data.start={start}", f"seed={seed}")
+    return trainer.of(cfg).train([cfg], [tmp_run()], progress=False)[0]
+
+
+def tmp_run():
+    import tempfile
+
+    return Path(tempfile.mkdtemp())
+
+
+def test_register_depth_breaks_the_symmetric_point_only_through_unequal_start_counts():
+    """docs/deeper-models.md on a shape and seed it did not use (K = 4, N = 13, M = 40, 48 walks, p = 1, two
+    residual eq. 2.1 layers, zero init, seed 21): walks started uniformly at random, whose start counts
+    differ, break the symmetric point within 12 steps; the same walks started every node equally often
+    (data.start=balanced) keep the attention uniform to rounding (≤ 1e-10) and the accuracy at chance."""
+    from rw_sweeps.core import data
+
+    from .test_config import composed
+
+    uniform = composed("data.K=4", "data.N=13", "data.p=1", "data.n_train=48", "seed=21")
+    assert len(set(np.bincount(data.make(uniform.data, 21)[0].tokens[:, 0].numpy(), minlength=4))) > 1
+    broke = _deep("uniform", 21)
+    assert broke.history[-1]["attention_spread"] > 1e-3
+    held = _deep("balanced", 21)
+    assert max(r["attention_spread"] for r in held.history) <= 1e-10
+    assert held.history[-1]["test_acc"] == 0.25

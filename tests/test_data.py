@@ -189,3 +189,70 @@ def test_prefetched_and_byte_tokens_are_the_same_data():
             assert torch.equal(g.tokens, w.tokens[sl]) and torch.equal(g.y, w.y[sl]) and torch.equal(g.P_true, w.P_true[sl])
     u8 = data.make_batches(cfgs, token_dtype=torch.uint8)
     assert u8[0].tokens.dtype == torch.uint8 and torch.equal(u8[0].tokens.long(), want[0].tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# data.start=balanced: every node starts equally many training sequences
+
+WALKS = [dict(name="random_walk", p=1.0), dict(name="random_walk", p=0.5, N=300),  # the fast path, the reference
+         dict(name="lazy_walk", p=0.3, stay=0.4), dict(name="jump_walk", jumps=[0.5, 0.2, 0.2, 0.1])]
+
+
+def test_a_balanced_start_starts_every_node_equally_often_with_the_uniform_starts_steps():
+    """With data.start=balanced sequence i starts at node i mod K, so a training set of n = rK sequences has
+    every node as s_1 exactly r times, and then walks by Π. On the circle (random_walk) everything after s_1
+    is the uniform start's draw, translated: its ±1 steps are drawn apart from the nodes, so the steps
+    s_{k+1} − s_k are the same, draw for draw."""
+    import numpy as np
+
+    for kw in WALKS:
+        for seed in (0, 3):
+            K, n = 6, 42
+            cfg = dict(K=K, n_train=n, n_test=25, **{"N": 25, **kw})
+            uni_tr, uni_te = data.make(data_config(**cfg), seed)
+            bal_tr, bal_te = data.make(data_config(**cfg, start="balanced"), seed)
+            assert np.bincount(bal_tr.tokens[:, 0].numpy(), minlength=K).tolist() == [n // K] * K
+            assert bal_te.tokens[:, 0].tolist() == [i % K for i in range(25)]  # n_test = 25: counts 5,4,4,4,4,4
+            P = data_config(**cfg).transition(seed)
+            for uni, bal in ((uni_tr, bal_tr), (uni_te, bal_te)):
+                walk = lambda s: torch.cat([s.tokens, s.y[:, None]], 1).numpy()  # noqa: E731
+                if kw["name"] == "random_walk":
+                    assert (np.diff(walk(bal)) % K == np.diff(walk(uni)) % K).all()
+                assert (P[walk(bal)[:, :-1], walk(bal)[:, 1:]] > 0).all()  # every step one of Π's
+                assert not torch.equal(bal.tokens, uni.tokens)
+                assert torch.equal(bal.P_true, torch.from_numpy(P[bal.tokens[:, -1].numpy()]))
+
+
+def test_a_balanced_start_is_the_same_data_through_every_path():
+    """make (one run), make_batches (the stacked chunk) and draw_many (online batches) give a balanced run the
+    same sequences."""
+    from rw_sweeps.core.config import RunConfig
+
+    for kw in WALKS:
+        cfgs = [RunConfig(seed=s, data=data_config(**{"K": 6, "N": 25, "n_train": 36, "n_test": 12, "start": "balanced", **kw}))
+                for s in (1, 2)]
+        train, test = data.make_batches(cfgs, workers=2)
+        for r, c in enumerate(cfgs):
+            tr, te = data.make(c.data, c.seed)
+            assert torch.equal(train.tokens[r], tr.tokens) and torch.equal(test.y[r], te.y)
+        d = cfgs[0].data
+        many = d.draw_many([c.data for c in cfgs], 12, [torch.Generator().manual_seed(9) for _ in cfgs], [1, 2])
+        for s in many:
+            assert s.tokens[:, 0].tolist() == [i % 6 for i in range(12)]
+
+
+def test_a_balanced_start_refuses_a_training_set_that_is_not_a_multiple_of_K_in_one_line():
+    import pytest
+
+    from rw_sweeps.core.config import RunConfig, validate
+    from rw_sweeps.core.errors import ConfigError
+
+    for kw in WALKS:
+        with pytest.raises(ConfigError, match=r"^invalid config: data\.n_train=1000: must be a multiple of "
+                                              r"data\.K \(6\) with data\.start=balanced .* e\.g\. 996 or 1002$"):
+            validate(RunConfig(data=data_config(start="balanced", **kw)))
+        with pytest.raises(ConfigError, match=r"^invalid config: data\.start='sorted': must be one of uniform, balanced$"):
+            validate(RunConfig(data=data_config(start="sorted", **kw)))
+        validate(RunConfig(data=data_config(start="balanced", n_train=996, **kw)))
+        with pytest.raises(ConfigError, match=r"data\.n_train=3: must be a multiple of data\.K \(6\) .* e\.g\. 6$"):
+            validate(RunConfig(data=data_config(start="balanced", n_train=3, **kw)))

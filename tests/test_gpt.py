@@ -273,3 +273,87 @@ def test_an_interrupted_gpt_sweep_resumes_to_the_uninterrupted_files(tmp_path):
     assert again.returncode == 0 and "from its checkpoint at step" in again.stdout, again.stderr
     for n in "01":
         assert (tmp_path / "cut" / n / "history.jsonl").read_bytes() == (tmp_path / "whole" / n / "history.jsonl").read_bytes()
+
+
+def test_relative_loss_is_null_with_its_reason_where_the_output_is_not_a_distribution():
+    """relative_loss compares the model's loss with the Bayes and unigram losses of distributions. Eq. 2.1's f
+    (model.readout=linear) is not one: −log(f_y + ε) can go below the Bayes loss, so there it is null and the
+    summary says why; with a softmax readout it is (test_loss − opt_loss)/(unigram_loss − opt_loss), and null
+    where the two baselines coincide (p + q = 1)."""
+    eq21 = _train([composed("model=gpt_eq21", "model.M=12", *SMALL_EQ21)])[0]
+    s = gpt_training.summary(eq21, 0.0)
+    assert s["relative_loss"] is None and s["opt_loss"] is not None
+    assert s["relative_loss_null"].startswith("model.readout=linear: the output f is not a distribution")
+    soft = [composed(*GPT, f"data.p={p}", f"data.q={q}", "optim.steps=5") for p, q in ((0.3, 0.1), (0.4, 0.6))]
+    state, coincide = (gpt_training.summary(r, 0.0) for r in _train(soft))
+    assert state["relative_loss"] == pytest.approx((state["test_loss"] - state["opt_loss"])
+                                                   / (state["unigram_loss"] - state["opt_loss"]), rel=1e-12)
+    assert state["relative_loss_null"] is None and state["relative_loss"] > 0
+    assert coincide["relative_loss"] is None and "baselines coincide" in coincide["relative_loss_null"]
+
+
+class MakkuvaGPT(NanoGPT):
+    """Makkuva et al.'s readout, written plainly: lm_head = nn.Linear(D, K, bias=True), its weight the token
+    embedding's when tied (their `self.transformer.wte.weight = self.lm_head.weight`)."""
+
+    def __init__(self, K, T, D, H, L, mlp, bias, tie):
+        super().__init__(K, T, D, H, L, mlp, bias)
+        self.lm_head = nn.Linear(D, K, bias=True)
+        if tie:
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.lm_head(self.ln_f(x))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_the_readout_bias_and_undecayed_embeddings_equal_makkuva_et_al_s_torch_model(tie):
+    """model.readout_bias=true with optim.decay_embeddings=false against a torch.nn model with
+    nn.Linear(D, K, bias=True) as lm_head and the older nanoGPT's AdamW groups (their code's): nn.Linear
+    weights decayed; embeddings (the tied readout with them), LayerNorm gains and biases not. Every training
+    loss of 12 steps to 1e-10, the bias moved off its zero init, and each switch changes the run."""
+    extra = [f"model.tie={str(tie).lower()}", "model.readout_bias=true", "optim.decay_embeddings=false"]
+    cfgs = [composed(*GPT, *extra, f"seed={s}") for s in (3, 4)]
+    c = cfgs[0]
+    K, N, L = c.data.K, c.data.N, c.model.n_layer
+    p0 = gpt_model.init_params(cfgs, K, N, torch.float64)
+    assert torch.equal(p0["lm_head.b"], torch.zeros(2, K, dtype=torch.float64))
+    recs = _train(cfgs)
+    for r, cfg in enumerate(cfgs):
+        ref = MakkuvaGPT(K, N - 1, 8, 2, L, 4, False, tie).double()
+        _load(ref, p0, r, L)
+        with torch.no_grad():
+            ref.lm_head.bias.zero_()
+            if not tie:
+                ref.lm_head.weight.copy_(p0["lm_head"][r])
+        linear = {id(m.weight) for m in ref.modules() if isinstance(m, nn.Linear)} - {id(ref.wte.weight)}
+        decay = [p for p in ref.parameters() if id(p) in linear]
+        rest = [p for p in ref.parameters() if id(p) not in linear]
+        assert len(decay) == 4 * L + (0 if tie else 1)
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                lr=0.01, betas=(0.9, 0.95), eps=1e-8)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: cfg.optim.lr_factor(t))
+        losses = []
+        for t in range(cfg.optim.steps):
+            batch = gpt_training._batch_of([cfg], t, "cpu")
+            loss = F.cross_entropy(ref(batch.x[0]).reshape(-1, K), batch.y[0].reshape(-1))
+            losses.append(loss.item())
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+            opt.step()
+            sched.step()
+        ours = [row["train_loss"] for row in recs[r].history][:-1]
+        assert max(_rel(a, b) for a, b in zip(ours, losses)) < 1e-10
+        assert ref.lm_head.bias.abs().max() > 1e-4
+    for flip in ("model.readout_bias=false", "optim.decay_embeddings=true"):
+        other = _train([composed(*GPT, *extra, flip, "seed=3")])[0]
+        assert other.history[-1]["train_loss"] != recs[0].history[-1]["train_loss"], flip
+
+
+def test_the_readout_bias_is_refused_without_a_softmax_readout():
+    with pytest.raises(ConfigError, match=r"model\.readout_bias=True: applies to model\.readout=softmax only"):
+        composed("model=gpt_eq21", "model.readout_bias=true")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from . import markov
+from .markov import BALANCED
 from .registry import frozen, names
 
 if TYPE_CHECKING:
@@ -87,20 +88,31 @@ def _scratch(n: int, N: int) -> _Scratch:
     return cache[n, N]
 
 
+def balance(s1: np.ndarray, K: int) -> np.ndarray:
+    """s_1 of a balanced start, written over the drawn one: sequence i starts at node i mod K, so with n a
+    multiple of K every node starts n/K sequences (else the counts differ by at most one). The uniform draw is
+    still made first, so the steps after s_1 are the uniform start's, draw for draw."""
+    s1[...] = (np.arange(len(s1)) % K).reshape(s1.shape)
+    return s1
+
+
 def walks_into(K: int, N: int, p: float, gen: torch.Generator, tokens: np.ndarray, y: np.ndarray,
-                P_true: np.ndarray) -> None:
+                P_true: np.ndarray, balanced: bool = False) -> None:
     """n walks written into the given arrays (tokens (n, N−1) int64, y (n,) int64, P_true (n, K)), from
-    exactly the draws `random_walks` has always made: s_1 = randint(K, (n, 1)), then rand(n, N − 1) < p in
-    float32. Everything after the draws is narrow integer arithmetic (bytes, int16) and one widening copy."""
+    exactly the draws `random_walks` has always made: s_1 = randint(K, (n, 1)) (with `balanced`, then
+    replaced by `balance`), then rand(n, N − 1) < p in float32. Everything after the draws is narrow integer
+    arithmetic (bytes, int16) and one widening copy."""
     n, L = tokens.shape[0], N - 1
     table = _Pi_table(K, float(p), torch.from_numpy(P_true[:0]).dtype)
     if not (_SWAR and N <= _SWAR_MAX_N and K < 2**14):
-        split = _walks_reference(K, N, p, n, gen)
+        split = _walks_reference(K, N, p, n, gen, balanced)
         tokens[...], y[...] = split.tokens.numpy(), split.y.numpy()
         np.take(table, tokens[:, -1], axis=0, out=P_true)
         return
     b = _scratch(n, N)
     torch.randint(K, (n, 1), generator=gen, out=b.s1)
+    if balanced:
+        balance(b.s1.numpy(), K)
     torch.rand(n, L, generator=gen, out=b.f)
     # the float32 comparison torch's `rand < p` makes (a Python float compares in the tensor's dtype)
     np.less(b.f.numpy(), np.float32(p), out=b.flags.view(np.bool_)[:, :L])
@@ -131,9 +143,11 @@ def walks_into(K: int, N: int, p: float, gen: torch.Generator, tokens: np.ndarra
     np.take(table, tokens[:, -1], axis=0, out=P_true)
 
 
-def _walks_reference(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Split:
+def _walks_reference(K: int, N: int, p: float, n: int, gen: torch.Generator, balanced: bool = False) -> Split:
     """The original all-torch walk (shapes the fast path does not cover: N > 256, big-endian hosts)."""
     s1 = torch.randint(K, (n, 1), generator=gen)
+    if balanced:
+        balance(s1.numpy(), K)
     clockwise = torch.rand(n, N - 1, generator=gen) < p  # float32 draws, so data do not depend on precision
     # s_i = s_1 + (#clockwise − #counter-clockwise steps so far) mod K; the offset keeps it non-negative and
     # the lookup table replaces a slow integer remainder.
@@ -145,11 +159,12 @@ def _walks_reference(K: int, N: int, p: float, n: int, gen: torch.Generator) -> 
     return Split(tokens, y, Pi(K, p)[tokens[:, -1]])
 
 
-def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator) -> Split:
-    """n walks of N nodes: s_1 ~ Unif([K]), then ±1 steps drawn at once and summed (no loop over positions)."""
+def random_walks(K: int, N: int, p: float, n: int, gen: torch.Generator, balanced: bool = False) -> Split:
+    """n walks of N nodes: s_1 ~ Unif([K]) (or `balance`d), then ±1 steps drawn at once and summed (no loop
+    over positions)."""
     split = Split(torch.empty(n, N - 1, dtype=torch.int64), torch.empty(n, dtype=torch.int64),
                   torch.empty(n, K, dtype=torch.float64))
-    walks_into(K, N, p, gen, split.tokens.numpy(), split.y.numpy(), split.P_true.numpy())
+    walks_into(K, N, p, gen, split.tokens.numpy(), split.y.numpy(), split.P_true.numpy(), balanced)
     return split
 
 
@@ -173,10 +188,11 @@ def cumulative_rows(P: np.ndarray) -> np.ndarray:
 
 
 def _first(K: int, n: int, gen: torch.Generator, start) -> torch.Tensor:
-    """s_1 (n, 1): Unif([K]) as the circle draws it (randint(K, (n, 1))), or from the law `start` (K,) by one
-    float64 uniform each."""
-    if start is None:
-        return torch.randint(K, (n, 1), generator=gen)
+    """s_1 (n, 1): Unif([K]) as the circle draws it (randint(K, (n, 1))), that draw `balance`d (start =
+    BALANCED), or from the law `start` (K,) by one float64 uniform each."""
+    if start is None or (isinstance(start, str) and start == BALANCED):
+        s1 = torch.randint(K, (n, 1), generator=gen)
+        return s1 if start is None else torch.from_numpy(balance(s1.numpy(), K))
     u0 = torch.rand(n, 1, generator=gen, dtype=torch.float64).numpy()
     F = cumulative_rows(np.asarray(start, np.float64)[None, :])[0]
     return torch.from_numpy((u0 >= F).sum(1, keepdims=True).astype(np.int64))

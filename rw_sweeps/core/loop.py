@@ -38,6 +38,7 @@ class Record:
     prediction_break_step: int | None = None  # first evaluated step whose predictions left the symmetric point's
     steps: int = 0
     opt_acc: float | None = None  # the Bayes-optimal test accuracy where it has no closed form (cfg.opt_acc)
+    opt_test_acc: float | None = None  # the Bayes predictor's realised accuracy on the test set
     trap: bool | None = None  # every training sequence has the same token histogram (`trap_flags`)
 
 

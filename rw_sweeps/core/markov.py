@@ -7,6 +7,10 @@ import functools
 
 import numpy as np
 
+# A start that is not a law: s_1 of sequence i is node i mod K, every node starting equally many sequences
+# (a walk family's data.start=balanced; `rw_sweeps.core.data.balance` draws it)
+BALANCED = "balanced"
+
 
 def Pi(K: int, p: float) -> np.ndarray:
     """π_{i,i+1} = p (clockwise), π_{i,i−1} = 1 − p, indices mod K. Row i is the law of the next node given

@@ -60,7 +60,7 @@ SUMMARY_FIELDS = {
     "error": Field("str"),
     "steps": Field("int", 0, required=True, nullable=False),
     "eval_step": _STEP,
-    **{k: _RATE for k in ("test_acc", "opt_acc")},
+    **{k: _RATE for k in ("test_acc", "opt_acc", "opt_test_acc")},
     **{k: _NUM for k in ("test_loss", "train_loss", "test_kl", "parent_attention", "v_pi_cosine", "pred_dist",
                          "attention_spread", "parents_attention", "opt_loss", "unigram_loss", "relative_loss",
                          "kl_uniform", "kl_unigram", "kl_bigram", "p", "q", "sigma", "lr", "eps")},
@@ -75,7 +75,7 @@ SUMMARY_FIELDS = {
     "M": Field("int", 1),
     **{k: Field("int", 1) for k in ("n_layer", "n_head")},
     **{k: Field("bool") for k in ("tie", "online", "git_dirty")},
-    **{k: Field("str") for k in ("data", "init", "model", "precision", "optim", "target", "run_id",
+    **{k: Field("str") for k in ("relative_loss_null", "data", "init", "model", "precision", "optim", "target", "run_id",
                                  "git_commit", "version", "torch_version", "host")},
 }
 # The summary's copies of config keys (for a reader of the one file): each must equal the config's.

@@ -12,7 +12,7 @@ import numpy as np
 from omegaconf import MISSING
 
 from ..errors import ConfigError
-from ..markov import long_run_law
+from ..markov import BALANCED, long_run_law
 from ..summary_fields import ECHOES, SUMMARY_FIELDS
 
 
@@ -183,7 +183,8 @@ class DataConfig:
         return chains(self.transition(seed), self.N, n, gen, start=self.initial_law(seed))
 
     def initial_law(self, seed: int):
-        """The law of s_1 (K,), or None: uniform (drawn as the circle draws it)."""
+        """The law of s_1 (K,), or None: uniform (drawn as the circle draws it), or BALANCED: that uniform
+        draw replaced by node i mod K for sequence i (`data.balance`)."""
         return None
 
     def draw_into(self, gen, seed: int, tokens, y, P_true) -> None:

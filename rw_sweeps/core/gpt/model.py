@@ -23,14 +23,10 @@ LN_EPS = 1e-5  # torch.nn.LayerNorm's default
 @dataclass(frozen=True)
 class Param:
     """One parameter: its name, its shape (without the run dimension) and its role, which decides its
-    initialisation and whether AdamW decays it."""
+    initialisation and whether a weight decay applies to it (the optimiser's `decays(role)`)."""
     name: str
     shape: tuple
     role: str  # matrix | residual (a projection into the stream: GPT-2 scales its init) | embed | gain | bias
-
-    @property
-    def decayed(self) -> bool:
-        return self.role in ("matrix", "residual", "embed")
 
 
 def length(cfg: GptConfig, N: int) -> int:
@@ -69,6 +65,8 @@ def params_of(cfg: GptConfig, K: int, N: int) -> list[Param]:
         out += [Param("lnf.w", (D,), "gain")] + ([Param("lnf.b", (D,), "bias")] if cfg.bias else [])
     if cfg.readout == "softmax" and not (cfg.tie and cfg.embed == "learned"):
         out.append(Param("lm_head", (K, D), "matrix"))
+    if cfg.readout_bias:
+        out.append(Param("lm_head.b", (K,), "bias"))
     return out
 
 
@@ -230,4 +228,7 @@ def forward(params: dict, tokens: torch.Tensor, cfg: GptConfig, K: int, read: st
     if cfg.readout == "linear":
         return x[..., :K], maps
     U = params["wte"] if cfg.tie and cfg.embed == "learned" else params["lm_head"]
-    return torch.einsum("rbtd,rkd->rbtk", x, U), maps
+    logits = torch.einsum("rbtd,rkd->rbtk", x, U)
+    if cfg.readout_bias:
+        logits = logits + params["lm_head.b"][:, None, None, :]
+    return logits, maps

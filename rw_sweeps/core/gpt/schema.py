@@ -46,6 +46,9 @@ class GptConfig(ModelBase):
     # softmax: logits = stream·Uᵀ, cross-entropy | linear: f = the token part of the stream, ℓ = −log(f_y + ε)
     # with ε = optim.eps (eq. 2.1; embed=fixed)
     readout: str = "softmax"
+    # a bias b on the softmax readout, logits = x·Uᵀ + b (nn.Linear(d, K, bias=True) as lm_head: Makkuva et al.'s
+    # code); with tie=true U is the token embedding and b its own
+    readout_bias: bool = False
     query: str = "none"  # none: read at the last token | blank: append x̃_N = [0; p_N] and read there (eq. 2.1)
     M: int = 100  # the paper's positional dimension (embed=fixed)
     pos_scale: float = 1.0  # [p_i]_j = pos_scale·sin(π i j / M) (embed=fixed)
@@ -107,6 +110,9 @@ class GptConfig(ModelBase):
             raise ConfigError("model.gram", self.gram, "exact applies to model.attention=merged; allowed: numeric")
         if self.normalize == "whole" and self.attention != "merged":
             raise ConfigError("model.normalize", self.normalize, "applies to model.attention=merged only; allowed: none")
+        if self.readout_bias and self.readout != "softmax":
+            raise ConfigError("model.readout_bias", self.readout_bias, "applies to model.readout=softmax only "
+                              "(eq. 2.1's f is the token part itself)")
         if self.query == "blank" and d.target == "all":
             raise ConfigError("data.target", d.target, "model.query=blank reads one prediction (x_N); allowed: last")
         if d.target not in d.TARGETS:

@@ -21,7 +21,7 @@ from .. import results
 from ..config import RunConfig
 from ..metrics import GPT_EVALUATED, GPT_LAST
 from ..loop import BREAK_SPREAD, Record, SaveOnSignal, Ticker, device_of
-from ..training import parent_positions
+from ..training import bayes_test_acc, parent_positions
 from . import model, strategies
 from .optim import Optimiser
 
@@ -253,7 +253,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                  "unigram_loss": _loss_of(test.baseline, test.y, c0, eps).tolist()}
     spec = model.params_of(c0.model, K, N)
     params = {k: v.to(dev) for k, v in model.init_params(cfgs, K, N, dtype).items()}
-    opt = Optimiser(cfgs, params, {p.name: p.decayed for p in spec}, dtype, dev)
+    opt = Optimiser(cfgs, params, {p.name: cfgs[0].optim.decays(p.role) for p in spec}, dtype, dev)
     start = 0
     dead = torch.full((len(cfgs),), T + 1, dtype=torch.int64, device=dev)  # the step a run diverged at
     if resumed:
@@ -266,8 +266,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             rec.steps = b["steps"]
             if rec.status != "done":
                 dead[r] = -1
-    for rec, a in zip(recs, opt_acc):
-        rec.opt_acc = a
+    for rec, a, b in zip(recs, opt_acc, bayes_test_acc(test.P_true, test.y)):
+        rec.opt_acc, rec.opt_test_acc = a, b
     snap_steps = {s for s in c0.snapshot_steps if s <= T} | {T}
     ticker = Ticker(len(cfgs), start, T) if progress is not False else None
     stop = SaveOnSignal()
@@ -369,23 +369,38 @@ def run_bytes(cfg: RunConfig) -> tuple[int, str]:
     return total, max(terms, key=terms.get)
 
 
+def relative_loss(cfg: RunConfig, last: dict) -> tuple[float | None, str | None]:
+    """(relative_loss, why it is null): (test_loss − opt_loss)/(unigram_loss − opt_loss), 0 at the Bayes loss
+    and 1 at the unigram baseline, defined only where both baselines are losses of distributions the model's
+    output competes with. Null, with the reason, where the model's output is not a distribution
+    (model.readout=linear, eq. 2.1's f: −log(f_y + ε) of an f that need not sum to 1 goes below the Bayes loss,
+    so the ratio compares unlike things), where the baselines are within RELATIVE_MIN_GAP nats (p + q = 1 on
+    the binary chain: the state tells nothing and the ratio would be sampling noise over noise), and where
+    the run has no finite evaluation."""
+    if cfg.model.readout != "softmax":
+        return None, (f"model.readout={cfg.model.readout}: the output f is not a distribution, so its loss is "
+                      "not comparable with the Bayes and unigram losses")
+    if not last:
+        return None, "no evaluation with finite losses"
+    if abs(last["unigram_loss"] - last["opt_loss"]) <= RELATIVE_MIN_GAP:
+        return None, f"unigram_loss and opt_loss within {RELATIVE_MIN_GAP:g} nats: the baselines coincide"
+    return (last["test_loss"] - last["opt_loss"]) / (last["unigram_loss"] - last["opt_loss"]), None
+
+
 def summary(rec: Record, wall: float) -> dict:
     """summary.json of a gpt run: its last evaluation whose metrics are finite, the baselines, the outcome
-    and the run's keys. relative_loss = (test_loss − opt_loss)/(unigram_loss − opt_loss): 0 at the Bayes
-    loss, 1 at the unigram baseline (null where the baselines are within RELATIVE_MIN_GAP nats: p + q = 1 on
-    the binary chain, where the state tells nothing and the ratio would be sampling noise over noise)."""
+    and the run's keys, with `relative_loss` and, where it is null, `relative_loss_null` saying why."""
     cfg = rec.cfg
     broke = next((row["step"] for row in rec.history if row.get("attention_spread", 0) > BREAK_SPREAD), None)
     last = next((row for row in reversed(rec.history)
                  if all(isinstance(row.get(k), (int, float)) and math.isfinite(row[k]) for k in ("test_loss", "train_loss"))), {})
-    gap = None
-    if last and abs(last["unigram_loss"] - last["opt_loss"]) > RELATIVE_MIN_GAP:
-        gap = (last["test_loss"] - last["opt_loss"]) / (last["unigram_loss"] - last["opt_loss"])
+    gap, why = relative_loss(cfg, last)
     d, m = cfg.data, cfg.model
     return {
         "status": rec.status, "error": rec.error,
-        **{k: last.get(k) for k in GPT_LAST}, "relative_loss": gap, "eval_step": last.get("step"),
-        "opt_acc": rec.opt_acc, "symmetry_break_step": broke, "steps": rec.steps, "wall_s": round(wall, 6),
+        **{k: last.get(k) for k in GPT_LAST}, "relative_loss": gap,
+        "relative_loss_null": why, "eval_step": last.get("step"),
+        "opt_acc": rec.opt_acc, "opt_test_acc": rec.opt_test_acc, "symmetry_break_step": broke, "steps": rec.steps, "wall_s": round(wall, 6),
         "parent_positions": parent_positions(cfg),
         "p": getattr(d, "p", None), "q": getattr(d, "q", None), **d.echoed(),  # the family's keys (`ECHO`)
         "K": d.K, "N": d.N, "model": m.name,

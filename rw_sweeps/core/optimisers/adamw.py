@@ -65,5 +65,11 @@ class AdamW(Scheduled, adam.Adam):
     name: str = "adamw"
     lr: float = field(default=2e-3, metadata=rule(lo=0, lo_open=True))
     weight_decay: float = field(default=0.01, metadata=rule(lo=0))  # λ: θ ← θ − lr·λ·θ before the Adam step
+    # model=gpt: decay the embeddings too (wte, wpe, and with model.tie the tied readout) | false: the weight
+    # matrices only, as Makkuva et al.'s code (the older nanoGPT's groups: Linear weights decayed, Embedding not)
+    decay_embeddings: bool = True
     PER_RUN: ClassVar[tuple] = ("lr", "eps", "reduction", "beta1", "beta2", "adam_eps", "weight_decay")
     ENGINES: ClassVar[dict] = {"eq21": Eq21, "gpt": Gpt, "oracle": Oracle}
+
+    def decays(self, role: str) -> bool:
+        return super().decays(role) and (role != "embed" or self.decay_embeddings)

@@ -38,6 +38,12 @@ class OptimConfig:
     def implementation(self, engine: str, model: str = "?"):
         return implementation(self, "optim", engine, model)
 
+    def decays(self, role: str) -> bool:
+        """On model=gpt: does a weight decay (where the optimiser has one) apply to a parameter of this role
+        (`rw_sweeps.core.gpt.model.Param`)? The weight matrices and embeddings, not biases or LayerNorm gains
+        (nanoGPT's groups)."""
+        return role in ("matrix", "residual", "embed")
+
     def lr_factor(self, t: int) -> float:
         """The learning rate of the step from θ_t is lr·lr_factor(t): 1 without a schedule."""
         return 1.0

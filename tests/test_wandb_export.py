@@ -43,7 +43,7 @@ def _entries(root: Path, n: int, granularity: str = "run") -> list[dict]:
 
 
 def _shape(info: dict) -> dict:
-    return {k: info[k] for k in ("id", "group", "job_type", "tags", "project")} | {
+    return {k: info[k] for k in ("id", "group", "job_type", "tags", "project", "name")} | {
         "history": [{k: v for k, v in h.items() if not k.startswith("_")} for h in info["history"]],
         "config": {k: v for k, v in info["config"].items() if k != "_wandb"},
         "summary": {k: v for k, v in info["summary"].items() if not k.startswith("_") and k != "run_id"}}
@@ -222,3 +222,61 @@ def test_a_small_batch_streams_its_rows_while_it_trains_each_stamped_when_it_was
     assert stamps == sorted(stamps) and t0 <= stamps[0] <= stamps[-1] <= t1
     assert info["summary"]["test_acc"] == summaries(tmp_path)["run"]["test_acc"]
     assert info["config"]["wandb"]["mode"] == "offline" and info["group"] == "/".join((tmp_path / "run").parts[-2:])
+
+
+# ---------------------------------------------------------------------------------------------------- names, config
+def _dotted(cfg: dict, key: str):
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def _assert_named_by_what_varies(sweep: Path, names: dict) -> None:
+    """Each run's wandb name is its job's overrides of the keys the sweep varies (no wandb key), each
+    `key=value` of it the run's config value at that key, and no two runs share a name."""
+    jobs = {d: yaml.safe_load((sweep / d / ".hydra" / "overrides.yaml").read_text()) for d in names}
+    values: dict = {}
+    for overrides in jobs.values():
+        for o in overrides:
+            values.setdefault(o.partition("=")[0], set()).add(o.partition("=")[2])
+    varies = {k for k, v in values.items() if len(v) > 1 and not k.startswith("wandb.")}
+    assert varies, "a sweep that varies nothing names nothing"
+    for d, name in names.items():
+        assert name == " ".join(o for o in jobs[d] if o.partition("=")[0] in varies), (d, name)
+        cfg = yaml.safe_load((sweep / d / "config.yaml").read_text())
+        for pair in name.split(" "):
+            key, _, value = pair.partition("=")
+            assert _dotted(cfg, key) == yaml.safe_load(value), (d, pair)
+    assert len(set(names.values())) == len(names)
+
+
+def test_each_run_is_named_by_the_keys_its_sweep_varies_and_its_config_is_config_yaml(tmp_path):
+    sweep = tmp_path / "S"
+    r = launch("-m", "optim.lr=0.1,1", "model.normalize=none,whole", *TINY, "wandb.mode=offline",
+               "wandb.analysis=false", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    runs = {name: read_run(sweep / name) for name in summaries(sweep)}
+    assert sorted(i["name"] for i in runs.values()) == [
+        "optim.lr=0.1 model.normalize=none", "optim.lr=0.1 model.normalize=whole",
+        "optim.lr=1 model.normalize=none", "optim.lr=1 model.normalize=whole"]
+    _assert_named_by_what_varies(sweep, {d: i["name"] for d, i in runs.items()})
+    for d, info in runs.items():  # nested as config.yaml nests it, lists as lists: wandb's UI filters by it
+        recorded = yaml.safe_load((sweep / d / "config.yaml").read_text())
+        assert {k: v for k, v in info["config"].items() if k != "_wandb"} == recorded
+        assert isinstance(info["config"]["snapshot_steps"], list) and info["config"]["optim"]["lr"] in (0.1, 1)
+        assert recorded["wandb"]["name"] == info["name"]  # recorded, so a replay names it alike
+
+    # a folder of an older version (its config.yaml has no wandb.name): the export names it the same way,
+    # from the Hydra jobs' overrides; an explicit wandb.name is the run's, as in any wandb script
+    for d in runs:
+        path = sweep / d / "config.yaml"
+        cfg = yaml.safe_load(path.read_text())
+        del cfg["wandb"]["name"]
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = _export(sweep, "--workers", "1", "--force")
+    assert r.returncode == 0, r.stderr
+    assert {d: read_run(sweep / d)["name"] for d in runs} == {d: i["name"] for d, i in runs.items()}
+    one = tmp_path / "one"
+    r = launch("data.p=1", *TINY, "wandb.mode=offline", "wandb.name=mine", f"hydra.run.dir={one}")
+    assert r.returncode == 0, r.stderr
+    assert read_run(one)["name"] == "mine"

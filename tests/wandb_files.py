@@ -48,7 +48,7 @@ def _key(item) -> str:
 
 
 def read_run(run_dir: Path) -> dict:
-    """The run's id, group, job type, tags, config, history rows and final summary, from its .wandb file."""
+    """The run's id, group, job type, tags, name, config, history rows and final summary, from its .wandb file."""
     files = sorted(Path(run_dir).glob("wandb/*run-*/run-*.wandb"))
     assert files, f"no wandb run file under {run_dir}"
     info = {"history": [], "summary": {}, "config": {}}
@@ -56,7 +56,7 @@ def read_run(run_dir: Path) -> dict:
         kind = r.WhichOneof("record_type")
         if kind == "run":
             info.update(id=r.run.run_id, group=r.run.run_group, job_type=r.run.job_type, tags=list(r.run.tags),
-                        project=r.run.project)
+                        project=r.run.project, name=r.run.display_name)
             info["config"].update({_key(i): json.loads(i.value_json) for i in r.run.config.update})
         elif kind == "config":
             info["config"].update({_key(i): json.loads(i.value_json) for i in r.config.update})

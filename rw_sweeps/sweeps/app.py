@@ -84,6 +84,20 @@ def _finish(cfg, summary: dict, tag: str = "") -> tuple[Any, list[str]]:
     return task_value(cfg, summary), [line]
 
 
+def named(rc, folder: str, overrides: Sequence[str]):
+    """The run's config with wandb's `group` (null: the sweep folder, resolved, `${now:…}` and all) and `name`
+    (null: `overrides`, the job's values of the keys its sweep varies, without wandb's own keys) filled
+    in, as a wandb script passes them to `wandb.init`; config.yaml records them, so a replay
+    (`rw_sweeps.sweeps.wandb_export`) names the run alike."""
+    w, changes = rc.wandb, {}
+    if w.group is None:
+        changes["group"] = wandb_group(folder)
+    tag = tracking.name_of(list(overrides))
+    if w.name is None and tag:
+        changes["name"] = tag
+    return dataclasses.replace(rc, wandb=dataclasses.replace(w, **changes)) if changes else rc
+
+
 def train(cfg: DictConfig) -> Any:
     """One run of eq. 2.1 (or F.1) for the composed config; returns its summary (or its objective)."""
     hc = HydraConfig.get()
@@ -104,9 +118,8 @@ def train(cfg: DictConfig) -> Any:
                 log.info(line)
             note_failed()
             raise value
-    if rc.wandb.group is None:
-        group = wandb_group(hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir)
-        rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
+    # a launcher that hands a job only its own overrides (Hydra's, or a run of its own): those name it
+    rc = named(rc, hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir, list(hc.overrides.task))
     trained = run.train([rc], [Path(hc.runtime.output_dir)])
     with signals.deferred():  # a signal while its results are written: raised once they are
         summary = trained.write()[0]
@@ -149,10 +162,7 @@ def train_batch(specs: Sequence) -> "run.Pending":
         if problem is not None:
             out[i] = _finish(rc, run.failed_summary(rc, Path(specs[i].output_dir), str(problem)))
             continue
-        if rc.wandb.group is None:
-            group = wandb_group(specs[i].sweep_dir)  # resolved, `${now:…}` and all
-            rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
-        todo.append((i, rc))
+        todo.append((i, named(rc, specs[i].sweep_dir, getattr(specs[i], "varies", []))))  # sweep_dir: resolved
     # done-checked by placement in this very process (a SLURM job, requeued after some of its runs finished,
     # asks their folders again)
     placed = all(getattr(specs[i], "placed", None) is False and getattr(specs[i], "placed_in", None) == here

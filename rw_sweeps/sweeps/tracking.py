@@ -195,9 +195,18 @@ def _log_runs(entries: list[dict]) -> None:
         _log_job(entries)
 
 
+def name_of(overrides: list[str]) -> str:
+    """A run's wandb name from its job's overrides of the keys its sweep varies (`planner.varying`), wandb's
+    own keys left out (they change where the run is logged, not the run)."""
+    return " ".join(o for o in overrides if not o.lstrip("+~").startswith("wandb."))
+
+
 def run_name(cfg: dict) -> str:
-    """A run's wandb name: p (or the family where it has no p), the model where it is not eq. 2.1, the
-    init and the seed."""
+    """A run's wandb name: `wandb.name` (the launcher fills it with the job's values of the keys its sweep
+    varies, `rw_sweeps.sweeps.app.named`); without one (a run of the defaults, a folder of an older
+    version), p (or the family where it has no p), the model where it is not eq. 2.1, the init and the seed."""
+    if (cfg.get("wandb") or {}).get("name"):
+        return str(cfg["wandb"]["name"])
     d, m = cfg["data"], cfg.get("model") or {}
     what = f"p={d['p']}" if "p" in d else f"data={d.get('name')}"
     model = "" if m.get("name", "transformer") == "transformer" else f" {m['name']}"

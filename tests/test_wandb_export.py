@@ -16,7 +16,7 @@ from rw_sweeps.core import results
 from analysis import wandb_run
 from rw_sweeps.sweeps import tracking
 from .conftest import ROOT, launch, summaries
-from .wandb_files import read_run
+from .wandb_files import read_run, read_table
 
 TINY = ["optim.steps=2", "data.n_train=64", "data.n_test=64", "model.M=200"]
 
@@ -280,3 +280,46 @@ def test_each_run_is_named_by_the_keys_its_sweep_varies_and_its_config_is_config
     r = launch("data.p=1", *TINY, "wandb.mode=offline", "wandb.name=mine", f"hydra.run.dir={one}")
     assert r.returncode == 0, r.stderr
     assert read_run(one)["name"] == "mine"
+
+
+def test_above_the_per_run_limit_a_packed_runs_table_holds_each_runs_config_and_summary(tmp_path):
+    """A packed job's wandb run: its config what its runs share, nested as in config.yaml; its `runs` table
+    one row per run, named as its per-run wandb run would be, every config key under its config.yaml path
+    with config.yaml's value (lists as lists) and every summary field; `wandb.granularity=run` gives the
+    same sweep per-run wandb runs instead."""
+    from rw_sweeps.core.summary_fields import ECHOES
+
+    sweep = tmp_path / "S"
+    grid = ["-m", "optim.lr=0.1,1", "data=jump_walk", "data.jumps=[0.5,0.5],[0.7,0.3]", *TINY,
+            "wandb.mode=offline", "wandb.analysis=false"]
+    r = launch(*grid, "wandb.per_run_limit=1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert not list(sweep.glob("[0-9]*/wandb"))  # no per-run wandb runs: packed
+    rows = {}
+    for job in sorted((sweep / "wandb_jobs").iterdir()):
+        info = read_run(job)
+        assert info["job_type"] == "packed" and info["group"] == "/".join(sweep.parts[-2:])
+        cfg = info["config"]
+        assert cfg["data"]["name"] == "jump_walk" and cfg["data"]["K"] == 6 and cfg["optim"]["steps"] == 2
+        assert cfg["snapshot_steps"] == yaml.safe_load((sweep / "0" / "config.yaml").read_text())["snapshot_steps"]
+        assert "data.K" not in cfg and "jumps" not in cfg["data"] and "lr" not in cfg["optim"]  # nested; swept keys apart
+        assert cfg["swept"] == ["data.jumps", "optim.lr"] and cfg["runs"] == info["summary"]["runs"]
+        rows.update({row["run"]: row for row in read_table(job, "runs")})
+    assert sorted(rows) == sorted(summaries(sweep)) == ["0", "1", "2", "3"]
+    for d, row in rows.items():
+        recorded = yaml.safe_load((sweep / d / "config.yaml").read_text())
+        flat = tracking.leaves(recorded)
+        config_cols = {k: v for k, v in row.items() if k in flat or "." in k and not k.startswith("summary.")}
+        assert config_cols == flat  # every key, with config.yaml's value: nothing added, nothing stringified
+        assert isinstance(row["data.jumps"], list) and row["data.jumps"] == recorded["data"]["jumps"]
+        assert row["name"] == recorded["wandb"]["name"]
+        summary = json.loads((sweep / d / "summary.json").read_text())
+        assert {k: row[k] for k in summary if k not in ECHOES} == {k: v for k, v in summary.items() if k not in ECHOES}
+        assert set(ECHOES) & set(row) <= set(flat)  # a copy of a config key is the config's column, once
+    _assert_named_by_what_varies(sweep, {d: row["name"] for d, row in rows.items()})
+
+    per_run = tmp_path / "P"  # one setting away: the same grid, a wandb run per training run
+    r = launch(*grid, "wandb.per_run_limit=1", "wandb.granularity=run", f"hydra.sweep.dir={per_run}")
+    assert r.returncode == 0, r.stderr
+    assert not (per_run / "wandb_jobs").exists()
+    assert {read_run(per_run / d)["name"] for d in rows} == {row["name"] for row in rows.values()}

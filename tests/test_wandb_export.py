@@ -323,3 +323,63 @@ def test_above_the_per_run_limit_a_packed_runs_table_holds_each_runs_config_and_
     assert r.returncode == 0, r.stderr
     assert not (per_run / "wandb_jobs").exists()
     assert {read_run(per_run / d)["name"] for d in rows} == {row["name"] for row in rows.values()}
+
+
+# ---------------------------------------------------------------------------------------------------- sync
+def _sync(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.sync", *map(str, args)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=600, env={**__import__("os").environ, "WANDB_SILENT": "true"})
+
+
+def _would_sync(r: subprocess.CompletedProcess) -> set[Path]:
+    """The run files `wandb sync --dry-run` lists (`wandb: Would sync N run(s):` then one per line)."""
+    out = (r.stdout + r.stderr).splitlines()
+    start = next(i for i, line in enumerate(out) if line.startswith("wandb: Would sync "))
+    n = int(out[start].split()[3])
+    listed = {(ROOT / line.removeprefix("wandb:").strip()).resolve() for line in out[start + 1:start + 1 + n]}
+    assert len(listed) == n
+    return listed
+
+
+def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_link(tmp_path):
+    sweep = tmp_path / "S"
+    r = launch("-m", "model.normalize=none,whole", "seed=0,1", *TINY, "wandb.mode=offline",
+               "wandb.per_run_limit=1", f"hydra.sweep.dir={sweep}")  # packed jobs, and the analysis run
+    assert r.returncode == 0, r.stderr
+    assert _export(sweep, "--workers", "1").returncode == 0  # and a wandb run per training run
+    where = {"run": sorted(sweep.glob("[0-9]*/wandb/offline-run-*/run-*.wandb")),
+             "job": sorted(sweep.glob("wandb_jobs/*/wandb/offline-run-*/run-*.wandb")),
+             "analysis": sorted(sweep.glob("wandb_analysis/wandb/offline-run-*/run-*.wandb"))}
+    assert [len(where["run"]), len(where["analysis"])] == [4, 1] and len(where["job"]) >= 1
+    every = {p.resolve() for files in where.values() for p in files}
+    r = subprocess.run([sys.executable, "-m", "wandb", "sync", "--dry-run", str(sweep)], cwd=ROOT, text=True,
+                       capture_output=True, timeout=600)
+    assert "No runs to sync" in r.stdout + r.stderr  # wandb's own, given the sweep: why this module exists
+    r = _sync(sweep, "--dry-run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"sync {sweep}: {len(every)} offline wandb run(s) to wandb sync" in r.stdout
+    assert _would_sync(r) == every  # wandb sync's own dry run lists each of them, once
+
+    # planted links: a run folder that is a link, a run's wandb folder that is a link, a link among the files
+    # a run would upload: none is followed, and no run with a link in its folder is handed to wandb
+    kept = every - {where["run"][1].resolve(), where["run"][2].resolve()}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("not for upload")
+    import shutil
+
+    shutil.copytree(sweep / "0", outside / "run", symlinks=True)
+    (sweep / "9").symlink_to(outside / "run")
+    moved = outside / "wandb1"
+    shutil.move(sweep / "1" / "wandb", moved)
+    (sweep / "1" / "wandb").symlink_to(moved)
+    (where["run"][2].parent / "files" / "planted.txt").symlink_to(outside / "secret")
+    r = _sync(sweep, "--dry-run")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"not followed: {sweep / '9'}: a symbolic link" in r.stdout
+    assert f"not followed: {sweep / '1' / 'wandb'}: a symbolic link" in r.stdout
+    assert f"not synced: {where['run'][2].parent}: a symbolic link in its folder" in r.stdout
+    assert _would_sync(r) == kept
+    assert f"{len(every) - 2} offline wandb run(s) to wandb sync, 1 not synced (a link in its folder)" in r.stdout
+    r = _sync(sweep / "9")
+    assert r.returncode == 2 and "is a symbolic link; not followed" in r.stderr

@@ -140,6 +140,15 @@ def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     assert {"phase_success", "phase_symmetry_break_step", "curves_test_acc"} <= figures
     assert {k.split("/")[0] for k in info["summary"] if k.endswith("/path")} == figures | {"runs"}
     assert info["summary"]["figures"] == len(figures)
+    rows = {row["run"]: row for row in read_table(sweep / "wandb_analysis", "runs")}  # the sweep's runs, one a row
+    assert sorted(rows) == sorted(summaries(sweep))
+    for d, row in rows.items():
+        recorded = tracking.leaves(yaml.safe_load((sweep / d / "config.yaml").read_text()))
+        assert {k: row[k] for k in recorded} == recorded and row["name"] == recorded["wandb.name"]
+        s = summaries(sweep)[d]
+        assert row["test_acc"] == s["test_acc"] and row["status"] == "done" and row["run_id"] == s["run_id"]
+        assert row["success"] is (s["test_acc"] >= s["opt_acc"] - 0.02)  # analysis's default tolerance
+    _assert_named_by_what_varies(sweep, {d: row["name"] for d, row in rows.items()})
     staged = [p for p in (sweep / "wandb_analysis" / ".wandb_data").rglob("*") if p.is_file()]
     assert staged and all(p.stat().st_mode & 0o777 == 0o644 for p in staged)
     assert read_run(sweep / "0")["id"] == summaries(sweep)["0"]["run_id"]  # and the per-run runs, as before

@@ -47,54 +47,11 @@ from pathlib import Path
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core import readers, results
 from rw_sweeps.core.contract import CAPS, SUMMARY
-from rw_sweeps.core.summary_fields import ECHOES
 from rw_sweeps.core.safefs import PlantedLink, atomic_write, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
+from rw_sweeps.core.wandb_io import leaves, run_name, runs_table, shared  # noqa: F401 - run_name: the names' owner
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
-
-def leaves(d: dict, prefix: str = "") -> dict:
-    """{dotted key: value} of a nested config, in config.yaml's order; lists stay lists (`data.jumps`)."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(leaves(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
-def _same(a, b) -> bool:
-    return type(a) is type(b) and a == b  # 1, 1.0 and True are three values of a config
-
-
-def shared(cfgs: list[dict]) -> dict:
-    """The keys every config gives the same value, nested as in config.yaml (a packed job's own config)."""
-    out = {}
-    for k, v in cfgs[0].items():
-        values = [c.get(k) for c in cfgs]
-        if all(isinstance(x, dict) for x in values):
-            if sub := shared(values):
-                out[k] = sub
-        elif all(k in c and _same(c[k], v) for c in cfgs):
-            out[k] = v
-    return out
-
-
-def runs_table(entries: list[dict], sweep_dir: Path) -> tuple[list[str], list[list]]:
-    """(columns, rows) of a table with one row per run: its folder (relative to the sweep) and wandb name,
-    every config key under its dotted config.yaml path with its value as config.yaml holds it (lists as
-    lists; null where the run's options lack the key, as a zero-init run lacks `init.sigma`), then every
-    summary field but its copies of config keys (`ECHOES`: the config's own column holds each). What
-    wandb's table UI filters, groups and plots a packed job's runs by."""
-    flat = [leaves(e["cfg"]) for e in entries]
-    keys = list(dict.fromkeys(k for f in flat for k in f))
-    fields = list(dict.fromkeys(k for e in entries for k in e["summary"] if k not in ECHOES))
-    cols = ["run", "name", *keys, *(f"summary.{k}" if k in keys or k in ("run", "name") else k for k in fields)]
-    rows = [[os.path.relpath(e["run_dir"], sweep_dir), run_name(e["cfg"]),
-             *(f.get(k) for k in keys), *(e["summary"].get(k) for k in fields)] for e, f in zip(entries, flat)]
-    return cols, rows
-
 
 # ------------------------------------------------------------------------------------ the background logger
 class _Logger:
@@ -235,18 +192,6 @@ def name_of(overrides: list[str]) -> str:
     """A run's wandb name from its job's overrides of the keys its sweep varies (`planner.varying`), wandb's
     own keys left out (they change where the run is logged, not the run)."""
     return " ".join(o for o in overrides if not o.lstrip("+~").startswith("wandb."))
-
-
-def run_name(cfg: dict) -> str:
-    """A run's wandb name: `wandb.name` (the launcher fills it with the job's values of the keys its sweep
-    varies, `rw_sweeps.sweeps.app.named`); without one (a run of the defaults, a folder of an older
-    version), p (or the family where it has no p), the model where it is not eq. 2.1, the init and the seed."""
-    if (cfg.get("wandb") or {}).get("name"):
-        return str(cfg["wandb"]["name"])
-    d, m = cfg["data"], cfg.get("model") or {}
-    what = f"p={d['p']}" if "p" in d else f"data={d.get('name')}"
-    model = "" if m.get("name", "transformer") == "transformer" else f" {m['name']}"
-    return f"{what}{model} {cfg['init']['name']} seed={cfg['seed']}"
 
 
 def _init(cfg: dict, run_dir: Path, run_id: str):

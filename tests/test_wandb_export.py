@@ -285,6 +285,18 @@ def test_each_run_is_named_by_the_keys_its_sweep_varies_and_its_config_is_config
     r = _export(sweep, "--workers", "1", "--force")
     assert r.returncode == 0, r.stderr
     assert {d: read_run(sweep / d)["name"] for d in runs} == {d: i["name"] for d, i in runs.items()}
+    # a batch of one job (an Optuna trial at n_jobs=1) varies nothing within itself: its overrides name it
+    study = tmp_path / "study"
+    r = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
+               "data.p=interval(0.55,0.95)", "objective=test_acc", *TINY, "wandb.mode=offline",
+               "wandb.analysis=false", f"hydra.sweep.dir={study}")
+    assert r.returncode == 0, r.stderr
+    trials = {d: read_run(study / d)["name"] for d in summaries(study)}
+    for d, name in trials.items():
+        overrides = yaml.safe_load((study / d / ".hydra" / "overrides.yaml").read_text())
+        assert name == " ".join(o for o in overrides if not o.startswith("wandb."))
+        assert name.startswith(f"data.p={summaries(study)[d]['p']} ")
+    assert len(set(trials.values())) == 2
     one = tmp_path / "one"
     r = launch("data.p=1", *TINY, "wandb.mode=offline", "wandb.name=mine", f"hydra.run.dir={one}")
     assert r.returncode == 0, r.stderr

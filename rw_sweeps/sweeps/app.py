@@ -162,7 +162,10 @@ def train_batch(specs: Sequence) -> "run.Pending":
         if problem is not None:
             out[i] = _finish(rc, run.failed_summary(rc, Path(specs[i].output_dir), str(problem)))
             continue
-        todo.append((i, named(rc, specs[i].sweep_dir, getattr(specs[i], "varies", []))))  # sweep_dir: resolved
+        # named by what varies in its batch; a batch of one job (an Optuna trial at n_jobs=1, a sweep of one)
+        # by its overrides, as a single run is
+        overrides = getattr(specs[i], "varies", None) or getattr(specs[i], "overrides", [])
+        todo.append((i, named(rc, specs[i].sweep_dir, overrides)))  # sweep_dir: resolved
     # done-checked by placement in this very process (a SLURM job, requeued after some of its runs finished,
     # asks their folders again)
     placed = all(getattr(specs[i], "placed", None) is False and getattr(specs[i], "placed_in", None) == here

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = (["--dry-run"] if args.dry_run else []) + (["--include-synced"] if args.include_synced else []) \
         + (["--project", args.project] if args.project else []) + (["--entity", args.entity] if args.entity else [])
     status = wandb_sync(runs, flags) if runs else 0
-    return status or (1 if refused else 0)
+    return status or (1 if lines else 0)  # a link, a run not synced or a folder not read: not all is uploaded
 
 
 if __name__ == "__main__":

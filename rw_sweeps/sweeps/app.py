@@ -48,6 +48,17 @@ class _Prechecked:
     run: Optional[tuple] = None
 
 
+class _Varies:
+    """The keys the sweep varies, per job (its overrides → its overrides of those keys), noted by the rw
+    sweeper (`note_varies`): a job that Hydra's launcher runs in this process through `run_job` (`train`)
+    is named as the packed launcher names it. A job in another process (submitit) finds none."""
+    by_job: dict = {}
+
+
+def note_varies(specs: Sequence) -> None:
+    _Varies.by_job = {tuple(s.overrides): list(s.varies) for s in specs}
+
+
 class _Outcome:
     """Whether any run of this process failed: the exit status, set once Hydra is done (after
     `on_multirun_end`), never by `sys.exit` inside a sweep."""
@@ -118,8 +129,10 @@ def train(cfg: DictConfig) -> Any:
                 log.info(line)
             note_failed()
             raise value
-    # a launcher that hands a job only its own overrides (Hydra's, or a run of its own): those name it
-    rc = named(rc, hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir, list(hc.overrides.task))
+    # named by what its sweep varies where the rw sweeper said so in this process; else (a single run, a job
+    # in a process of its own) by its overrides
+    job = tuple(hc.overrides.task)
+    rc = named(rc, hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir, _Varies.by_job.get(job) or job)
     trained = run.train([rc], [Path(hc.runtime.output_dir)])
     with signals.deferred():  # a signal while its results are written: raised once they are
         summary = trained.write()[0]

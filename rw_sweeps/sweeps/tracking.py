@@ -273,7 +273,7 @@ def _log_job(entries: list[dict]) -> None:
     w = entries[0]["cfg"]["wandb"]
     common = shared([e["cfg"] for e in entries])
     same = leaves(common)
-    swept = [k for k in dict.fromkeys(k for e in entries for k in leaves(e["cfg"])) if k not in same and k != "wandb.name"]
+    swept = sorted({k for e in entries for k in leaves(e["cfg"])} - set(same) - {"wandb.name"})
     job_id = hashlib.sha1("".join(sorted(str(e["run_dir"]) for e in entries)).encode()).hexdigest()[:16]
     sweep_dir = Path(entries[0]["run_dir"]).parent
     folder = owned_dirs(sweep_dir, "wandb_jobs", job_id)  # never through a planted link
@@ -298,8 +298,8 @@ def _log_job(entries: list[dict]) -> None:
         # wandb are its own wandb run's (`wandb.granularity=run`, or `rw_sweeps.sweeps.wandb_export` later).
         import pandas as pd  # pandas: only a packed job's history artifact needs it
 
-        hist = pd.DataFrame([{"run_id": e["run_id"], "name": run_name(e["cfg"]), **row}
-                             for e in entries for row in e["history"]])
+        hist = pd.DataFrame([{"run_id": e["run_id"], "name": run_name(e["cfg"]), **{k: f.get(k) for k in swept}, **row}
+                             for e in entries for f in [leaves(e["cfg"])] for row in e["history"]])
         write_with(folder / "history.parquet", lambda fh: hist.to_parquet(fh, index=False))
         art = wandb.Artifact(f"history-{job_id}", type="history", metadata={"swept": swept})
         art.add_file(str(folder / "history.parquet"), policy="immutable")  # referenced in place, not copied

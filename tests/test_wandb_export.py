@@ -188,6 +188,7 @@ def test_wandb_environment_variables_are_the_defaults_and_explicit_keys_override
     assert r.returncode == 0, r.stderr
     info = read_run(tmp_path / "env")
     assert info["project"] == "from-env" and info["tags"] == ["a", "b"]
+    assert info["name"] == " ".join(TINY)  # a single run: named by its overrides
     recorded = yaml.safe_load((tmp_path / "env" / "config.yaml").read_text())["wandb"]
     assert (recorded["project"], recorded["entity"], recorded["tags"]) == ("from-env", "lab", ["a", "b"])
     r = launch(*TINY, "wandb.project=explicit", "wandb.tags=[c]", f"hydra.run.dir={tmp_path / 'key'}", env=env)

@@ -405,3 +405,23 @@ def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_li
     assert f"{len(every) - 2} offline wandb run(s) to wandb sync, 1 not synced (a link in its folder)" in r.stdout
     r = _sync(sweep / "9")
     assert r.returncode == 2 and "is a symbolic link; not followed" in r.stderr
+
+
+def test_export_names_older_folders_from_their_overrides_read_as_planted_files(tmp_path):
+    """`wandb_export.names`: what the sweep's recorded overrides vary, per folder; a `.hydra` that is a link,
+    an overrides.yaml that is not a list of strings, or one over its cap names nothing."""
+    from rw_sweeps.sweeps import wandb_export
+
+    def job(name: str, text: str) -> Path:
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(text)
+        return tmp_path / name
+
+    a = job("0", "- optim.lr=0.1\n- optim.steps=2\n- wandb.mode=offline\n")
+    b = job("1", "- optim.lr=1\n- optim.steps=2\n- wandb.mode=online\n")
+    bad = job("2", "{a: 1}\n")
+    big = job("3", "- x=" + "y" * wandb_export.OVERRIDES_CAP + "\n")
+    linked = tmp_path / "4"
+    linked.mkdir()
+    (linked / ".hydra").symlink_to(b / ".hydra")
+    assert wandb_export.names([a, b, bad, big, linked]) == {a: "optim.lr=0.1", b: "optim.lr=1"}

@@ -353,17 +353,21 @@ def _sync(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=600, env={**__import__("os").environ, "WANDB_SILENT": "true"})
 
 
-def _would_sync(r: subprocess.CompletedProcess) -> set[Path]:
-    """The run files `wandb sync --dry-run` lists (`wandb: Would sync N run(s):` then one per line)."""
-    out = (r.stdout + r.stderr).splitlines()
-    start = next(i for i, line in enumerate(out) if line.startswith("wandb: Would sync "))
-    n = int(out[start].split()[3])
-    listed = {(ROOT / line.removeprefix("wandb:").strip()).resolve() for line in out[start + 1:start + 1 + n]}
-    assert len(listed) == n
-    return listed
+def _would_sync(text: str, batches: int = 1) -> set[Path]:
+    """The run files `wandb sync --dry-run` lists (`wandb: Would sync N run(s):` then one per line), over
+    `batches` commands; each listed once."""
+    out = text.splitlines()
+    starts = [i for i, line in enumerate(out) if line.startswith("wandb: Would sync ")]
+    assert len(starts) == batches, out
+    listed = []
+    for start in starts:
+        n = int(out[start].split()[3])
+        listed += [(ROOT / line.removeprefix("wandb:").strip()).resolve() for line in out[start + 1:start + 1 + n]]
+    assert len(set(listed)) == len(listed)
+    return set(listed)
 
 
-def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_link(tmp_path):
+def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_link(tmp_path, monkeypatch, capfd):
     sweep = tmp_path / "S"
     r = launch("-m", "model.normalize=none,whole", "seed=0,1", *TINY, "wandb.mode=offline",
                "wandb.per_run_limit=1", f"hydra.sweep.dir={sweep}")  # packed jobs, and the analysis run
@@ -380,7 +384,14 @@ def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_li
     r = _sync(sweep, "--dry-run")
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"sync {sweep}: {len(every)} offline wandb run(s) to wandb sync" in r.stdout
-    assert _would_sync(r) == every  # wandb sync's own dry run lists each of them, once
+    assert _would_sync(r.stdout + r.stderr) == every  # wandb sync's own dry run lists each of them, once
+    from rw_sweeps.sweeps import sync
+
+    monkeypatch.setattr(sync, "BATCH", 2)  # in batches (a command line has a limit): every batch runs
+    capfd.readouterr()
+    assert sync.main([str(sweep), "--dry-run"]) == 0
+    c = capfd.readouterr()
+    assert _would_sync(c.out + c.err, batches=-(-len(every) // 2)) == every
 
     # planted links: a run folder that is a link, a run's wandb folder that is a link, a link among the files
     # a run would upload: none is followed, and no run with a link in its folder is handed to wandb
@@ -401,7 +412,7 @@ def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_li
     assert f"not followed: {sweep / '9'}: a symbolic link" in r.stdout
     assert f"not followed: {sweep / '1' / 'wandb'}: a symbolic link" in r.stdout
     assert f"not synced: {where['run'][2].parent}: a symbolic link in its folder" in r.stdout
-    assert _would_sync(r) == kept
+    assert _would_sync(r.stdout + r.stderr) == kept
     assert f"{len(every) - 2} offline wandb run(s) to wandb sync, 1 not synced (a link in its folder)" in r.stdout
     r = _sync(sweep / "9")
     assert r.returncode == 2 and "is a symbolic link; not followed" in r.stderr

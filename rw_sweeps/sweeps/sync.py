@@ -83,11 +83,13 @@ def offline_runs(sweep: Path) -> tuple[list[Path], list[str]]:
 
 
 def wandb_sync(runs: list[Path], flags: list[str]) -> int:
-    """`wandb sync FLAGS RUN…` in batches; the first non-zero exit status, else 0. wandb prints as it goes."""
+    """`wandb sync FLAGS RUN…` in batches, every batch whatever the others did; the first non-zero exit
+    status, else 0. wandb prints as it goes."""
     status = 0
     for i in range(0, len(runs), BATCH):
         cmd = [sys.executable, "-m", "wandb", "sync", *flags, *map(str, runs[i:i + BATCH])]
-        status = status or subprocess.run(cmd).returncode
+        code = subprocess.run(cmd).returncode
+        status = status or code
     return status
 
 

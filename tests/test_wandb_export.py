@@ -436,3 +436,28 @@ def test_export_names_older_folders_from_their_overrides_read_as_planted_files(t
     linked.mkdir()
     (linked / ".hydra").symlink_to(b / ".hydra")
     assert wandb_export.names([a, b, bad, big, linked]) == {a: "optim.lr=0.1", b: "optim.lr=1"}
+
+
+def test_a_runs_table_row_is_the_runs_config_yaml_but_for_a_matrix(tmp_path):
+    """runs_table over runs of different options: each row's config columns are its config.yaml's leaves
+    (null where its options lack a key), summary copies of config keys are not repeated, and a list of
+    more than CELL_CAP numbers (a K×K `data.Pi`) has no column."""
+    from rw_sweeps.core import wandb_io
+
+    K = 20
+    Pi = [[1.0 / K] * K for _ in range(K)]
+    cfgs = [{"seed": 0, "data": {"name": "markov_matrix", "K": K, "Pi": Pi}, "init": {"name": "zero"},
+             "snapshot_steps": [0, 1, 2], "wandb": {"name": "init=zero"}},
+            {"seed": 0, "data": {"name": "markov_matrix", "K": K, "Pi": Pi}, "init": {"name": "gaussian", "sigma": 0.1},
+             "snapshot_steps": [0, 1, 2], "wandb": {"name": "init=gaussian"}}]
+    entries = [{"cfg": c, "run_dir": tmp_path / str(i), "summary": {"status": "done", "test_acc": 0.5 + i, "K": K,
+                                                                     "run": "x"}}
+               for i, c in enumerate(cfgs)]
+    cols, rows = wandb_io.runs_table(entries, tmp_path)
+    assert cols == ["run", "name", "seed", "data.name", "data.K", "init.name", "snapshot_steps", "wandb.name",
+                    "init.sigma", "status", "test_acc", "summary.run"]
+    table = [dict(zip(cols, r)) for r in rows]
+    assert [t["run"] for t in table] == ["0", "1"] and [t["name"] for t in table] == ["init=zero", "init=gaussian"]
+    assert [t["init.sigma"] for t in table] == [None, 0.1] and table[0]["snapshot_steps"] == [0, 1, 2]
+    assert [t["test_acc"] for t in table] == [0.5, 1.5] and table[0]["summary.run"] == "x"
+    assert wandb_io.CELL_CAP < K * K

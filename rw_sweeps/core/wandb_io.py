@@ -81,15 +81,26 @@ def shared(cfgs: list[dict]) -> dict:
     return out
 
 
+CELL_CAP = 256  # values in one cell of a runs table: a longer list (a K×K `data.Pi`) stays in config.yaml
+
+
+def _cells(v) -> int:
+    return sum(map(_cells, v)) if isinstance(v, list) else 1
+
+
 def runs_table(entries: list[dict], sweep_dir: Path) -> tuple[list[str], list[list]]:
     """(columns, rows) of a table with one row per run: its folder (relative to the sweep) and wandb name,
     every config key under its dotted config.yaml path with its value as config.yaml holds it (lists as
     lists; null where the run's options lack the key, as a zero-init run lacks `init.sigma`), then every
-    summary field but its copies of config keys (`ECHOES`: the config's own column holds each). What
+    summary field but its copies of config keys (`ECHOES`: the config's own column holds each). A key whose
+    value holds more than CELL_CAP numbers in some run (a transition matrix) has no column: wandb type-checks
+    every element of every cell, and a table of K² cells a row is no table to filter by. What
     wandb's table panel filters, groups and plots runs by: a packed job's (`rw_sweeps.sweeps.tracking`) and
     a whole sweep's (its analysis run, `analysis.wandb_run`). `entries`: cfg, run_dir and summary each."""
     flat = [leaves(e["cfg"]) for e in entries]
     keys = list(dict.fromkeys(k for f in flat for k in f))
+    big = {k for f in flat for k, v in f.items() if isinstance(v, list) and _cells(v) > CELL_CAP}
+    keys = [k for k in keys if k not in big]
     fields = list(dict.fromkeys(k for e in entries for k in e["summary"] if k not in ECHOES))
     cols = ["run", "name", *keys, *(f"summary.{k}" if k in keys or k in ("run", "name") else k for k in fields)]
     rows = [[os.path.relpath(e["run_dir"], sweep_dir), run_name(e["cfg"]),

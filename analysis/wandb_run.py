@@ -11,10 +11,9 @@ import warnings
 from pathlib import Path
 
 from rw_sweeps.core.safefs import owned_dirs
-from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
-
-TABLE_METRICS = ("status", "success", "test_acc", "opt_acc", "test_kl", "parent_attention", "v_pi_cosine",
-                 "attention_spread", "symmetry_break_step", "train_loss", "steps")
+from rw_sweeps.core import contract, readers
+from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, runs_table
+from rw_sweeps.core.wandb_io import wandb as _wandb
 
 
 def analysis_id(sweep_dir: Path) -> str:
@@ -41,12 +40,11 @@ def warm() -> None:
 def log_analysis(sweep_dir: Path, w: dict) -> None:
     """One wandb run, job_type=analysis, in the sweep's group: every figure of the sweep's report (`python -m
     analysis SWEEP`'s, built into `<sweep>/wandb_analysis/report/` by `analysis.__main__.build`), the runs
-    table (one row per run: the swept keys, seed and headline metrics) and every column of every run as a
-    Parquet artifact."""
-    # matplotlib and pandas: only once a sweep has ended; the callback that imports this module is
-    # instantiated by Hydra at every launch
+    table (`runs_table`: one row per run, its config keys at their config.yaml paths, its summary fields and
+    `success`) and every column of every run as a Parquet artifact."""
+    # matplotlib: only once a sweep has ended; the callback that imports this module is instantiated by
+    # Hydra at every launch
     import matplotlib
-    import pandas as pd
 
     matplotlib.use("Agg")  # the worker thread draws without a display
 
@@ -81,16 +79,19 @@ def log_analysis(sweep_dir: Path, w: dict) -> None:
     swept = swept_keys(runs)
     images = {Path(f["file"]).stem: wandb.Image(str(rep.path.parent / f["file"]), caption=f["caption"])
               for f in rep.figures if "file" in f}
-    # The table: the swept keys and the headline metrics, from plain lists (wandb type-checks every cell in
-    # Python, and a DataFrame's attrs are deep-copied on every column access); every column of every run
-    # goes as the report's runs.parquet, an artifact referenced in place.
+    # The table: one row per run, its config.yaml and summary.json as the files hold them (`runs_table`, the
+    # packed jobs' too) and `success`; every column of every run goes as the report's runs.parquet, an
+    # artifact referenced in place.
     keys = config_keys(runs)
     runs.attrs = {}
-    cols = [c for c in ["run", *swept, "seed", *TABLE_METRICS] if c in runs.columns]
-    cols = list(dict.fromkeys(cols))
-    data = [[None if v is None or v is pd.NA or (isinstance(v, float) and v != v)
-             else v.item() if hasattr(v, "item") else v for v in row]
-            for row in runs[cols].itertuples(index=False, name=None)]
+    entries = []
+    for path, success in zip(runs["path"], runs["success"]):
+        try:
+            entries.append({"cfg": contract.read_config(path), "run_dir": Path(path),
+                            "summary": {**contract.read_summary(path), "success": bool(success)}})
+        except (OSError, readers.Broken):
+            continue  # changed since the report read it: the report and runs.parquet still have it
+    cols, data = runs_table(entries, sweep_dir)
     counts = runs["status"].value_counts().to_dict()
     run = wandb.init(project=w.get("project") or most_common("wandb.project", "rw-sweeps"),
                      entity=w.get("entity"), group=group,

@@ -144,9 +144,10 @@ def test_packed_jobs_log_one_wandb_run_with_a_runs_table(tmp_path):
     wb = read_run(jobs[0])
     assert wb["job_type"] == "packed" and wb["group"] == "/".join(sweep.parts[-2:])
     assert wb["config"]["runs"] == 6 and wb["config"]["swept"] == ["data.p", "seed"]
-    assert wb["config"]["data.K"] == 6  # keys shared by every run are the job's config
+    assert wb["config"]["data"]["K"] == 6  # keys shared by every run are the job's config, nested as in config.yaml
     hist = pd.read_parquet(jobs[0] / "history.parquet")
     assert len(hist) == 6 * 11 and set(hist["data.p"]) == {0.2, 0.5, 0.8}
+    assert set(hist["name"]) == {f"data.p={p} seed={s}" for p in (0.2, 0.5, 0.8) for s in (0, 1)}
     s = summaries(sweep)
     ours = hist[hist["step"] == 10].set_index("run_id")["test_acc"].to_dict()
     assert ours == {v["run_id"]: v["test_acc"] for v in s.values()}

@@ -18,7 +18,7 @@ from rw_sweeps.core import results
 from rw_sweeps.sweeps import tracking
 
 from .conftest import ROOT, launch, summaries
-from .wandb_files import read_run
+from .wandb_files import read_run, read_table
 
 TINY = ["optim.steps=2", "data.n_train=64", "data.n_test=64", "model.M=200"]
 
@@ -45,7 +45,7 @@ def _entries(root: Path, n: int, granularity: str = "run") -> list[dict]:
 
 
 def _shape(info: dict) -> dict:
-    return {k: info[k] for k in ("id", "group", "job_type", "tags", "project")} | {
+    return {k: info[k] for k in ("id", "group", "job_type", "tags", "project", "name")} | {
         "history": [{k: v for k, v in h.items() if not k.startswith("_")} for h in info["history"]],
         "config": {k: v for k, v in info["config"].items() if k != "_wandb"},
         "summary": {k: v for k, v in info["summary"].items() if not k.startswith("_") and k != "run_id"}}
@@ -144,6 +144,15 @@ def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     assert {"phase_success", "phase_symmetry_break_step", "curves_test_acc"} <= figures
     assert {k.split("/")[0] for k in info["summary"] if k.endswith("/path")} == figures | {"runs"}
     assert info["summary"]["figures"] == len(figures)
+    rows = {row["run"]: row for row in read_table(sweep / "wandb_analysis", "runs")}  # the sweep's runs, one a row
+    assert sorted(rows) == sorted(summaries(sweep))
+    for d, row in rows.items():
+        recorded = tracking.leaves(yaml.safe_load((sweep / d / "config.yaml").read_text()))
+        assert {k: row[k] for k in recorded} == recorded and row["name"] == recorded["wandb.name"]
+        s = summaries(sweep)[d]
+        assert row["test_acc"] == s["test_acc"] and row["status"] == "done" and row["run_id"] == s["run_id"]
+        assert row["success"] is (s["test_acc"] >= s["opt_acc"] - 0.02)  # analysis's default tolerance
+    _assert_named_by_what_varies(sweep, {d: row["name"] for d, row in rows.items()})
     staged = [p for p in (sweep / "wandb_analysis" / ".wandb_data").rglob("*") if p.is_file()]
     assert staged and all(p.stat().st_mode & 0o777 == 0o644 for p in staged)
     assert read_run(sweep / "0")["id"] == summaries(sweep)["0"]["run_id"]  # and the per-run runs, as before
@@ -184,6 +193,7 @@ def test_wandb_environment_variables_are_the_defaults_and_explicit_keys_override
     assert r.returncode == 0, r.stderr
     info = read_run(tmp_path / "env")
     assert info["project"] == "from-env" and info["tags"] == ["a", "b"]
+    assert info["name"] == " ".join(TINY)  # a single run: named by its overrides
     recorded = yaml.safe_load((tmp_path / "env" / "config.yaml").read_text())["wandb"]
     assert (recorded["project"], recorded["entity"], recorded["tags"]) == ("from-env", "lab", ["a", "b"])
     r = launch(*TINY, "wandb.project=explicit", "wandb.tags=[c]", f"hydra.run.dir={tmp_path / 'key'}", env=env)
@@ -229,3 +239,232 @@ def test_a_small_batch_streams_its_rows_while_it_trains_each_stamped_when_it_was
     assert stamps == sorted(stamps) and t0 <= stamps[0] <= stamps[-1] <= t1
     assert info["summary"]["test_acc"] == summaries(tmp_path)["run"]["test_acc"]
     assert info["config"]["wandb"]["mode"] == "offline" and info["group"] == "/".join((tmp_path / "run").parts[-2:])
+
+
+# ---------------------------------------------------------------------------------------------------- names, config
+def _dotted(cfg: dict, key: str):
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def _assert_named_by_what_varies(sweep: Path, names: dict) -> None:
+    """Each run's wandb name is its job's overrides of the keys the sweep varies (no wandb key), each
+    `key=value` of it the run's config value at that key, and no two runs share a name."""
+    jobs = {d: yaml.safe_load((sweep / d / ".hydra" / "overrides.yaml").read_text()) for d in names}
+    values: dict = {}
+    for overrides in jobs.values():
+        for o in overrides:
+            values.setdefault(o.partition("=")[0], set()).add(o.partition("=")[2])
+    varies = {k for k, v in values.items() if len(v) > 1 and not k.startswith("wandb.")}
+    assert varies, "a sweep that varies nothing names nothing"
+    for d, name in names.items():
+        assert name == " ".join(o for o in jobs[d] if o.partition("=")[0] in varies), (d, name)
+        cfg = yaml.safe_load((sweep / d / "config.yaml").read_text())
+        for pair in name.split(" "):
+            key, _, value = pair.partition("=")
+            assert _dotted(cfg, key) == yaml.safe_load(value), (d, pair)
+    assert len(set(names.values())) == len(names)
+
+
+def test_each_run_is_named_by_the_keys_its_sweep_varies_and_its_config_is_config_yaml(tmp_path):
+    sweep = tmp_path / "S"
+    r = launch("-m", "optim.lr=0.1,1", "model.normalize=none,whole", *TINY, "wandb.mode=offline",
+               "wandb.analysis=false", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    runs = {name: read_run(sweep / name) for name in summaries(sweep)}
+    assert sorted(i["name"] for i in runs.values()) == [
+        "optim.lr=0.1 model.normalize=none", "optim.lr=0.1 model.normalize=whole",
+        "optim.lr=1 model.normalize=none", "optim.lr=1 model.normalize=whole"]
+    _assert_named_by_what_varies(sweep, {d: i["name"] for d, i in runs.items()})
+    for d, info in runs.items():  # nested as config.yaml nests it, lists as lists: wandb's UI filters by it
+        recorded = yaml.safe_load((sweep / d / "config.yaml").read_text())
+        assert {k: v for k, v in info["config"].items() if k != "_wandb"} == recorded
+        assert isinstance(info["config"]["snapshot_steps"], list) and info["config"]["optim"]["lr"] in (0.1, 1)
+        assert recorded["wandb"]["name"] == info["name"]  # recorded, so a replay names it alike
+
+    # a folder of an older version (its config.yaml has no wandb.name): the export names it the same way,
+    # from the Hydra jobs' overrides; an explicit wandb.name is the run's, as in any wandb script
+    for d in runs:
+        path = sweep / d / "config.yaml"
+        cfg = yaml.safe_load(path.read_text())
+        del cfg["wandb"]["name"]
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = _export(sweep, "--workers", "1", "--force")
+    assert r.returncode == 0, r.stderr
+    assert {d: read_run(sweep / d)["name"] for d in runs} == {d: i["name"] for d, i in runs.items()}
+    # a batch of one job (an Optuna trial at n_jobs=1) varies nothing within itself: its overrides name it
+    study = tmp_path / "study"
+    r = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
+               "data.p=interval(0.55,0.95)", "objective=test_acc", *TINY, "wandb.mode=offline",
+               "wandb.analysis=false", f"hydra.sweep.dir={study}")
+    assert r.returncode == 0, r.stderr
+    trials = {d: read_run(study / d)["name"] for d in summaries(study)}
+    for d, name in trials.items():
+        overrides = yaml.safe_load((study / d / ".hydra" / "overrides.yaml").read_text())
+        assert name == " ".join(o for o in overrides if not o.startswith("wandb."))
+        assert name.startswith(f"data.p={summaries(study)[d]['p']} ")
+    assert len(set(trials.values())) == 2
+    one = tmp_path / "one"
+    r = launch("data.p=1", *TINY, "wandb.mode=offline", "wandb.name=mine", f"hydra.run.dir={one}")
+    assert r.returncode == 0, r.stderr
+    assert read_run(one)["name"] == "mine"
+
+
+def test_above_the_per_run_limit_a_packed_runs_table_holds_each_runs_config_and_summary(tmp_path):
+    """A packed job's wandb run: its config what its runs share, nested as in config.yaml; its `runs` table
+    one row per run, named as its per-run wandb run would be, every config key under its config.yaml path
+    with config.yaml's value (lists as lists) and every summary field; `wandb.granularity=run` gives the
+    same sweep per-run wandb runs instead."""
+    from rw_sweeps.core.summary_fields import ECHOES
+
+    sweep = tmp_path / "S"
+    grid = ["-m", "optim.lr=0.1,1", "data=jump_walk", "data.jumps=[0.5,0.5],[0.7,0.3]", *TINY,
+            "wandb.mode=offline", "wandb.analysis=false"]
+    r = launch(*grid, "wandb.per_run_limit=1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert not list(sweep.glob("[0-9]*/wandb"))  # no per-run wandb runs: packed
+    rows = {}
+    for job in sorted((sweep / "wandb_jobs").iterdir()):
+        info = read_run(job)
+        assert info["job_type"] == "packed" and info["group"] == "/".join(sweep.parts[-2:])
+        cfg = info["config"]
+        assert cfg["data"]["name"] == "jump_walk" and cfg["data"]["K"] == 6 and cfg["optim"]["steps"] == 2
+        assert cfg["snapshot_steps"] == yaml.safe_load((sweep / "0" / "config.yaml").read_text())["snapshot_steps"]
+        assert "data.K" not in cfg and "jumps" not in cfg["data"] and "lr" not in cfg["optim"]  # nested; swept keys apart
+        assert cfg["swept"] == ["data.jumps", "optim.lr"] and cfg["runs"] == info["summary"]["runs"]
+        rows.update({row["run"]: row for row in read_table(job, "runs")})
+    assert sorted(rows) == sorted(summaries(sweep)) == ["0", "1", "2", "3"]
+    for d, row in rows.items():
+        recorded = yaml.safe_load((sweep / d / "config.yaml").read_text())
+        flat = tracking.leaves(recorded)
+        config_cols = {k: v for k, v in row.items() if k in flat or "." in k and not k.startswith("summary.")}
+        assert config_cols == flat  # every key, with config.yaml's value: nothing added, nothing stringified
+        assert isinstance(row["data.jumps"], list) and row["data.jumps"] == recorded["data"]["jumps"]
+        assert row["name"] == recorded["wandb"]["name"]
+        summary = json.loads((sweep / d / "summary.json").read_text())
+        assert {k: row[k] for k in summary if k not in ECHOES} == {k: v for k, v in summary.items() if k not in ECHOES}
+        assert set(ECHOES) & set(row) <= set(flat)  # a copy of a config key is the config's column, once
+    _assert_named_by_what_varies(sweep, {d: row["name"] for d, row in rows.items()})
+
+    per_run = tmp_path / "P"  # one setting away: the same grid, a wandb run per training run
+    r = launch(*grid, "wandb.per_run_limit=1", "wandb.granularity=run", f"hydra.sweep.dir={per_run}")
+    assert r.returncode == 0, r.stderr
+    assert not (per_run / "wandb_jobs").exists()
+    assert {read_run(per_run / d)["name"] for d in rows} == {row["name"] for row in rows.values()}
+
+
+# ---------------------------------------------------------------------------------------------------- sync
+def _sync(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.sync", *map(str, args)], cwd=ROOT, text=True,
+                          capture_output=True, timeout=600, env={**__import__("os").environ, "WANDB_SILENT": "true"})
+
+
+def _would_sync(text: str, batches: int = 1) -> set[Path]:
+    """The run files `wandb sync --dry-run` lists (`wandb: Would sync N run(s):` then one per line), over
+    `batches` commands; each listed once."""
+    out = text.splitlines()
+    starts = [i for i, line in enumerate(out) if line.startswith("wandb: Would sync ")]
+    assert len(starts) == batches, out
+    listed = []
+    for start in starts:
+        n = int(out[start].split()[3])
+        listed += [(ROOT / line.removeprefix("wandb:").strip()).resolve() for line in out[start + 1:start + 1 + n]]
+    assert len(set(listed)) == len(listed)
+    return set(listed)
+
+
+def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_link(tmp_path, monkeypatch, capfd):
+    sweep = tmp_path / "S"
+    r = launch("-m", "model.normalize=none,whole", "seed=0,1", *TINY, "wandb.mode=offline",
+               "wandb.per_run_limit=1", f"hydra.sweep.dir={sweep}")  # packed jobs, and the analysis run
+    assert r.returncode == 0, r.stderr
+    assert _export(sweep, "--workers", "1").returncode == 0  # and a wandb run per training run
+    where = {"run": sorted(sweep.glob("[0-9]*/wandb/offline-run-*/run-*.wandb")),
+             "job": sorted(sweep.glob("wandb_jobs/*/wandb/offline-run-*/run-*.wandb")),
+             "analysis": sorted(sweep.glob("wandb_analysis/wandb/offline-run-*/run-*.wandb"))}
+    assert [len(where["run"]), len(where["analysis"])] == [4, 1] and len(where["job"]) >= 1
+    every = {p.resolve() for files in where.values() for p in files}
+    r = subprocess.run([sys.executable, "-m", "wandb", "sync", "--dry-run", str(sweep)], cwd=ROOT, text=True,
+                       capture_output=True, timeout=600)
+    assert "No runs to sync" in r.stdout + r.stderr  # wandb's own, given the sweep: why this module exists
+    r = _sync(sweep, "--dry-run")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"sync {sweep}: {len(every)} offline wandb run(s) to wandb sync" in r.stdout
+    assert _would_sync(r.stdout + r.stderr) == every  # wandb sync's own dry run lists each of them, once
+    from rw_sweeps.sweeps import sync
+
+    monkeypatch.setattr(sync, "BATCH", 2)  # in batches (a command line has a limit): every batch runs
+    capfd.readouterr()
+    assert sync.main([str(sweep), "--dry-run"]) == 0
+    c = capfd.readouterr()
+    assert _would_sync(c.out + c.err, batches=-(-len(every) // 2)) == every
+
+    # planted links: a run folder that is a link, a run's wandb folder that is a link, a link among the files
+    # a run would upload: none is followed, and no run with a link in its folder is handed to wandb
+    kept = every - {where["run"][1].resolve(), where["run"][2].resolve()}
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("not for upload")
+    import shutil
+
+    shutil.copytree(sweep / "0", outside / "run", symlinks=True)
+    (sweep / "9").symlink_to(outside / "run")
+    moved = outside / "wandb1"
+    shutil.move(sweep / "1" / "wandb", moved)
+    (sweep / "1" / "wandb").symlink_to(moved)
+    (where["run"][2].parent / "files" / "planted.txt").symlink_to(outside / "secret")
+    r = _sync(sweep, "--dry-run")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"not followed: {sweep / '9'}: a symbolic link" in r.stdout
+    assert f"not followed: {sweep / '1' / 'wandb'}: a symbolic link" in r.stdout
+    assert f"not synced: {where['run'][2].parent}: a symbolic link in its folder" in r.stdout
+    assert _would_sync(r.stdout + r.stderr) == kept
+    assert f"{len(every) - 2} offline wandb run(s) to wandb sync, 1 not synced (a link in its folder)" in r.stdout
+    r = _sync(sweep / "9")
+    assert r.returncode == 2 and "is a symbolic link; not followed" in r.stderr
+
+
+def test_export_names_older_folders_from_their_overrides_read_as_planted_files(tmp_path):
+    """`wandb_export.names`: what the sweep's recorded overrides vary, per folder; a `.hydra` that is a link,
+    an overrides.yaml that is not a list of strings, or one over its cap names nothing."""
+    from rw_sweeps.sweeps import wandb_export
+
+    def job(name: str, text: str) -> Path:
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(text)
+        return tmp_path / name
+
+    a = job("0", "- optim.lr=0.1\n- optim.steps=2\n- wandb.mode=offline\n")
+    b = job("1", "- optim.lr=1\n- optim.steps=2\n- wandb.mode=online\n")
+    bad = job("2", "{a: 1}\n")
+    big = job("3", "- x=" + "y" * wandb_export.OVERRIDES_CAP + "\n")
+    linked = tmp_path / "4"
+    linked.mkdir()
+    (linked / ".hydra").symlink_to(b / ".hydra")
+    assert wandb_export.names([a, b, bad, big, linked]) == {a: "optim.lr=0.1", b: "optim.lr=1"}
+
+
+def test_a_runs_table_row_is_the_runs_config_yaml_but_for_a_matrix(tmp_path):
+    """runs_table over runs of different options: each row's config columns are its config.yaml's leaves
+    (null where its options lack a key), summary copies of config keys are not repeated, and a list of
+    more than CELL_CAP numbers (a K×K `data.Pi`) has no column."""
+    from rw_sweeps.core import wandb_io
+
+    K = 20
+    Pi = [[1.0 / K] * K for _ in range(K)]
+    cfgs = [{"seed": 0, "data": {"name": "markov_matrix", "K": K, "Pi": Pi}, "init": {"name": "zero"},
+             "snapshot_steps": [0, 1, 2], "wandb": {"name": "init=zero"}},
+            {"seed": 0, "data": {"name": "markov_matrix", "K": K, "Pi": Pi}, "init": {"name": "gaussian", "sigma": 0.1},
+             "snapshot_steps": [0, 1, 2], "wandb": {"name": "init=gaussian"}}]
+    entries = [{"cfg": c, "run_dir": tmp_path / str(i), "summary": {"status": "done", "test_acc": 0.5 + i, "K": K,
+                                                                     "run": "x"}}
+               for i, c in enumerate(cfgs)]
+    cols, rows = wandb_io.runs_table(entries, tmp_path)
+    assert cols == ["run", "name", "seed", "data.name", "data.K", "init.name", "snapshot_steps", "wandb.name",
+                    "init.sigma", "status", "test_acc", "summary.run"]
+    table = [dict(zip(cols, r)) for r in rows]
+    assert [t["run"] for t in table] == ["0", "1"] and [t["name"] for t in table] == ["init=zero", "init=gaussian"]
+    assert [t["init.sigma"] for t in table] == [None, 0.1] and table[0]["snapshot_steps"] == [0, 1, 2]
+    assert [t["test_acc"] for t in table] == [0.5, 1.5] and table[0]["summary.run"] == "x"
+    assert wandb_io.CELL_CAP < K * K

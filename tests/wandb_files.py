@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 from wandb.proto import wandb_internal_pb2 as pb
@@ -43,20 +44,32 @@ def records(path: Path) -> list:
     return recs
 
 
+def finished(path: Path, timeout_s: float = 30.0) -> list:
+    """The records of a finished run's file, once they end with its `exit` record: wandb's service process
+    (wandb-core) may still be writing the file when `run.finish()` has returned (seen: a 7-byte file, its
+    header alone, read right after `tracking.wait()`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        recs = records(path)
+        if recs and recs[-1].WhichOneof("record_type") == "exit" or time.monotonic() > deadline:
+            return recs
+        time.sleep(0.05)
+
+
 def _key(item) -> str:
     return item.key or "/".join(item.nested_key)
 
 
 def read_run(run_dir: Path) -> dict:
-    """The run's id, group, job type, tags, config, history rows and final summary, from its .wandb file."""
+    """The run's id, group, job type, tags, name, config, history rows and final summary, from its .wandb file."""
     files = sorted(Path(run_dir).glob("wandb/*run-*/run-*.wandb"))
     assert files, f"no wandb run file under {run_dir}"
     info = {"history": [], "summary": {}, "config": {}}
-    for r in records(files[-1]):
+    for r in finished(files[-1]):
         kind = r.WhichOneof("record_type")
         if kind == "run":
             info.update(id=r.run.run_id, group=r.run.run_group, job_type=r.run.job_type, tags=list(r.run.tags),
-                        project=r.run.project)
+                        project=r.run.project, name=r.run.display_name)
             info["config"].update({_key(i): json.loads(i.value_json) for i in r.run.config.update})
         elif kind == "config":
             info["config"].update({_key(i): json.loads(i.value_json) for i in r.config.update})
@@ -65,3 +78,13 @@ def read_run(run_dir: Path) -> dict:
         elif kind == "summary":
             info["summary"].update({_key(i): json.loads(i.value_json) for i in r.summary.update})
     return info
+
+
+def read_table(run_dir: Path, key: str) -> list[dict]:
+    """The rows (column → value) of the wandb.Table the run logged under `key`, from the file its offline
+    run holds (the summary's `<key>/path`)."""
+    files = sorted(Path(run_dir).glob("wandb/*run-*"))
+    assert files, f"no wandb run under {run_dir}"
+    path = read_run(run_dir)["summary"][f"{key}/path"]
+    table = json.loads((files[-1] / "files" / path).read_text())
+    return [dict(zip(table["columns"], row)) for row in table["data"]]

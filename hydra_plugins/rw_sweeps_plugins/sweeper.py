@@ -37,7 +37,7 @@ from rw_sweeps.core.resources import problems
 from rw_sweeps.core.results import read_summary
 from rw_sweeps.core.safefs import atomic_write, ensure_dir
 from rw_sweeps.sweeps import placement, writer
-from rw_sweeps.sweeps.app import batch_function, note_failed
+from rw_sweeps.sweeps.app import batch_function, note_failed, note_varies
 from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_value
 from rw_sweeps.sweeps.planner import Planner
 from rw_sweeps.sweeps.status import summary_line
@@ -102,6 +102,7 @@ class RwSweeper(basic_sweeper()):
                 planner = Planner(self.hydra_context.config_loader, self.config)
                 specs = planner.plan(jobs)
                 specs = self._once_each(jobs, specs, planner)
+                note_varies(specs)  # for Hydra's launchers that run the jobs in this process
                 # runs that cannot work here fail now, in one line, not after training, where the launcher's
                 # jobs train on this machine (the rw launcher's backend declares it; SLURM's jobs check in the
                 # job; any other launcher's are taken to run here)

@@ -67,6 +67,7 @@ class WandbConfig:
     project: str = field(default_factory=lambda: _env("WANDB_PROJECT", "rw-sweeps"))
     entity: Optional[str] = field(default_factory=lambda: _env("WANDB_ENTITY", None))  # null: wandb's default
     group: Optional[str] = None  # the sweep; filled in from Hydra's sweep folder when left null
+    name: Optional[str] = None  # the run's name; null: its values of the keys its sweep varies (optim.lr=0.1 seed=1)
     tags: List[str] = field(default_factory=lambda: _env("WANDB_TAGS", []))  # the experiment is added
     granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
     per_run_limit: int = 32  # auto: per-run wandb runs (logged live) for batches up to this size

@@ -48,6 +48,17 @@ class _Prechecked:
     run: Optional[tuple] = None
 
 
+class _Varies:
+    """The keys the sweep varies, per job (its overrides → its overrides of those keys), noted by the rw
+    sweeper (`note_varies`): a job that Hydra's launcher runs in this process through `run_job` (`train`)
+    is named as the packed launcher names it. A job in another process (submitit) finds none."""
+    by_job: dict = {}
+
+
+def note_varies(specs: Sequence) -> None:
+    _Varies.by_job = {tuple(s.overrides): list(s.varies) for s in specs}
+
+
 class _Outcome:
     """Whether any run of this process failed: the exit status, set once Hydra is done (after
     `on_multirun_end`), never by `sys.exit` inside a sweep."""
@@ -84,6 +95,20 @@ def _finish(cfg, summary: dict, tag: str = "") -> tuple[Any, list[str]]:
     return task_value(cfg, summary), [line]
 
 
+def named(rc, folder: str, overrides: Sequence[str]):
+    """The run's config with wandb's `group` (null: the sweep folder, resolved, `${now:…}` and all) and `name`
+    (null: `overrides`, the job's values of the keys its sweep varies, without wandb's own keys) filled
+    in, as a wandb script passes them to `wandb.init`; config.yaml records them, so a replay
+    (`rw_sweeps.sweeps.wandb_export`) names the run alike."""
+    w, changes = rc.wandb, {}
+    if w.group is None:
+        changes["group"] = wandb_group(folder)
+    tag = tracking.name_of(list(overrides))
+    if w.name is None and tag:
+        changes["name"] = tag
+    return dataclasses.replace(rc, wandb=dataclasses.replace(w, **changes)) if changes else rc
+
+
 def train(cfg: DictConfig) -> Any:
     """One run of eq. 2.1 (or F.1) for the composed config; returns its summary (or its objective)."""
     hc = HydraConfig.get()
@@ -104,9 +129,10 @@ def train(cfg: DictConfig) -> Any:
                 log.info(line)
             note_failed()
             raise value
-    if rc.wandb.group is None:
-        group = wandb_group(hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir)
-        rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
+    # named by what its sweep varies where the rw sweeper said so in this process; else (a single run, a job
+    # in a process of its own) by its overrides
+    job = tuple(hc.overrides.task)
+    rc = named(rc, hc.sweep.dir if hc.mode.name == "MULTIRUN" else hc.run.dir, _Varies.by_job.get(job) or job)
     trained = run.train([rc], [Path(hc.runtime.output_dir)])
     with signals.deferred():  # a signal while its results are written: raised once they are
         summary = trained.write()[0]
@@ -149,10 +175,10 @@ def train_batch(specs: Sequence) -> "run.Pending":
         if problem is not None:
             out[i] = _finish(rc, run.failed_summary(rc, Path(specs[i].output_dir), str(problem)))
             continue
-        if rc.wandb.group is None:
-            group = wandb_group(specs[i].sweep_dir)  # resolved, `${now:…}` and all
-            rc = dataclasses.replace(rc, wandb=dataclasses.replace(rc.wandb, group=group))
-        todo.append((i, rc))
+        # named by what varies in its batch; a batch of one job (an Optuna trial at n_jobs=1, a sweep of one)
+        # by its overrides, as a single run is
+        overrides = getattr(specs[i], "varies", None) or getattr(specs[i], "overrides", [])
+        todo.append((i, named(rc, specs[i].sweep_dir, overrides)))  # sweep_dir: resolved
     # done-checked by placement in this very process (a SLURM job, requeued after some of its runs finished,
     # asks their folders again)
     placed = all(getattr(specs[i], "placed", None) is False and getattr(specs[i], "placed_in", None) == here

@@ -62,7 +62,12 @@ class Spec:
     shape: tuple | None = None  # config.shape_key(cfg), computed once per composition and value set
     checked_in: int | None = None  # the process whose resource check found it can run (the rw sweeper's)
     placed_in: int | None = None  # the process whose placement found it not done (a requeued job asks again)
-    tag: str = ""  # its values of the keys the sweep varies (`data.p=0.5 seed=1`): what its console line ends with
+    varies: list = field(default_factory=list)  # its overrides of the keys the sweep varies (`varying`)
+
+    @property
+    def tag(self) -> str:
+        """Its values of the keys the sweep varies (`data.p=0.5 seed=1`): what its console line ends with."""
+        return " ".join(self.varies)
 
     @property
     def task(self) -> dict:
@@ -309,12 +314,12 @@ class Planner:
         for i, overrides in enumerate(jobs):
             with one_line_errors():
                 out.append(self.spec(overrides, initial_job_idx + i))
-        for s, tag in zip(out, varying(jobs)):
-            s.tag = tag
+        for s, varies in zip(out, varying(jobs)):
+            s.varies = varies
         return out
 
 
-def varying(jobs: Sequence[Sequence[str]]) -> list[str]:
+def varying(jobs: Sequence[Sequence[str]]) -> list[list[str]]:
     """Per job, its overrides of the keys whose values differ between the jobs (what tells its runs apart)."""
     values: dict = {}  # key → the values the jobs give it
     count: dict = {}  # key → how many jobs give it one (fewer than all: it varies too)
@@ -325,7 +330,7 @@ def varying(jobs: Sequence[Sequence[str]]) -> list[str]:
             key, _, value = o.partition("=")
             values.setdefault(key, set()).add(value)
     keys = {k for k, v in values.items() if len(v) > 1 or count[k] < len(jobs)}
-    return [" ".join(o for o in overrides if o.partition("=")[0] in keys) for overrides in jobs]
+    return [[o for o in overrides if o.partition("=")[0] in keys] for overrides in jobs]
 
 
 # ------------------------------------------------------------------------------------------ the one entry

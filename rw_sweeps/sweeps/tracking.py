@@ -6,13 +6,15 @@ A batch that gets per-run wandb runs streams them while it trains (`Live`: rows 
 with their real times); a packed job's single wandb run is logged when the job's runs end.
 
 Granularity (`wandb.granularity`):
-- `run`: one wandb run per training run, in the run's folder: the resolved config, the history (x-axis
-  `step`) and the summary, `group` = the sweep, `job_type` = "train", the experiment as a tag, and an id
-  derived from the run folder so a re-run or requeued job continues the same wandb run. The dashboard
-  groups and filters by every config key. Costs ~1 s for the first run of a process, then ~0.15 s a run.
-- `job`: one wandb run per packed job (`job_type` = "packed"), in `<sweep>/wandb_jobs/`: a `runs` table
-  with one row per training run (every config key as a dotted column, every summary field; filter and
-  group it by the swept keys) and the histories as a Parquet artifact. ~1–2 s per job of a few hundred runs.
+- `run`: one wandb run per training run, in the run's folder: the resolved config (nested as config.yaml
+  nests it), the history (x-axis `step`) and the summary, `group` = the sweep, `job_type` = "train", the
+  experiment as a tag, the name `wandb.name` (its values of the keys its sweep varies), and an id derived
+  from the run folder so a re-run or requeued job continues the same wandb run. The dashboard groups and
+  filters by every config key. Costs ~1 s for the first run of a process, then ~0.15 s a run.
+- `job`: one wandb run per packed job (`job_type` = "packed"), in `<sweep>/wandb_jobs/`: its config what its
+  runs share (nested), a `runs` table with one row per training run (`runs_table`: its name, every config
+  key under its config.yaml path with its own value, every summary field; filter and group it by the swept
+  keys) and the histories as a Parquet artifact. ~1–2 s per job of a few hundred runs.
 - `auto` (default): `run` for batches of up to `per_run_limit` runs, else `job`.
 
 Off the critical path: `log_runs` only queues its entries; one worker thread per process (`_Logger`) does the
@@ -47,18 +49,9 @@ from rw_sweeps.core import readers, results
 from rw_sweeps.core.contract import CAPS, SUMMARY
 from rw_sweeps.core.safefs import PlantedLink, atomic_write, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
+from rw_sweeps.core.wandb_io import leaves, run_name, runs_table, shared  # noqa: F401 - run_name: the names' owner
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v if not isinstance(v, list) else str(v)
-    return out
-
 
 # ------------------------------------------------------------------------------------ the background logger
 class _Logger:
@@ -195,13 +188,10 @@ def _log_runs(entries: list[dict]) -> None:
         _log_job(entries)
 
 
-def run_name(cfg: dict) -> str:
-    """A run's wandb name: p (or the family where it has no p), the model where it is not eq. 2.1, the
-    init and the seed."""
-    d, m = cfg["data"], cfg.get("model") or {}
-    what = f"p={d['p']}" if "p" in d else f"data={d.get('name')}"
-    model = "" if m.get("name", "transformer") == "transformer" else f" {m['name']}"
-    return f"{what}{model} {cfg['init']['name']} seed={cfg['seed']}"
+def name_of(overrides: list[str]) -> str:
+    """A run's wandb name from its job's overrides of the keys its sweep varies (`planner.varying`), wandb's
+    own keys left out (they change where the run is logged, not the run)."""
+    return " ".join(o for o in overrides if not o.lstrip("+~").startswith("wandb."))
 
 
 def _init(cfg: dict, run_dir: Path, run_id: str):
@@ -281,9 +271,9 @@ def is_exported(run_dir: Path, run_id: str, mode: str) -> bool:
 def _log_job(entries: list[dict]) -> None:
     wandb = _wandb()
     w = entries[0]["cfg"]["wandb"]
-    flat = [_flat(e["cfg"]) for e in entries]
-    common = {k: v for k, v in flat[0].items() if all(f.get(k) == v for f in flat)}
-    swept = sorted(k for k in flat[0] if k not in common)
+    common = shared([e["cfg"] for e in entries])
+    same = leaves(common)
+    swept = sorted({k for e in entries for k in leaves(e["cfg"])} - set(same) - {"wandb.name"})
     job_id = hashlib.sha1("".join(sorted(str(e["run_dir"]) for e in entries)).encode()).hexdigest()[:16]
     sweep_dir = Path(entries[0]["run_dir"]).parent
     folder = owned_dirs(sweep_dir, "wandb_jobs", job_id)  # never through a planted link
@@ -295,21 +285,21 @@ def _log_job(entries: list[dict]) -> None:
     # `wandb sync` needs inside the sweep folder, so the folder can be synced from another machine.
     os.environ["WANDB_DATA_DIR"] = str(folder / ".wandb_data")
     tags = list(w.get("tags") or []) + sorted({e["cfg"]["experiment"] for e in entries if e["cfg"].get("experiment")})
+    # its config: what its runs share, nested as in config.yaml (wandb.name is each run's own, in the table)
+    common.get("wandb", {}).pop("name", None)
     run = wandb.init(project=w["project"], entity=w.get("entity"), group=w["group"], job_type="packed", tags=tags, id=job_id,
                      name=f"packed {len(entries)} runs", resume="allow", mode=w["mode"], dir=str(folder),
                      config={**common, "swept": swept, "runs": len(entries)}, reinit="create_new",
                      settings=wandb.Settings(**_SETTINGS))
     try:
-        summary_keys = sorted({k for e in entries for k in e["summary"]})
-        cols = ["run_dir"] + [k for k in flat[0]] + [f"summary.{k}" for k in summary_keys]
-        rows = [[str(e["run_dir"])] + [f[k] for k in flat[0]] + [e["summary"].get(k) for k in summary_keys]
-                for e, f in zip(entries, flat)]
+        cols, rows = runs_table(entries, sweep_dir)
         # Histories go as one Parquet artifact, not a Table: wandb type-checks every Table cell in Python
-        # (~0.2 ms a row, seconds for a packed job), and the run folders hold them anyway.
+        # (~0.2 ms a row, seconds for a packed job), and the run folders hold them anyway; a run's curves in
+        # wandb are its own wandb run's (`wandb.granularity=run`, or `rw_sweeps.sweeps.wandb_export` later).
         import pandas as pd  # pandas: only a packed job's history artifact needs it
 
-        hist = pd.DataFrame([{"run_id": e["run_id"], **{k: f.get(k) for k in swept}, **row}
-                             for e, f in zip(entries, flat) for row in e["history"]])
+        hist = pd.DataFrame([{"run_id": e["run_id"], "name": run_name(e["cfg"]), **{k: f.get(k) for k in swept}, **row}
+                             for e in entries for f in [leaves(e["cfg"])] for row in e["history"]])
         write_with(folder / "history.parquet", lambda fh: hist.to_parquet(fh, index=False))
         art = wandb.Artifact(f"history-{job_id}", type="history", metadata={"swept": swept})
         art.add_file(str(folder / "history.parquet"), policy="immutable")  # referenced in place, not copied

@@ -21,6 +21,7 @@ from rw_sweeps.core import contract, readers, results
 from rw_sweeps.core.errors import one_line
 
 from . import tracking
+from .planner import varying
 
 
 def run_folders(sweep: Path) -> list[Path]:
@@ -34,8 +35,32 @@ def run_folders(sweep: Path) -> list[Path]:
     return sorted(out, key=lambda p: (contract.job_number(p.name) is None, contract.job_number(p.name) or 0, p.name))
 
 
-def _entry(run_dir: Path, mode: str) -> dict | None:
-    """The run as `tracking.replay_run` takes it, or None when it is unfinished (or unreadable)."""
+OVERRIDES_CAP = 1024 * 1024  # bytes of a job's `.hydra/overrides.yaml` (a list of `key=value` lines)
+
+
+def _overrides(run_dir: Path) -> list[str] | None:
+    """The job's overrides as Hydra recorded them (`.hydra/overrides.yaml`), read as every planted file is
+    (`readers`: a regular file within its cap, plain YAML), never through a linked `.hydra`; else None."""
+    if (run_dir / ".hydra").is_symlink():
+        return None
+    try:
+        value = readers.read_yaml(run_dir / ".hydra" / "overrides.yaml", OVERRIDES_CAP)
+    except (OSError, readers.Broken):
+        return None
+    return value if isinstance(value, list) and all(isinstance(o, str) for o in value) else None
+
+
+def names(dirs: list[Path]) -> dict[Path, str]:
+    """A wandb name for each run folder whose Hydra job recorded its overrides: its values of the keys the
+    sweep varies, as the launcher names a run (`planner.varying`); what a folder whose config.yaml has no
+    `wandb.name` (written by an older version) is named by."""
+    jobs = {d: o for d in dirs if (o := _overrides(d)) is not None}
+    return {d: tracking.name_of(v) for d, v in zip(jobs, varying(list(jobs.values())))}
+
+
+def _entry(run_dir: Path, mode: str, name: str = "") -> dict | None:
+    """The run as `tracking.replay_run` takes it, or None when it is unfinished (or unreadable); `name`: its
+    wandb name where its config records none."""
     verdict = contract.judge(run_dir)  # the launcher's and analysis's one judgement
     if verdict.state not in contract.STATUSES:
         return None
@@ -49,6 +74,8 @@ def _entry(run_dir: Path, mode: str) -> dict | None:
     if history is None:
         return None
     cfg = {**cfg, "wandb": {**cfg["wandb"], "mode": mode}}
+    if not cfg["wandb"].get("name") and name:
+        cfg["wandb"]["name"] = name
     if not cfg["wandb"].get("group"):
         cfg["wandb"]["group"] = "/".join(run_dir.resolve().parent.parts[-2:])
     return {"cfg": cfg, "run_dir": run_dir, "run_id": results.run_id(run_dir), "history": history,
@@ -57,11 +84,11 @@ def _entry(run_dir: Path, mode: str) -> dict | None:
 
 def _export(args: tuple) -> tuple[int, int, int, list[str]]:
     """One worker: its slice of run folders → (exported, skipped unfinished, failed, error lines)."""
-    dirs, mode = args
+    dirs, mode, named = args
     done = unfinished = failed = 0
     errors = []
     for d in dirs:
-        e = _entry(Path(d), mode)
+        e = _entry(Path(d), mode, named.get(d, ""))
         if e is None:
             unfinished += 1
             continue
@@ -87,7 +114,8 @@ def export(sweep: Path, workers: int = 2, mode: str = "offline", force: bool = F
     if todo:
         n = max(1, min(workers, len(todo)))
         size = -(-len(todo) // n)
-        slices = [([str(d) for d in todo[i:i + size]], mode) for i in range(0, len(todo), size)]
+        named = {str(d): n for d, n in names(dirs).items()}  # over the whole sweep: what varies in it
+        slices = [([str(d) for d in todo[i:i + size]], mode, named) for i in range(0, len(todo), size)]
         if n == 1:
             parts = [_export(slices[0])]
         else:  # spawn: a clean process per worker (wandb's service and threads do not survive a fork)

@@ -21,6 +21,8 @@ import yaml
 from rw_sweeps.sweeps import lock
 from .conftest import ROOT, cpu_seconds, launch, start_launch, wait_for_work, wait_until
 
+pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
+
 TINY = ["data.n_train=64", "data.n_test=64", "model.M=200"]
 QUIET = [*TINY, "wandb.mode=disabled"]
 # About 7 s of training for two runs here (7.5 µs a step): a signal after half a CPU second of it, handled at
@@ -212,8 +214,6 @@ def test_a_later_second_signal_stops_at_once_with_the_first_ones_code_and_releas
 import sys, time
 sys.path.insert(0, {str(ROOT)!r})
 from rw_sweeps.core import signals
-
-pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
 signals.install()
 signals.on_stop(lambda: open({str(marker)!r}, "w").close())
 try:

@@ -267,6 +267,7 @@ def _assert_named_by_what_varies(sweep: Path, names: dict) -> None:
     assert len(set(names.values())) == len(names)
 
 
+@pytest.mark.e2e
 def test_each_run_is_named_by_the_keys_its_sweep_varies_and_its_config_is_config_yaml(tmp_path):
     sweep = tmp_path / "S"
     r = launch("-m", "optim.lr=0.1,1", "model.normalize=none,whole", *TINY, "wandb.mode=offline",
@@ -311,6 +312,7 @@ def test_each_run_is_named_by_the_keys_its_sweep_varies_and_its_config_is_config
     assert read_run(one)["name"] == "mine"
 
 
+@pytest.mark.e2e
 def test_above_the_per_run_limit_a_packed_runs_table_holds_each_runs_config_and_summary(tmp_path):
     """A packed job's wandb run: its config what its runs share, nested as in config.yaml; its `runs` table
     one row per run, named as its per-run wandb run would be, every config key under its config.yaml path
@@ -374,6 +376,7 @@ def _would_sync(text: str, batches: int = 1) -> set[Path]:
     return set(listed)
 
 
+@pytest.mark.e2e
 def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_link(tmp_path, monkeypatch, capfd):
     sweep = tmp_path / "S"
     r = launch("-m", "model.normalize=none,whole", "seed=0,1", *TINY, "wandb.mode=offline",

@@ -19,3 +19,14 @@ GPT_LAST = ("test_acc", "test_loss", "train_loss", "test_kl", "opt_loss", "unigr
 # Summary fields a task can return as its objective.
 OBJECTIVES = (*LAST, "symmetry_break_step", "steps", "wall_s", "opt_loss", "unigram_loss", "relative_loss",
               "kl_uniform", "kl_unigram", "kl_bigram")
+
+# The success rule (paper §5): a run succeeds when it is done and its test accuracy is within `tol` of OPT.
+# It is `acc >= OPT - tol`, not |acc - OPT| <= tol: a finite test set can score above OPT. The analysis's
+# phase diagrams and the adaptive sweeper's `metric=success` both read it from here.
+SUCCESS_TOL = 0.02
+
+
+def succeeded(summary: dict, tol: float = SUCCESS_TOL) -> bool:
+    """Did the run with this (contract-checked) summary succeed?"""
+    acc, opt = summary.get("test_acc"), summary.get("opt_acc")
+    return summary.get("status") == "done" and acc is not None and opt is not None and acc >= opt - tol

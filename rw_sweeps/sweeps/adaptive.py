@@ -31,11 +31,10 @@ from hydra.core.override_parser.types import Override, ValueType
 
 from rw_sweeps.core import contract
 from rw_sweeps.core.errors import ConfigError
-from rw_sweeps.core.metrics import OBJECTIVES, succeeded
+from rw_sweeps.core.metrics import OBJECTIVES, SUCCESS, metric_value
 from rw_sweeps.core.safefs import atomic_write
 
 RECORD = "adaptive.json"
-SUCCESS = "success"
 DEFAULT_BATCH = 16  # points a round when neither hydra.sweeper.batch nor the launcher's job size says
 
 
@@ -161,20 +160,11 @@ def loss(learner) -> float:
 
 # ------------------------------------------------------------------------------------------ a run's value
 def run_value(verdict: contract.Verdict, metric: str, tol: float) -> Optional[float]:
-    """A finished run's value of the metric: for `success`, 1 or 0 (a failed or diverged run did not
-    succeed); for a summary field, its value if the run is done and it is a finite number, else None (a
-    step that never came, such as a symmetry break, is the run's step budget: it was not within it)."""
-    s = verdict.summary
-    if s is None or verdict.state not in contract.STATUSES:
+    """A run folder's value of the metric (`rw_sweeps.core.metrics.metric_value`): None unless the contract
+    finds it done, failed or diverged."""
+    if verdict.summary is None or verdict.state not in contract.STATUSES:
         return None
-    if metric == SUCCESS:
-        return 1.0 if verdict.done and succeeded(s, tol) else 0.0
-    if not verdict.done:
-        return None
-    v = s.get(metric)
-    if v is None and metric.endswith("_step"):
-        return float(s["steps"])
-    return float(v) if type(v) in (int, float) and math.isfinite(v) else None
+    return metric_value(verdict.summary, metric, tol)
 
 
 def point_value(values: list[Optional[float]]) -> Optional[float]:

@@ -208,11 +208,14 @@ def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: O
         if loss_goal is not None and current <= loss_goal:
             break
         n = batch if n_points is None else min(batch, n_points - len(told))
-        asked, _ = learner.ask(n)
+        # always a whole batch asked, the last round taking its first n: a grown budget asks the same batch
+        # there and finds those n among it, done
+        asked, _ = learner.ask(batch)
         points = []
         for p in map(_key, asked):
             if p not in told and p not in points:
                 points.append(p)
+        points = points[:n]
         if not points:  # the learner asks nothing new: its domain is resolved as far as it can go
             say(f"round {len(rounds) + 1}: the learner asks no new point; stopping")
             break

@@ -143,6 +143,8 @@ def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_unin
     ([LR_AXIS, "hydra.sweeper.n_points=1"], "error: invalid config: hydra.sweeper.n_points=1: must be >= 2"),
     ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra.sweeper.batch=0"],
      "error: invalid config: hydra.sweeper.batch=0: must be an integer >= 1 or null"),
+    ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra.sweeper.loss=curvature"],
+     "error: invalid config: hydra.sweeper.loss='curvature': must be boundary or default"),
     ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra.sweeper.budget=8"],
      "error: invalid config: hydra.sweeper.budget=8: unknown sweeper key; allowed: metric, n_points, loss_goal"),
     (["init.sigma=tag(log,interval(0,1))", "hydra.sweeper.n_points=8"],

@@ -46,7 +46,8 @@ class AdaptiveSweeperConf:
     n_points: Optional[int] = None  # the budget: points in all (each point is one run per crossed job)
     loss_goal: Optional[float] = None  # or/and stop once the learner's loss is at most this
     batch: Optional[int] = None  # points a round (null: max_runs_per_job ÷ runs a point, else 16)
-    level: float = 0.5  # the level set of the metric drawn as the boundary (success: half the runs succeed)
+    level: float = 0.5  # the metric's level set that is the boundary (success: half a point's runs succeed)
+    loss: str = "boundary"  # boundary: 2 axes resolve the level set first; default: python-adaptive's own loss
     tol: float = SUCCESS_TOL  # metric=success: test_acc >= OPT - tol
     params: Optional[Dict[str, str]] = None  # axes and crossed keys, as a preset declares them
 
@@ -67,10 +68,10 @@ def _free_number(sweep_dir: Path) -> int:
 
 class AdaptiveSweeper(Sweeper):
     def __init__(self, metric: str = "success", n_points: Optional[int] = None, loss_goal: Optional[float] = None,
-                 batch: Optional[int] = None, level: float = 0.5, tol: float = SUCCESS_TOL,
+                 batch: Optional[int] = None, level: float = 0.5, tol: float = SUCCESS_TOL, loss: str = "boundary",
                  params: Optional[Dict[str, str]] = None):
         self.metric, self.n_points, self.loss_goal, self.batch = metric, n_points, loss_goal, batch
-        self.level, self.tol = level, tol
+        self.level, self.tol, self.loss = level, tol, loss
         self.params = {str(k): str(v) for k, v in (params or {}).items()}
         self.config = self.hydra_context = self.task_function = self.launcher = None
 
@@ -84,7 +85,8 @@ class AdaptiveSweeper(Sweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
         axes, rest = adaptive.parse_axes(overrides)
-        adaptive.check_keys(self.metric, self.n_points, self.loss_goal, self.batch, self.level, self.tol, axes)
+        adaptive.check_keys(self.metric, self.n_points, self.loss_goal, self.batch, self.level, self.tol, axes,
+                            self.loss)
         if OmegaConf.select(self.config, "hydra.launcher.detach", default=False):
             raise ConfigError("hydra.launcher.detach", True, "the adaptive sweeper asks each round's points from "
                               "the last round's values, so it waits for its jobs; drop detach")
@@ -168,6 +170,7 @@ class AdaptiveSweeper(Sweeper):
 
         told, rounds = adaptive.sweep(axes, crossed, batch=self._batch(crossed), n_points=self.n_points,
                                       loss_goal=self.loss_goal, evaluate=evaluate, say=say,
+                                      level=self.level if self.loss == "boundary" else None,
                                       on_round=None if dry_run else lambda t: adaptive.write_record(
                                           sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, t))
         if told is None:  # a dry run: the first round's plan was printed

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 from hydra.core.override_parser.types import Override, ValueType
 
 from rw_sweeps.core import contract
@@ -85,8 +86,11 @@ def parse_axes(overrides: Sequence[Override]) -> tuple[list[Axis], list[Override
     return axes, rest
 
 
-def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: Any, tol: Any, axes: list) -> None:
+def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: Any, tol: Any, axes: list,
+               loss: Any = "boundary") -> None:
     """Every sweeper key, and the axes, before any job: the first bad one is one line."""
+    if loss not in LOSSES:
+        refuse("loss", loss, f"must be {' or '.join(LOSSES)}")
     allowed = f"{SUCCESS} (the analysis's success rule) or a numeric summary field: {', '.join(OBJECTIVES)}"
     if metric != SUCCESS and metric not in OBJECTIVES:
         refuse("metric", metric, f"must be {allowed}")
@@ -116,8 +120,29 @@ def _no_function(_x):
     raise RuntimeError("the adaptive sweeper evaluates points by launching runs, not by calling a function")
 
 
-def new_learner(axes: list[Axis]):
-    """A fresh python-adaptive learner over the axes (in their learner coordinates)."""
+LOSSES = ("boundary", "default")
+EXPLORE = 0.1  # the boundary loss's weight of a triangle the level set does not cross (it may hide an island)
+
+
+def boundary_loss(level: float, explore: float = EXPLORE):
+    """Learner2D's loss per triangle for a boundary: its linear size (√area in the unit square the learner
+    scales the axes to), in full where the metric's level set crosses it (its corners' values straddle the
+    level), `explore` of it elsewhere. The learner then splits the largest triangles on the boundary first,
+    and the largest elsewhere once the boundary's are `explore` times smaller: it resolves the level set,
+    not every slope of the metric (python-adaptive's default loss spends points on both)."""
+    # adaptive: see new_learner
+    from adaptive.learner.learner2D import areas
+
+    def loss(ip) -> np.ndarray:
+        values = np.asarray(ip.values)[:, 0][ip.tri.simplices]  # (triangles, 3)
+        crossed = (values.min(axis=1) <= level) & (values.max(axis=1) >= level)
+        return np.sqrt(areas(ip)) * np.where(crossed, 1.0, explore)
+    return loss
+
+
+def new_learner(axes: list[Axis], level: float | None = None):
+    """A fresh python-adaptive learner over the axes (in their learner coordinates); with a `level`, two axes
+    learn with the boundary loss (`boundary_loss`), one or more than two with python-adaptive's default."""
     # adaptive (scipy, sympy underneath): only an adaptive sweep needs it; Hydra imports the plugins at start-up
     import adaptive
 
@@ -125,7 +150,7 @@ def new_learner(axes: list[Axis]):
     if len(axes) == 1:
         return adaptive.Learner1D(_no_function, bounds[0])
     if len(axes) == 2:
-        return adaptive.Learner2D(_no_function, bounds)
+        return adaptive.Learner2D(_no_function, bounds, loss_per_triangle=None if level is None else boundary_loss(level))
     return adaptive.LearnerND(_no_function, bounds)
 
 
@@ -138,10 +163,10 @@ def _arg(point: tuple, ndim: int):
     return point[0] if ndim == 1 else point
 
 
-def rebuilt(axes: list[Axis], told: dict):
+def rebuilt(axes: list[Axis], told: dict, level: float | None = None):
     """The learner that has been told `told` ({point: value, or None for a point without any value}); a point
     without a value is pending (never asked again, interpolated by the learner)."""
-    learner = new_learner(axes)
+    learner = new_learner(axes, level)
     known = {p: v for p, v in told.items() if v is not None}
     if known:
         learner.tell_many([_arg(p, len(axes)) for p in known], list(known.values()))
@@ -192,7 +217,7 @@ def jobs_at(axes: list[Axis], crossed: list[list[str]], point: tuple) -> list[li
 
 
 def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: Optional[int],
-          loss_goal: Optional[float], evaluate: Callable[[list[list[str]]], Optional[tuple]],
+          loss_goal: Optional[float], level: Optional[float] = None, evaluate: Callable[[list[list[str]]], Optional[tuple]],
           say: Callable[[str], None] = print,
           on_round: Optional[Callable[[dict], None]] = None) -> tuple[Optional[dict], list[Round]]:
     """Run the rounds. `evaluate(jobs)` launches the jobs (or finds them done) and returns (each job's value,
@@ -201,7 +226,7 @@ def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: O
     told: dict = {}
     rounds: list[Round] = []
     while True:
-        learner = rebuilt(axes, told)
+        learner = rebuilt(axes, told, level)
         current = loss(learner)
         if n_points is not None and len(told) >= n_points:
             break
@@ -228,7 +253,7 @@ def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: O
         for p, js in zip(points, jobs):
             told[p] = point_value(values[k:k + len(js)])
             k += len(js)
-        r = Round(len(rounds) + 1, points, sum(len(js) for js in jobs), trained, loss(rebuilt(axes, told)))
+        r = Round(len(rounds) + 1, points, sum(len(js) for js in jobs), trained, loss(rebuilt(axes, told, level)))
         rounds.append(r)
         found = f" ({r.runs - r.trained} found done)" if r.trained < r.runs else ""
         say(f"round {r.number}: {len(points)} points, {r.runs} runs{found}; loss {r.loss:.4g}")

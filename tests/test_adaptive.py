@@ -209,3 +209,74 @@ def test_a_two_axis_diagram_interpolates_on_the_learners_triangulation(tmp_path)
     assert sorted(map(sorted, tri.triangles.tolist())) == \
         sorted(map(sorted, learner.interpolator(scaled=True).tri.simplices.tolist()))
     assert LinearTriInterpolator(tri, pts["value"].to_numpy())(u, v).data == pytest.approx(pts["value"].to_numpy())
+
+
+# ------------------------------------------------------------------ the rounds alone, on a known function
+def _rounds(evaluate_point, n_points, batch, loss="boundary", told_runs=None):
+    """`rw_sweeps.sweeps.adaptive.sweep` over σ × η (the escape cut's log axes), each job's value
+    `evaluate_point(log10 σ, log10 η)`; `told_runs` (a dict) is the run folders: jobs found there are not run."""
+    from rw_sweeps.sweeps import adaptive
+
+    axes = [adaptive.Axis("init.sigma", 1e-8, 1e-1, True), adaptive.Axis("optim.lr", 0.3, 3.0, True)]
+    runs = {} if told_runs is None else told_runs
+    trained = []
+
+    def evaluate(jobs):
+        out = []
+        for job in jobs:
+            key = tuple(job)
+            if key not in runs:
+                values = dict(o.split("=") for o in job)
+                runs[key] = evaluate_point(math.log10(float(values["init.sigma"])), math.log10(float(values["optim.lr"])))
+                trained.append(key)
+            out.append(runs[key])
+        return out, sum(tuple(j) in trained for j in jobs)
+
+    told, rounds = adaptive.sweep(axes, [[]], batch=batch, n_points=n_points, loss_goal=None, evaluate=evaluate,
+                                  level=0.5 if loss == "boundary" else None, say=lambda line: None)
+    return axes, told, rounds, trained
+
+
+def _escapes(u, v):  # a known boundary: escape above a line in log σ × log η, test_acc 1 above, 1/6 below
+    return 1.0 if u > -4.5 + 1.5 * v else 1 / 6
+
+
+def _agreement(axes, told):
+    from rw_sweeps.sweeps.adaptive import rebuilt
+
+    learner = rebuilt(axes, told)  # python-adaptive's interpolation on its triangulation
+    c = lambda lo, hi, n: lo + (hi - lo) * (np.arange(n) + 0.5) / n  # noqa: E731
+    at = np.array([(u, v) for u in c(-8, -1, 16) for v in c(math.log10(0.3), math.log10(3), 16)])
+    truth = np.array([_escapes(u, v) >= 0.5 for u, v in at])
+    scaled = (at - learner.xy_mean) / learner.xy_scale
+    return ((learner.interpolator(scaled=True)(scaled).ravel() >= 0.5) == truth).mean()
+
+
+def test_the_boundary_loss_resolves_a_known_boundary_better_than_the_default_loss_and_a_grid():
+    axes, told, rounds, _ = _rounds(_escapes, 48, 8)
+    assert len(told) == 48 and [len(r.points) for r in rounds] == [8] * 6
+    near = sum(abs(u - (-4.5 + 1.5 * v)) < 0.7 for u, v in told)  # within a tenth of the σ axis of the line
+    assert near >= 24  # half the points or more hug the boundary (a uniform 7×7 grid puts 7 of 49 there)
+    boundary = _agreement(axes, told)
+    _, default_told, _, _ = _rounds(_escapes, 48, 8, loss="default")
+    assert boundary >= 0.95 and boundary > _agreement(axes, default_told)
+
+
+def test_the_rounds_replayed_after_an_interrupt_ask_the_same_points():
+    """Round 4 is cut after two of its jobs: the replay finds rounds 1–3 and those two jobs done, trains the
+    rest, and ends where the uninterrupted sweep ends."""
+    _, whole, _, _ = _rounds(_escapes, 40, 8)
+    folders: dict = {}
+    calls = []
+
+    def cut(u, v):
+        calls.append((u, v))
+        if len(calls) == 27:
+            raise KeyboardInterrupt
+        return _escapes(u, v)
+
+    with pytest.raises(KeyboardInterrupt):
+        _rounds(cut, 40, 8, told_runs=folders)
+    assert len(folders) == 26  # three rounds of 8 and two jobs of the fourth
+    _, resumed, rounds, trained = _rounds(_escapes, 40, 8, told_runs=folders)
+    assert resumed == whole and len(trained) == 14 and [r.trained for r in rounds] == [0, 0, 0, 6, 8]

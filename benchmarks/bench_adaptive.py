@@ -134,12 +134,18 @@ def draw(path: Path, ref: dict, uni: dict, ada: dict, rows: list, args) -> None:
     at = np.array(list(ref))
     truth = rows[0][2]
     fig, axs = plt.subplots(1, 3, figsize=(13, 4), sharey=True)
+    us, vs = np.unique(at[:, 0]), np.unique(at[:, 1])
+    du, dv = (us[1] - us[0]) / 2, (vs[1] - vs[0]) / 2
     for ax, (name, runs, cls, _), pts in zip(axs, rows[:3], (ref, uni, ada)):
-        wrong = cls != truth
-        ax.scatter(at[:, 0], at[:, 1], c=np.where(cls, "tab:green", "tab:red"), marker="s", s=120, alpha=0.35)
-        ax.scatter(at[wrong, 0], at[wrong, 1], facecolors="none", edgecolors="k", marker="s", s=120, lw=1.2)
+        for (u, v), good, bad in zip(at, cls, cls != truth):  # each reference cell as it is classified
+            ax.add_patch(plt.Rectangle((u - du, v - dv), 2 * du, 2 * dv, color="tab:green" if good else "tab:red",
+                                       alpha=0.35, lw=0))
+            if bad:
+                ax.add_patch(plt.Rectangle((u - du, v - dv), 2 * du, 2 * dv, fill=False, ec="k", lw=1.2))
         p = np.array(list(pts))
         ax.plot(p[:, 0], p[:, 1], "k.", ms=4)
+        ax.set_xlim(us[0] - du, us[-1] + du)
+        ax.set_ylim(vs[0] - dv, vs[-1] + dv)
         ax.set_title(f"{name}\n{runs} runs, {100 * (cls == truth).mean():.1f} % of cells as the reference", fontsize=9)
         ax.set_xlabel("log10 σ")
     axs[0].set_ylabel("log10 η")

@@ -280,3 +280,22 @@ def test_the_rounds_replayed_after_an_interrupt_ask_the_same_points():
     assert len(folders) == 26  # three rounds of 8 and two jobs of the fourth
     _, resumed, rounds, trained = _rounds(_escapes, 40, 8, told_runs=folders)
     assert resumed == whole and len(trained) == 14 and [r.trained for r in rounds] == [0, 0, 0, 6, 8]
+
+
+def test_hydra_s_own_launcher_runs_the_same_rounds(tmp_path):
+    """Under hydra/launcher=basic (one Hydra job a run) the rounds ask the same points and find the runs
+    done on a relaunch, as under the rw launcher."""
+    args = ["-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.n_points=6", "hydra.sweeper.batch=3"]
+    ours, basic = tmp_path / "rw", tmp_path / "basic"
+    assert launch(*args, f"hydra.sweep.dir={ours}").returncode == 0
+    r = launch(*args, "hydra/launcher=basic", f"hydra.sweep.dir={basic}")
+    assert r.returncode == 0, r.stderr
+    assert _lr_points(basic) == _lr_points(ours) and len(summaries(basic)) == 6
+    again = launch(*args, "hydra/launcher=basic", f"hydra.sweep.dir={basic}")
+    assert "6 runs (0 trained, 6 found done)" in again.stdout, again.stdout + again.stderr
+
+
+def test_rounds_stop_when_no_run_of_a_round_has_a_value():
+    """A metric no run reaches (every run failed): the sweep stops after that round instead of asking on."""
+    axes, told, rounds, trained = _rounds(lambda u, v: None, None, 4)
+    assert len(rounds) == 1 and len(trained) == 4 and all(v is None for v in told.values())

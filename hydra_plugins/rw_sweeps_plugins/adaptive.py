@@ -66,6 +66,14 @@ def _free_number(sweep_dir: Path) -> int:
     return 1 + max((n for n in nums if n is not None), default=-1)
 
 
+def _output_dir(ret) -> Optional[str]:
+    """A Hydra JobReturn's run folder: its job's `hydra.runtime.output_dir` (`working_dir` is the process's
+    working directory, the run folder only under `hydra.job.chdir=true`)."""
+    cfg = getattr(ret, "hydra_cfg", None)
+    out = OmegaConf.select(cfg, "hydra.runtime.output_dir", default=None) if cfg is not None else None
+    return str(out) if out is not None else ret.working_dir
+
+
 class AdaptiveSweeper(Sweeper):
     def __init__(self, metric: str = "success", n_points: Optional[int] = None, loss_goal: Optional[float] = None,
                  batch: Optional[int] = None, level: float = 0.5, tol: float = SUCCESS_TOL, loss: str = "boundary",
@@ -137,22 +145,31 @@ class AdaptiveSweeper(Sweeper):
             start = _free_number(sweep_dir)
             if twin is not None:
                 specs = planner.plan(jobs, start)
-                done = self.launcher.place(specs, planner) if hasattr(self.launcher, "place") else set()
+                if hasattr(self.launcher, "place"):
+                    done = self.launcher.place(specs, planner)
+                else:  # any other launcher: the runs already done are found as the rw launcher finds them
+                    done = set(placement.place(specs, sweep_dir, planner.subdir == "${hydra.job.num}").done)
                 todo = [s for i, s in enumerate(specs) if i not in done]
                 counts["skipped"] += len(specs) - len(todo)
-                if todo:
+                folders = [s.output_dir for s in specs]
+                if todo and hasattr(self.launcher, "launch_specs"):
                     res = self.launcher.launch_specs(todo, twin, planner)
+                elif todo:  # Hydra's own launchers number the jobs from `start`: read each one's folder back
+                    res = self.launcher.launch([s.overrides for s in todo], initial_job_idx=start)
+                    if res is not None:
+                        back = iter(_output_dir(r) for r in res)
+                        folders = [f if i in done else next(back) for i, f in enumerate(folders)]
+                if todo:
                     if res is None:
                         return None
                     returns.append(res)
-                folders = [s.output_dir for s in specs]
-                fresh = {s.output_dir for s in todo}
+                fresh = {f for i, f in enumerate(folders) if i not in done}
             else:
                 res = self.launcher.launch(jobs, initial_job_idx=start)
                 if res is None:
                     return None
                 returns.append(res)
-                folders = [r.working_dir for r in res]
+                folders = [_output_dir(r) for r in res]
                 fresh = set(folders)
             values = []
             for f in folders:

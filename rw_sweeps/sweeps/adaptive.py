@@ -259,6 +259,9 @@ def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: O
         say(f"round {r.number}: {len(points)} points, {r.runs} runs{found}; loss {r.loss:.4g}")
         if on_round is not None:
             on_round(told)
+        if all(told[p] is None for p in points):  # every run of the round failed: more rounds would too
+            say(f"round {r.number}: no run of this round has a value of the metric; stopping")
+            break
     return told, rounds
 
 

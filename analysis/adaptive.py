@@ -83,6 +83,12 @@ def points(runs: pd.DataFrame, rec: dict, facet: list[str]) -> pd.DataFrame:
     missing = [k for k in keys if k not in runs.columns]
     if missing:
         raise KeyError(f"the runs have no column {missing[0]}")
+    asked = {tuple(float(x) for x in p["at"]) for p in rec.get("points") or [] if isinstance(p, dict)
+             and isinstance(p.get("at"), list) and len(p["at"]) == len(keys)
+             and all(type(x) in (int, float) for x in p["at"])}
+    if asked:  # the points the sweep asked for (a relaunch with other bounds leaves runs of other points)
+        at = zip(*(pd.to_numeric(runs[k], errors="coerce").astype(float) for k in keys))
+        runs = runs[[tuple(t) in asked for t in at]]
     df = runs.assign(_value=run_values(runs, rec["metric"], rec["tol"]))
     g = df.groupby(facet + keys, dropna=False, sort=True)["_value"]
     return pd.DataFrame({"value": g.mean(), "runs": g.size()}).reset_index()

@@ -299,3 +299,26 @@ def test_rounds_stop_when_no_run_of_a_round_has_a_value():
     """A metric no run reaches (every run failed): the sweep stops after that round instead of asking on."""
     axes, told, rounds, trained = _rounds(lambda u, v: None, None, 4)
     assert len(rounds) == 1 and len(trained) == 4 and all(v is None for v in told.values())
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[1, 2]", "adaptive.json has no list of axes"),
+    ('{"axes": [{"key": "data.p", "lo": 1, "hi": 0, "log": false}]}', "an axis is not {key, lo < hi, log}"),
+    ('{"axes": [{"key": "init.sigma", "lo": 0, "hi": 1, "log": true}]}', "an axis is not {key, lo < hi, log}"),
+    ('{"axes": [{"key": "data.p", "lo": 0, "hi": 1, "log": false}], "metric": "__import__", "level": 0.5, "tol": 0}',
+     "metric='__import__' is not one the sweeper learns"),
+    ('{"axes": [{"key": "data.p", "lo": 0, "hi": 1, "log": false}], "metric": "success", "level": "half", "tol": 0}',
+     "level is not a number"),
+    ("{" * 100000, "adaptive.json"),
+])
+def test_a_planted_adaptive_record_is_refused_with_why(text, why, tmp_path):
+    """The analysis reads `adaptive.json` as a file a stranger may write: a malformed one is Broken (the sweep is
+    then drawn as a grid, with a note), never a traceback."""
+    from analysis.adaptive import read_record
+    from rw_sweeps.core.readers import Broken
+
+    (tmp_path / "adaptive.json").write_text(text)
+    with pytest.raises(Broken) as e:
+        read_record(tmp_path)
+    assert why in e.value.why
+    assert read_record(tmp_path / "elsewhere") is None  # no record: a grid

@@ -150,6 +150,10 @@ def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_unin
     (["init.sigma=tag(log,interval(0,1))", "hydra.sweeper.n_points=8"],
      "error: invalid config: init.sigma='tag(log,interval(0,1))': a log axis needs bounds > 0"),
     (["data.p=interval(0,1.5)", "hydra.sweeper.n_points=8"], "error: invalid config: data.p=1.5: must be in [0, 1]"),
+    (["init=interval(0,1)", "hydra.sweeper.n_points=8"],
+     "error: invalid config: init='interval(0,1)': is a config group: an axis is a numeric key"),
+    (["data.p=interval(0,1)", "data.p=0.5", "hydra.sweeper.n_points=8"],  # the last one given wins, as in Hydra
+     "error: invalid config: hydra.sweeper.params=None: no axis"),
     ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra/launcher=slurm", "hydra.launcher.detach=true"],
      "error: invalid config: hydra.launcher.detach=True: the adaptive sweeper asks each round's points"),
 ])

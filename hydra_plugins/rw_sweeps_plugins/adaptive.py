@@ -93,6 +93,11 @@ class AdaptiveSweeper(Sweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
         axes, rest = adaptive.parse_axes(overrides)
+        repository = self.hydra_context.config_loader.repository  # as the planner asks it what a group is
+        for a in axes:
+            if "." not in a.key and repository.group_exists(a.key):
+                raise ConfigError(a.key, f"interval({a.lo:g},{a.hi:g})", "is a config group: an axis is a numeric "
+                                  f"key; a group's options are crossed with every point ({a.key}=a,b)")
         adaptive.check_keys(self.metric, self.n_points, self.loss_goal, self.batch, self.level, self.tol, axes,
                             self.loss)
         if OmegaConf.select(self.config, "hydra.launcher.detach", default=False):

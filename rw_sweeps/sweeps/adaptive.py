@@ -65,9 +65,12 @@ class Axis:
 
 def parse_axes(overrides: Sequence[Override]) -> tuple[list[Axis], list[Override]]:
     """The sweep's axes (its `interval` overrides, `tag(log, …)` for a log axis) and every other override
-    (fixed values and the swept keys crossed with every point). ConfigError for an axis it cannot learn."""
+    (fixed values and the swept keys crossed with every point). A key given twice is the last one given, as
+    Hydra's grid sweeper reads `hydra.sweeper.params` and then the command line (`optim.lr=1.0` after a
+    preset's lr axis fixes it). ConfigError for an axis it cannot learn."""
+    last = {o.get_key_element(): o for o in overrides}
     axes, rest = [], []
-    for o in overrides:
+    for o in last.values():
         if not (o.is_sweep_override() and o.value_type == ValueType.INTERVAL_SWEEP):
             rest.append(o)
             continue

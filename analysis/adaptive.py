@@ -172,7 +172,10 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
                 for k, val in zip(facet, name if isinstance(name, tuple) else (name,)):
                     sub = sub[sub[k] == val]
                 tri = triangulation(g, rec)
-                im = ax.tripcolor(tri, g["value"].to_numpy(), shading="gouraud", cmap="RdYlGn", vmin=vmin, vmax=vmax)
+                # filled contours of the linear interpolation: the colormap's own colours (Gouraud shading
+                # would blend red and green into brown)
+                im = ax.tricontourf(tri, g["value"].to_numpy(), levels=np.linspace(vmin, vmax, 21), cmap="RdYlGn",
+                                    extend="both")
                 if np.nanmin(g["value"]) < level < np.nanmax(g["value"]):
                     ax.tricontour(tri, g["value"].to_numpy(), levels=[level], colors="k", linewidths=1.5)
                 if _theory(sub, rec, tri, g, ax, notes):
@@ -180,7 +183,7 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
                     ax.legend(loc="lower left", fontsize=7)
             else:
                 im = ax.scatter(u, v, c=g["value"], cmap="RdYlGn", vmin=vmin, vmax=vmax, s=14)
-            ax.plot(u, v, "k.", ms=3)
+            ax.plot(u, v, "k.", ms=3, clip_on=False)  # the corners too
             ax.set_ylabel(("log10 " if y["log"] else "") + LABELS.get(y["key"], y["key"]))
             fig.colorbar(im, ax=ax, label=metric)
         ax.set_xlabel(("log10 " if x["log"] else "") + LABELS.get(x["key"], x["key"]))

@@ -21,8 +21,10 @@ import pandas as pd               # noqa: E402
 
 from rw_sweeps.core import signals                          # noqa: E402
 from rw_sweeps.core.console import prog                    # noqa: E402
+from rw_sweeps.core.readers import Broken                  # noqa: E402
 
 from . import claims                                      # noqa: E402
+from .adaptive import adaptive_figures, read_record       # noqa: E402
 from .curves import curve_figures                         # noqa: E402
 from .escape import escape_figures                        # noqa: E402
 from .figures import paper_figures                       # noqa: E402
@@ -102,11 +104,22 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
                       (None,) * 4)
 
     runs = add_success(runs, tol)
+    # Adaptive sweeps (hydra/sweeper=adaptive) are drawn over their continuous axes; grids as always
+    records = {}
+    for sweep in dict.fromkeys(runs["sweep"]):
+        try:
+            rec = read_record(sweep)
+        except Broken as e:
+            notes.append(f"{sweep}: {e.why}; drawn as a grid")
+            continue
+        if rec is not None:
+            records[sweep] = rec
+    grid = ~runs["sweep"].isin(list(records))
     # Sweeps of several data families (a circle, a binary chain, graphs…) share few axes: each family gets
     # its own phase diagrams on its own swept keys, unless the axes are given
-    families = list(dict.fromkeys(runs["data.name"].dropna())) if "data.name" in runs else []
+    families = list(dict.fromkeys(runs.loc[grid, "data.name"].dropna())) if "data.name" in runs else []
     split = len(families) > 1 and not any((x, y, row, col))
-    groups = [(f, runs["data.name"] == f) for f in families] if split else [(None, slice(None))]
+    groups = [(f, grid & (runs["data.name"] == f)) for f in families] if split else [(None, grid)] if grid.any() else []
     axes = {f: _axes((x, y, row, col), runs[rows], notes, f) for f, rows in groups}
     runs = add_success_step(runs, tol)     # reads every history: after the cheap checks
     if metric not in runs.columns or not pd.api.types.is_numeric_dtype(runs[metric]):
@@ -149,6 +162,7 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
                 continue
             save(name, caption, fig, section)
 
+    draw_all(adaptive_figures(runs, records, notes), "Adaptive phase diagrams")
     draw_all(curve_figures(runs, notes), "Learning curves")
     draw_all(model_figures(runs, notes), "Models: loss against the baselines, strategies, attention")
     if paper:
@@ -161,7 +175,7 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
     table.attrs = {"config_keys": runs.attrs["config_keys"]}   # skipped stays in the report
     table.to_parquet(out / "runs.parquet", index=False)
     report = write_report(out, runs, skipped, figures, notes, title=title)
-    return Report(report, runs, skipped, figures, notes, next(iter(axes.values())))
+    return Report(report, runs, skipped, figures, notes, next(iter(axes.values()), (None,) * 4))
 
 
 # What a diagram's cell means where a reader may doubt it

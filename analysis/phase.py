@@ -25,10 +25,11 @@ from matplotlib.colors import LogNorm, Normalize         # noqa: E402
 from matplotlib.patches import Patch, Rectangle          # noqa: E402
 
 from rw_sweeps.core import contract, readers, results   # noqa: E402
+from rw_sweeps.core.metrics import SUCCESS_TOL         # noqa: E402
 
 from .load import config_keys     # noqa: E402
 
-TOL = 0.02
+TOL = SUCCESS_TOL  # the one success rule's tolerance (rw_sweeps.core.metrics)
 ZERO = "zero"                           # the zero-init column beside the σ axis
 LOG_KEYS = {"init.sigma", "optim.lr"}   # swept geometrically: labelled in powers of ten
 UNIT_METRICS = {"success", "acc_norm", "test_acc", "parent_attention", "v_pi_cosine", "locked"}

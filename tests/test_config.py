@@ -30,7 +30,8 @@ def test_every_group_option_exists():
     assert GROUPS["experiment"] == sorted([f"fig{i}" for i in (10, 4, 5, 6, 7, 8, 9)]
                                           + ["escape", "fig10_readings", "fig6_readings", "locking",
                                              "lazy", "makkuva_pq", "graphs", "kth_order", "icl", "deep_trap",
-                                             "makkuva", "makkuva_small", "edelman_icl", "bayes_net"])
+                                             "makkuva", "makkuva_small", "edelman_icl", "bayes_net",
+                                             "escape_adaptive", "makkuva_pq_adaptive"])
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() if g != "experiment" for o in opts])
@@ -86,12 +87,18 @@ def test_experiment_presets_compose_to_the_paper_settings(name):
     ("escape", {"data.p": "0.0,1.0,0.9,0.95,0.99", "model.normalize": "none,whole", "precision": "float64,float32",
                 "seed": "range(0,8)"}),
     ("locking", {"data.n_train": "100,300,1000,3000", "data.N": "25,49,97", "model.M": "200,1000",
-                 "seed": "range(0,50)"})])
+                 "seed": "range(0,50)"}),
+    ("escape_adaptive", {"init.sigma": "tag(log,interval(1e-8,1e-1))", "optim.lr": "tag(log,interval(0.01,10))",
+                         "model.normalize": "none,whole", "seed": "range(0,4)"}),
+    ("makkuva_pq_adaptive", {"data.p": "interval(0.05,0.95)", "data.q": "interval(0.05,0.95)",
+                             "init": "zero,gaussian", "seed": "range(0,4)"})])
 def test_multirun_presets_declare_their_sweep(name, sweep):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
     assert str(cfg.hydra.mode).endswith("MULTIRUN")
     params = OmegaConf.to_container(cfg.hydra.sweeper.params)
+    if name.endswith("_adaptive"):  # its own sweeper, with a budget of points
+        assert cfg.hydra.sweeper._target_.endswith("AdaptiveSweeper") and cfg.hydra.sweeper.n_points >= 48
     for k, v in sweep.items():
         assert params[k] == v
     for task in ("qa_majority", "qa_preference"):

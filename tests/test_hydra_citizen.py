@@ -146,7 +146,8 @@ def test_glob_runs_every_experiment_preset(tmp_path):
          "random_walk/fig8", "random_walk/fig9", "random_walk/fig6_readings", "qa_majority/fig10_readings",
          "random_walk/escape", "random_walk/locking", "binary_chain/makkuva_pq", "lazy_walk/lazy",
          "graph_walk/graphs", "kth_order/kth_order", "icl_markov/icl", "random_walk/deep_trap",
-         "binary_chain/makkuva", "binary_chain/makkuva_small", "icl_markov/edelman_icl", "bayes_net/bayes_net"])
+         "binary_chain/makkuva", "binary_chain/makkuva_small", "icl_markov/edelman_icl", "bayes_net/bayes_net",
+         "random_walk/escape_adaptive", "binary_chain/makkuva_pq_adaptive"])
     assert all(s["status"] == "done" and s["steps"] == 2 for s in runs.values())
 
 

@@ -352,3 +352,24 @@ def test_sacct_and_squeue_ids_are_expanded_to_array_tasks():  # no cluster neede
     text = "12_[3-5,8%2]|PENDING\n12_0|RUNNING\n12_0.batch|RUNNING\n12_1|CANCELLED by 0\n13|COMPLETED\n13.0|FAILED\n"
     assert status.parse_states(text) == {"12_3": "PENDING", "12_4": "PENDING", "12_5": "PENDING",
                                          "12_8": "PENDING", "12_0": "RUNNING", "12_1": "CANCELLED", "13": "COMPLETED"}
+
+
+# ------------------------------------------------------------------------------------------ (g)
+@pytest.mark.slurm
+def test_g_an_adaptive_sweep_through_slurm_asks_the_points_it_asks_here(sweep_dir, tmp_path):
+    """hydra/sweeper=adaptive on packed_slurm: every round one SLURM array, waited for; the same points and
+    values as the same sweep trained in this process, and `rw-status` sees every round's runs."""
+    args = ["-m", "hydra/sweeper=adaptive", "optim.lr=tag(log,interval(0.01,0.3))", "hydra.sweeper.n_points=6",
+            "hydra.sweeper.batch=3", "optim.steps=5", "data.n_train=64", "data.n_test=64", "model.M=200",
+            "wandb.mode=disabled"]
+    here = tmp_path / "here"
+    assert launch(*args, f"hydra.sweep.dir={here}").returncode == 0
+    r = launch(*args, "hydra/launcher=packed_slurm", "hydra.launcher.poll_s=1", f"hydra.sweep.dir={sweep_dir}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "round 2: 3 points, 3 runs;" in r.stdout and line(sweep_dir, 6, 6, 0, 0, 0) in r.stdout
+    points = lambda d: json.loads((d / "adaptive.json").read_text())["points"]  # noqa: E731
+    assert points(sweep_dir) == points(here)
+    rec = record(sweep_dir)
+    assert len(rec["arrays"]) == 2 and len(rec["runs"]) == 6  # one array a round
+    st = status_cmd(str(sweep_dir))
+    assert "6 done" in st.stdout, st.stdout + st.stderr

@@ -52,6 +52,9 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             if key.startswith("hydra.launcher."):
                 return ConfigError(key, value, "unknown launcher key; any other sbatch option goes in "
                                    f"'+hydra.launcher.additional_parameters.{key.rsplit('.', 1)[1]}=...'")
+            if key.startswith("hydra.sweeper.") and cls is not None:  # a sweeper's own schema: its keys
+                names = [f for f in cls.__dataclass_fields__ if not f.startswith("_")]
+                return ConfigError(key, value, f"unknown sweeper key; allowed: {', '.join(names)}")
             if key.startswith("hydra."):
                 return ConfigError(key, value, "unknown Hydra key")
             prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""

@@ -1,0 +1,205 @@
+"""`hydra/sweeper=adaptive`: a phase diagram whose runs are placed where the outcome changes, by
+python-adaptive's learners (`rw_sweeps.sweeps.adaptive` holds the sweep; this is its Hydra adapter).
+
+    python launch.py -m hydra/sweeper=adaptive 'init.sigma=tag(log,interval(1e-8,1e-1))' \
+        'optim.lr=tag(log,interval(0.3,3))' seed='range(0,2)' hydra.sweeper.metric=test_acc hydra.sweeper.n_points=48
+
+Each round is one ordinary launch through the configured launcher (`launch_specs` for the rw launchers, so
+packing, placement, faults, wandb and `rw-status` work as for a grid; `launch` for any other launcher).
+Every key is checked, and the axes' corners planned and validated, before any job starts.
+"""
+# No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
+import logging
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+
+from rw_sweeps.core import contract
+from rw_sweeps.core.errors import ConfigError, Refused, one_line
+from rw_sweeps.core.metrics import SUCCESS_TOL
+from rw_sweeps.core.resources import problems
+from rw_sweeps.core.safefs import atomic_write, ensure_dir
+from rw_sweeps.sweeps import adaptive, placement
+from rw_sweeps.sweeps.app import batch_function, note_failed
+from rw_sweeps.sweeps.hydra_adapter import split_arguments
+from rw_sweeps.sweeps.planner import Planner
+from rw_sweeps.sweeps.status import summary_line
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AdaptiveSweeperConf:
+    """`hydra.sweeper.*` of `hydra/sweeper=adaptive` (conf/hydra/sweeper/adaptive.yaml holds its deltas)."""
+    _target_: str = "hydra_plugins.rw_sweeps_plugins.adaptive.AdaptiveSweeper"
+    metric: str = "success"  # what is learned: `success` (a point's success rate) or a numeric summary field
+    n_points: Optional[int] = None  # the budget: points in all (each point is one run per crossed job)
+    loss_goal: Optional[float] = None  # or/and stop once the learner's loss is at most this
+    batch: Optional[int] = None  # points a round (null: max_runs_per_job ÷ runs a point, else 16)
+    level: float = 0.5  # the metric's level set that is the boundary (success: half a point's runs succeed)
+    loss: str = "boundary"  # boundary: 2 axes resolve the level set first; default: python-adaptive's own loss
+    tol: float = SUCCESS_TOL  # metric=success: test_acc >= OPT - tol
+    params: Optional[Dict[str, str]] = None  # axes and crossed keys, as a preset declares them
+
+
+ConfigStore.instance().store(group="schema/hydra/sweeper", name="adaptive", node=AdaptiveSweeperConf,
+                             provider="rw_sweeps")
+
+
+def _free_number(sweep_dir: Path) -> int:
+    """The first job number above every numbered folder of the sweep (a round's new runs never land in a
+    folder that holds another run)."""
+    try:
+        nums = [contract.job_number(e.name) for e in os.scandir(sweep_dir) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    return 1 + max((n for n in nums if n is not None), default=-1)
+
+
+def _output_dir(ret) -> Optional[str]:
+    """A Hydra JobReturn's run folder: its job's `hydra.runtime.output_dir` (`working_dir` is the process's
+    working directory, the run folder only under `hydra.job.chdir=true`)."""
+    cfg = getattr(ret, "hydra_cfg", None)
+    out = OmegaConf.select(cfg, "hydra.runtime.output_dir", default=None) if cfg is not None else None
+    return str(out) if out is not None else ret.working_dir
+
+
+class AdaptiveSweeper(Sweeper):
+    def __init__(self, metric: str = "success", n_points: Optional[int] = None, loss_goal: Optional[float] = None,
+                 batch: Optional[int] = None, level: float = 0.5, tol: float = SUCCESS_TOL, loss: str = "boundary",
+                 params: Optional[Dict[str, str]] = None):
+        self.metric, self.n_points, self.loss_goal, self.batch = metric, n_points, loss_goal, batch
+        self.level, self.tol, self.loss = level, tol, loss
+        self.params = {str(k): str(v) for k, v in (params or {}).items()}
+        self.config = self.hydra_context = self.task_function = self.launcher = None
+
+    def setup(self, *, hydra_context, task_function, config) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+        self.launcher = Plugins.instance().instantiate_launcher(hydra_context=hydra_context,
+                                                                task_function=task_function, config=config)
+
+    # ------------------------------------------------------------------------------------ checks
+    def _parse(self, arguments: List[str]):
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        overrides = parser.parse_overrides([f"{k}={v}" for k, v in self.params.items()] + list(arguments))
+        axes, rest = adaptive.parse_axes(overrides)
+        repository = self.hydra_context.config_loader.repository  # as the planner asks it what a group is
+        for a in axes:
+            if "." not in a.key and repository.group_exists(a.key):
+                raise ConfigError(a.key, f"interval({a.lo:g},{a.hi:g})", "is a config group: an axis is a numeric "
+                                  f"key; a group's options are crossed with every point ({a.key}=a,b)")
+        adaptive.check_keys(self.metric, self.n_points, self.loss_goal, self.batch, self.level, self.tol, axes,
+                            self.loss)
+        if OmegaConf.select(self.config, "hydra.launcher.detach", default=False):
+            raise ConfigError("hydra.launcher.detach", True, "the adaptive sweeper asks each round's points from "
+                              "the last round's values, so it waits for its jobs; drop detach")
+        crossed = [job for b in split_arguments(rest, None) for job in b]
+        crossed_keys = sorted({o.key_or_group for o in rest if o.is_sweep_override()})
+        return axes, crossed, crossed_keys
+
+    def _batch(self, crossed: list) -> int:
+        if self.batch is not None:
+            return self.batch
+        per_job = OmegaConf.select(self.config, "hydra.launcher.max_runs_per_job", default=None)
+        return max(1, int(per_job) // len(crossed)) if per_job else adaptive.DEFAULT_BATCH
+
+    # ------------------------------------------------------------------------------------ the sweep
+    def sweep(self, arguments: List[str]) -> Any:
+        twin = batch_function(self.task_function)
+        planner = None
+        try:
+            axes, crossed, crossed_keys = self._parse(arguments)
+            if twin is not None:  # every value of the axes' corners (and of each crossed job) checked now
+                planner = Planner(self.hydra_context.config_loader, self.config)
+                corners = [tuple(b[(i >> d) & 1] for d, b in enumerate(a.bounds for a in axes))
+                           for i in range(2 ** len(axes))]
+                specs = planner.plan([j for c in corners for j in adaptive.jobs_at(axes, crossed, c)])
+                if getattr(self.launcher, "trains_here", True):
+                    problem = next((p for p in problems([s.cfg for s in specs], [s.shape for s in specs])
+                                    if p is not None), None)
+                    if problem is not None:
+                        raise problem
+        except Refused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a composition error of one job: refused in one line
+            raise Refused(one_line(exc)) from exc
+
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        dry_run = bool(OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False))
+        if not placement.writable(sweep_dir):  # FolderTaken: refused, in one line
+            raise ConfigError("hydra.sweep.dir", str(sweep_dir), "not writable: an adaptive sweep records each round")
+        if not dry_run:
+            if hasattr(self.launcher, "take_lock"):
+                self.launcher.take_lock()
+            ensure_dir(sweep_dir)
+            atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
+        counts: Counter = Counter()
+        returns: list = []
+
+        def evaluate(jobs: list) -> Optional[tuple]:
+            start = _free_number(sweep_dir)
+            if twin is not None:
+                specs = planner.plan(jobs, start)
+                if hasattr(self.launcher, "place"):
+                    done = self.launcher.place(specs, planner)
+                else:  # any other launcher: the runs already done are found as the rw launcher finds them
+                    done = set(placement.place(specs, sweep_dir, planner.subdir == "${hydra.job.num}").done)
+                todo = [s for i, s in enumerate(specs) if i not in done]
+                counts["skipped"] += len(specs) - len(todo)
+                folders = [s.output_dir for s in specs]
+                if todo and hasattr(self.launcher, "launch_specs"):
+                    res = self.launcher.launch_specs(todo, twin, planner)
+                elif todo:  # Hydra's own launchers number the jobs from `start`: read each one's folder back
+                    res = self.launcher.launch([s.overrides for s in todo], initial_job_idx=start)
+                    if res is not None:
+                        back = iter(_output_dir(r) for r in res)
+                        folders = [f if i in done else next(back) for i, f in enumerate(folders)]
+                if todo:
+                    if res is None:
+                        return None
+                    returns.append(res)
+                fresh = {f for i, f in enumerate(folders) if i not in done}
+            else:
+                res = self.launcher.launch(jobs, initial_job_idx=start)
+                if res is None:
+                    return None
+                returns.append(res)
+                folders = [_output_dir(r) for r in res]
+                fresh = set(folders)
+            values = []
+            for f in folders:
+                verdict = contract.judge(Path(f)) if f else contract.Verdict("unfinished")
+                if f in fresh:
+                    counts[verdict.state if verdict.state in contract.STATUSES else "failed"] += 1
+                    if verdict.state not in ("done", "diverged"):
+                        why = (verdict.summary or {}).get("error") or verdict.why
+                        print(f"failed {f}: {why}", file=sys.stderr, flush=True)
+                values.append(adaptive.run_value(verdict, self.metric, self.tol))
+            return values, len(fresh)
+
+        def say(line: str) -> None:
+            print(line, flush=True)
+
+        told, rounds = adaptive.sweep(axes, crossed, batch=self._batch(crossed), n_points=self.n_points,
+                                      loss_goal=self.loss_goal, evaluate=evaluate, say=say,
+                                      level=self.level if self.loss == "boundary" else None,
+                                      on_round=None if dry_run else lambda t: adaptive.write_record(
+                                          sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, t))
+        if told is None:  # a dry run: the first round's plan was printed
+            print("dry run: later rounds are asked from the values of this one", flush=True)
+            return None
+        say(adaptive.summary_line(sweep_dir, told, rounds, self.metric))
+        say(summary_line(str(sweep_dir), counts))
+        if counts["failed"]:
+            note_failed()
+        return returns

@@ -1,0 +1,328 @@
+"""`hydra/sweeper=adaptive` end to end: real Hydra processes, real runs, real python-adaptive learners.
+
+The cheap metric with a boundary: success (test_acc ≥ OPT − 0.02) of zero init at p = 0.5 after 5 GD steps on
+a tiny shape, over log lr ∈ [0.01, 0.3]: too small a step does not learn in 5 steps, and success starts near
+lr ≈ 0.3 (further up, success comes and goes: the window is not clean there). A dense grid of the same runs
+locates the boundary in the test itself.
+"""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import launch, start_launch, steps_lasting, summaries, wait_for_work
+
+TINY = ["data.n_train=64", "data.n_test=64", "model.M=200", "wandb.mode=disabled"]
+LR_AXIS = "optim.lr=tag(log,interval(0.01,0.3))"
+WIDE = "optim.lr=tag(log,interval(0.01,100))"  # the window of success, both its edges
+ADAPTIVE = ["hydra/sweeper=adaptive", *TINY]
+
+
+def _record(sweep: Path) -> dict:
+    return json.loads((sweep / "adaptive.json").read_text())
+
+
+def _lr_points(sweep: Path) -> list[tuple[float, float]]:
+    """(log10 lr, value) of every point the sweep sampled, by lr."""
+    return sorted((math.log10(p["at"][0]), p["value"]) for p in _record(sweep)["points"])
+
+
+def _boundaries(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The brackets (u_left, u_right) of adjacent sampled points on either side of success = 0.5."""
+    return [(a[0], b[0]) for a, b in zip(points, points[1:]) if (a[1] >= 0.5) != (b[1] >= 0.5)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """A dense grid over the same lr axis (33 log-spaced values: cells of 0.046 decade) and its boundaries."""
+    sweep = tmp_path_factory.mktemp("dense") / "sweep"
+    lrs = np.logspace(-2, math.log10(0.3), 33)
+    r = launch("-m", *TINY, "optim.steps=5", "optim.lr=" + ",".join(repr(float(x)) for x in lrs),
+               f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    runs = summaries(sweep)
+    pts = sorted((math.log10(s["lr"]), float(s["test_acc"] >= s["opt_acc"] - 0.02)) for s in runs.values())
+    return sweep, pts, _boundaries(pts)
+
+
+@pytest.fixture(scope="module")
+def adaptive_sweep(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("adaptive") / "sweep"
+    r = launch("-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.n_points=14", "hydra.sweeper.batch=4",
+               f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    return sweep, r
+
+
+def test_the_sweeper_places_its_points_at_the_boundaries_a_dense_grid_finds(reference, adaptive_sweep):
+    _, dense, dense_edges = reference
+    sweep, r = adaptive_sweep
+    assert len(dense_edges) == 1  # failure below, success above
+    points = _lr_points(sweep)
+    assert len(points) == 14 and len(summaries(sweep)) == 14
+    edges = _boundaries(points)
+    cell = math.log10(0.3 / 0.01) / 32  # the dense grid's cell
+    uniform = math.log10(0.3 / 0.01) / 13  # the cell of a uniform grid of as many points (14)
+    assert edges  # the sweep found the boundary, and placed its points around it
+    for lo, hi in edges:
+        # each adaptive bracket lies within one dense cell of the dense grid's, and is narrower than a dense cell
+        # (a uniform grid of 14 points brackets it in 0.11 decade, 2.4 dense cells)
+        (dlo, dhi), = dense_edges
+        assert dlo - cell - 1e-9 <= lo and hi <= dhi + cell + 1e-9, (lo, hi, dlo, dhi)
+        assert hi - lo < cell < uniform, (lo, hi)
+    near = sum(dense_edges[0][0] - cell <= u <= dense_edges[0][1] + cell for u, _ in points)
+    assert near >= 6  # of its 14 points, at least 6 within one dense cell of the boundary (a uniform grid: 1 or 2)
+    # every point's value is its run's success, read from its folder
+    by_lr = {round(math.log10(s["lr"]), 9): float(s["test_acc"] >= s["opt_acc"] - 0.02) for s in summaries(sweep).values()}
+    assert {round(u, 9): v for u, v in points} == by_lr
+    # one line per round, and the summary
+    rounds = [ln for ln in r.stdout.splitlines() if ln.startswith("round ")]
+    assert [ln.split(":")[0] for ln in rounds] == ["round 1", "round 2", "round 3", "round 4"]
+    assert rounds[0].startswith("round 1: 4 points, 4 runs; loss ") and rounds[3].startswith("round 4: 2 points, 2 runs;")
+    assert f"adaptive sweep {sweep}: 14 points in 4 round(s), 14 runs (14 trained, 0 found done)" in r.stdout
+    assert f"sweep {sweep}: 14 runs: 14 done, 0 skipped, 0 failed, 0 diverged" in r.stdout
+
+
+def test_a_relaunch_trains_nothing_and_a_grown_budget_adds_points(adaptive_sweep, tmp_path):
+    sweep, _ = adaptive_sweep
+    before = _lr_points(sweep)
+    args = ["-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.batch=4", f"hydra.sweep.dir={sweep}"]
+    again = launch(*args, "hydra.sweeper.n_points=14")
+    assert again.returncode == 0, again.stderr
+    assert "14 runs (0 trained, 14 found done)" in again.stdout and "training" not in again.stdout
+    assert _lr_points(sweep) == before
+    grown = launch(*args, "hydra.sweeper.n_points=18")
+    assert grown.returncode == 0, grown.stderr
+    assert "18 points in 5 round(s), 18 runs (4 trained, 14 found done)" in grown.stdout
+    after = _lr_points(sweep)
+    assert set(before) < set(after) and len(after) == 18 and len(summaries(sweep)) == 18
+
+
+def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_uninterrupted_one(tmp_path):
+    steps = steps_lasting(2.0)  # a round long enough to be interrupted in the middle of its training
+    args = ["-m", *ADAPTIVE, f"optim.steps={steps}", LR_AXIS, "hydra.sweeper.n_points=10", "hydra.sweeper.batch=4"]
+    whole = tmp_path / "whole"
+    r = launch(*args, f"hydra.sweep.dir={whole}")
+    assert r.returncode == 0, r.stderr
+
+    cut = tmp_path / "cut"
+    p = start_launch(*args, f"hydra.sweep.dir={cut}")
+    seen = []
+    while not any(ln.startswith("round 1:") for ln in seen):  # round 1 done, round 2 starts training
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        seen.append(line)
+    while "training" not in (line := p.stdout.readline()):
+        assert line, p.stderr.read()
+    wait_for_work(p.pid, 0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert not (cut / "adaptive.json").exists() or len(_record(cut)["points"]) == 4  # round 2 was not recorded
+
+    resumed = launch(*args, f"hydra.sweep.dir={cut}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "round 1: 4 points, 4 runs (4 found done)" in resumed.stdout
+    assert _lr_points(cut) == _lr_points(whole)  # the same points, the same values
+    assert {s["lr"]: s["test_acc"] for s in summaries(cut).values()} == \
+        {s["lr"]: s["test_acc"] for s in summaries(whole).values()}
+
+
+@pytest.mark.parametrize("args, line", [
+    (["hydra.sweeper.metric=speed", LR_AXIS, "hydra.sweeper.n_points=8"],
+     "error: invalid config: hydra.sweeper.metric='speed': must be success (the analysis's success rule) or a "
+     "numeric summary field: test_acc,"),
+    ([LR_AXIS], "error: invalid config: hydra.sweeper.n_points=None: give a budget of points"),
+    (["hydra.sweeper.n_points=8"], "error: invalid config: hydra.sweeper.params=None: no axis"),
+    ([LR_AXIS, "hydra.sweeper.n_points=1"], "error: invalid config: hydra.sweeper.n_points=1: must be >= 2"),
+    ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra.sweeper.batch=0"],
+     "error: invalid config: hydra.sweeper.batch=0: must be an integer >= 1 or null"),
+    ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra.sweeper.loss=curvature"],
+     "error: invalid config: hydra.sweeper.loss='curvature': must be boundary or default"),
+    ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra.sweeper.budget=8"],
+     "error: invalid config: hydra.sweeper.budget=8: unknown sweeper key; allowed: metric, n_points, loss_goal"),
+    (["init.sigma=tag(log,interval(0,1))", "hydra.sweeper.n_points=8"],
+     "error: invalid config: init.sigma='tag(log,interval(0,1))': a log axis needs bounds > 0"),
+    (["data.p=interval(0,1.5)", "hydra.sweeper.n_points=8"], "error: invalid config: data.p=1.5: must be in [0, 1]"),
+    (["init=interval(0,1)", "hydra.sweeper.n_points=8"],
+     "error: invalid config: init='interval(0,1)': is a config group: an axis is a numeric key"),
+    (["data.p=interval(0,1)", "data.p=0.5", "hydra.sweeper.n_points=8"],  # the last one given wins, as in Hydra
+     "error: invalid config: hydra.sweeper.params=None: no axis"),
+    ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra/launcher=slurm", "hydra.launcher.detach=true"],
+     "error: invalid config: hydra.launcher.detach=True: the adaptive sweeper asks each round's points"),
+])
+def test_a_bad_key_is_refused_in_one_line_before_any_job(args, line, tmp_path):
+    sweep = tmp_path / "sweep"
+    r = launch("-m", *ADAPTIVE, *args, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2
+    assert r.stderr.startswith(line) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not sweep.exists()
+
+
+def test_analysis_draws_the_adaptive_sweep_on_its_axes_and_grids_as_before(reference, adaptive_sweep, tmp_path):
+    from analysis.__main__ import build
+    from analysis.adaptive import adaptive_diagram, read_record
+    from analysis import load_runs
+
+    sweep, _ = adaptive_sweep
+    dense, _, _ = reference
+    rep = build([sweep, dense], tmp_path / "report")
+    files = {f["file"] for f in rep.figures if "file" in f}
+    assert "adaptive_success.png" in files and "phase_success.png" in files
+    # the grid's diagram holds the grid's runs alone: 33 lr columns, none of the adaptive sweep's
+    runs = load_runs(sweep)
+    fig = adaptive_diagram(runs, read_record(sweep), [])
+    pts = fig.phase_points
+    drawn = np.array(sorted(zip(np.log10(pts["optim.lr"]), pts["value"])))
+    assert drawn == pytest.approx(np.array(_lr_points(sweep)), abs=1e-12)
+    assert (pts["runs"] == 1).all()
+
+
+def test_a_two_axis_diagram_interpolates_on_the_learners_triangulation(tmp_path):
+    """p × lr, seeds crossed: each point's value is the mean over its 2 seeds; the diagram's triangulation is
+    Learner2D's own and its interpolation passes through every point's value."""
+    import adaptive
+    from matplotlib.tri import LinearTriInterpolator
+
+    from analysis import add_success, load_runs
+    from analysis.adaptive import adaptive_diagram, read_record, triangulation
+
+    sweep = tmp_path / "sweep"
+    r = launch("-m", *ADAPTIVE, "optim.steps=5", WIDE, "data.p=interval(0.5,0.9)", "seed=0,1",
+               "hydra.sweeper.n_points=10", "hydra.sweeper.batch=5", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert "round 1: 5 points, 10 runs" in r.stdout
+    runs, rec = add_success(load_runs(sweep)), read_record(sweep)
+    assert len(runs) == 20 and rec["crossed"] == ["seed"]
+    fig = adaptive_diagram(runs, rec, [])
+    pts = fig.phase_points
+    assert len(pts) == 10 and (pts["runs"] == 2).all()
+    for _, row in pts.iterrows():  # the mean over seeds of success, from the runs themselves
+        mine = runs[(runs["optim.lr"] == row["optim.lr"]) & (runs["data.p"] == row["data.p"])]
+        assert row["value"] == pytest.approx(mine["success"].mean())
+    tri = triangulation(pts, rec)
+    u, v = np.log10(pts["optim.lr"].to_numpy()), pts["data.p"].to_numpy()
+    learner = adaptive.Learner2D(None, [(-2.0, 2.0), (0.5, 0.9)])
+    learner.tell_many(list(zip(u, v)), list(pts["value"]))
+    assert sorted(map(sorted, tri.triangles.tolist())) == \
+        sorted(map(sorted, learner.interpolator(scaled=True).tri.simplices.tolist()))
+    assert LinearTriInterpolator(tri, pts["value"].to_numpy())(u, v).data == pytest.approx(pts["value"].to_numpy())
+
+
+# ------------------------------------------------------------------ the rounds alone, on a known function
+def _rounds(evaluate_point, n_points, batch, loss="boundary", told_runs=None):
+    """`rw_sweeps.sweeps.adaptive.sweep` over σ × η (the escape cut's log axes), each job's value
+    `evaluate_point(log10 σ, log10 η)`; `told_runs` (a dict) is the run folders: jobs found there are not run."""
+    from rw_sweeps.sweeps import adaptive
+
+    axes = [adaptive.Axis("init.sigma", 1e-8, 1e-1, True), adaptive.Axis("optim.lr", 0.3, 3.0, True)]
+    runs = {} if told_runs is None else told_runs
+    trained = []
+
+    def evaluate(jobs):
+        out = []
+        for job in jobs:
+            key = tuple(job)
+            if key not in runs:
+                values = dict(o.split("=") for o in job)
+                runs[key] = evaluate_point(math.log10(float(values["init.sigma"])), math.log10(float(values["optim.lr"])))
+                trained.append(key)
+            out.append(runs[key])
+        return out, sum(tuple(j) in trained for j in jobs)
+
+    told, rounds = adaptive.sweep(axes, [[]], batch=batch, n_points=n_points, loss_goal=None, evaluate=evaluate,
+                                  level=0.5 if loss == "boundary" else None, say=lambda line: None)
+    return axes, told, rounds, trained
+
+
+def _escapes(u, v):  # a known boundary: escape above a line in log σ × log η, test_acc 1 above, 1/6 below
+    return 1.0 if u > -4.5 + 1.5 * v else 1 / 6
+
+
+def _agreement(axes, told):
+    from rw_sweeps.sweeps.adaptive import rebuilt
+
+    learner = rebuilt(axes, told)  # python-adaptive's interpolation on its triangulation
+    c = lambda lo, hi, n: lo + (hi - lo) * (np.arange(n) + 0.5) / n  # noqa: E731
+    at = np.array([(u, v) for u in c(-8, -1, 16) for v in c(math.log10(0.3), math.log10(3), 16)])
+    truth = np.array([_escapes(u, v) >= 0.5 for u, v in at])
+    scaled = (at - learner.xy_mean) / learner.xy_scale
+    return ((learner.interpolator(scaled=True)(scaled).ravel() >= 0.5) == truth).mean()
+
+
+def test_the_boundary_loss_resolves_a_known_boundary_better_than_the_default_loss_and_a_grid():
+    axes, told, rounds, _ = _rounds(_escapes, 48, 8)
+    assert len(told) == 48 and [len(r.points) for r in rounds] == [8] * 6
+    near = sum(abs(u - (-4.5 + 1.5 * v)) < 0.7 for u, v in told)  # within a tenth of the σ axis of the line
+    assert near >= 24  # half the points or more hug the boundary (a uniform 7×7 grid puts 7 of 49 there)
+    boundary = _agreement(axes, told)
+    _, default_told, _, _ = _rounds(_escapes, 48, 8, loss="default")
+    assert boundary >= 0.95 and boundary > _agreement(axes, default_told)
+
+
+def test_the_rounds_replayed_after_an_interrupt_ask_the_same_points():
+    """Round 4 is cut after two of its jobs: the replay finds rounds 1–3 and those two jobs done, trains the
+    rest, and ends where the uninterrupted sweep ends."""
+    _, whole, _, _ = _rounds(_escapes, 40, 8)
+    folders: dict = {}
+    calls = []
+
+    def cut(u, v):
+        calls.append((u, v))
+        if len(calls) == 27:
+            raise KeyboardInterrupt
+        return _escapes(u, v)
+
+    with pytest.raises(KeyboardInterrupt):
+        _rounds(cut, 40, 8, told_runs=folders)
+    assert len(folders) == 26  # three rounds of 8 and two jobs of the fourth
+    _, resumed, rounds, trained = _rounds(_escapes, 40, 8, told_runs=folders)
+    assert resumed == whole and len(trained) == 14 and [r.trained for r in rounds] == [0, 0, 0, 6, 8]
+
+
+def test_hydra_s_own_launcher_runs_the_same_rounds(tmp_path):
+    """Under hydra/launcher=basic (one Hydra job a run) the rounds ask the same points and find the runs
+    done on a relaunch, as under the rw launcher."""
+    args = ["-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.n_points=6", "hydra.sweeper.batch=3"]
+    ours, basic = tmp_path / "rw", tmp_path / "basic"
+    assert launch(*args, f"hydra.sweep.dir={ours}").returncode == 0
+    r = launch(*args, "hydra/launcher=basic", f"hydra.sweep.dir={basic}")
+    assert r.returncode == 0, r.stderr
+    assert _lr_points(basic) == _lr_points(ours) and len(summaries(basic)) == 6
+    again = launch(*args, "hydra/launcher=basic", f"hydra.sweep.dir={basic}")
+    assert "6 runs (0 trained, 6 found done)" in again.stdout, again.stdout + again.stderr
+
+
+def test_rounds_stop_when_no_run_of_a_round_has_a_value():
+    """A metric no run reaches (every run failed): the sweep stops after that round instead of asking on."""
+    axes, told, rounds, trained = _rounds(lambda u, v: None, None, 4)
+    assert len(rounds) == 1 and len(trained) == 4 and all(v is None for v in told.values())
+
+
+@pytest.mark.parametrize("text, why", [
+    ("[1, 2]", "adaptive.json has no list of axes"),
+    ('{"axes": [{"key": "data.p", "lo": 1, "hi": 0, "log": false}]}', "an axis is not {key, lo < hi, log}"),
+    ('{"axes": [{"key": "init.sigma", "lo": 0, "hi": 1, "log": true}]}', "an axis is not {key, lo < hi, log}"),
+    ('{"axes": [{"key": "data.p", "lo": 0, "hi": 1, "log": false}], "metric": "__import__", "level": 0.5, "tol": 0}',
+     "metric='__import__' is not one the sweeper learns"),
+    ('{"axes": [{"key": "data.p", "lo": 0, "hi": 1, "log": false}], "metric": "success", "level": "half", "tol": 0}',
+     "level is not a number"),
+    ("{" * 100000, "adaptive.json"),
+])
+def test_a_planted_adaptive_record_is_refused_with_why(text, why, tmp_path):
+    """The analysis reads `adaptive.json` as a file a stranger may write: a malformed one is Broken (the sweep is
+    then drawn as a grid, with a note), never a traceback."""
+    from analysis.adaptive import read_record
+    from rw_sweeps.core.readers import Broken
+
+    (tmp_path / "adaptive.json").write_text(text)
+    with pytest.raises(Broken) as e:
+        read_record(tmp_path)
+    assert why in e.value.why
+    assert read_record(tmp_path / "elsewhere") is None  # no record: a grid

@@ -14,24 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import pandas as pd               # noqa: E402
+from rw_sweeps.core import signals
+from rw_sweeps.core.console import prog
 
-from rw_sweeps.core import signals                          # noqa: E402
-from rw_sweeps.core.console import prog                    # noqa: E402
-
-from . import claims                                      # noqa: E402
-from .curves import curve_figures                         # noqa: E402
-from .escape import escape_figures                        # noqa: E402
-from .figures import paper_figures                       # noqa: E402
-from .locking import locking_figures                      # noqa: E402
-from .models import model_figures                          # noqa: E402
-from .load import load_runs                               # noqa: E402
-from .phase import (TOL, add_success, add_success_step,   # noqa: E402
+from . import claims
+from .curves import curve_figures
+from .escape import escape_figures
+from .figures import paper_figures
+from .locking import locking_figures
+from .models import model_figures
+from .load import load_runs
+from .phase import (TOL, add_success, add_success_step,
                     phase_diagram, swept_keys)
-from .report import counts, log_to_wandb, write_report    # noqa: E402
+from .report import counts, log_to_wandb, write_report
 
 DPI = 110
 
@@ -175,9 +173,13 @@ CAPTIONS = {"success_step": ". A cell's step is over the runs that reached OPT â
 def main(argv=None) -> int:
     """The command (`python -m analysis`, `rw-analysis`). Run as a program (argv None), Ctrl-C, SIGTERM and
     SIGHUP end it with one line and exit 130, 143 or 129 (`rw_sweeps.sweeps.signals`), never a traceback;
-    called with an argv (from Python), the caller's signal handling stays as it is."""
+    called with an argv (from Python), the caller's signal handling and matplotlib backend stay as
+    they are."""
     if argv is not None:
         return _main(argv)
+    # the program draws into files only: no window, no display needed. Chosen here, not at import, so that a
+    # notebook importing `analysis` keeps its own backend (inline figures)
+    matplotlib.use("Agg")
     signals.install()
     try:
         code = _main(argv)

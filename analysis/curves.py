@@ -3,15 +3,12 @@ its min–max band, against OPT (dashed) and chance 1/K (dotted). One panel per 
 seed), the report's default figure beside the phase diagrams."""
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-
-from .load import load_history    # noqa: E402
-from .phase import axis_label, swept_keys, LABELS   # noqa: E402
+from .load import load_history
+from .phase import axis_label, swept_keys, LABELS
 
 MAX_CELLS = 36      # panels drawn; a larger grid's first cells, and the report says so
 MAX_SEEDS = 16      # runs read per cell: the band of a few hundred seeds is the band of sixteen

@@ -3,15 +3,12 @@ al.'s three in-context strategies, and the mean attention maps per layer and hea
 draw) for the report, drawn only where the sweep has such runs (a `unigram_loss` column)."""
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-
-from .load import load_history, load_snapshots   # noqa: E402
-from .phase import swept_keys                     # noqa: E402
+from .load import load_history, load_snapshots
+from .phase import swept_keys
 
 MAX_PANELS = 12
 

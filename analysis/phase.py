@@ -13,20 +13,17 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.colors import LogNorm, Normalize
+from matplotlib.patches import Patch, Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-import seaborn as sns             # noqa: E402
-from matplotlib.backend_bases import FigureCanvasBase   # noqa: E402
-from matplotlib.colors import LogNorm, Normalize         # noqa: E402
-from matplotlib.patches import Patch, Rectangle          # noqa: E402
+from rw_sweeps.core import contract, readers, results
 
-from rw_sweeps.core import contract, readers, results   # noqa: E402
-
-from .load import config_keys     # noqa: E402
+from .load import config_keys
 
 TOL = 0.02
 ZERO = "zero"                           # the zero-init column beside the σ axis

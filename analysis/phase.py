@@ -23,7 +23,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from rw_sweeps.core import contract, readers, results
 
-from .load import config_keys
+from .load import config_keys, has_key
 
 TOL = 0.02
 ZERO = "zero"                           # the zero-init column beside the σ axis
@@ -84,12 +84,19 @@ def zero_init(df: pd.DataFrame) -> pd.Series:
     return (_col(df, "init", "init") == "zero") | (sigma == 0)
 
 
-def swept_keys(df: pd.DataFrame) -> list[str]:
+def swept_keys(df: pd.DataFrame, sigma_axis: bool = True) -> list[str]:
     """Config keys that vary between runs, most telling first, seed excluded (it is what the
-    diagrams average over). A key fixed by the ones before it (`model.normalize` riding on
-    `init`, `init` on the σ axis's zero column) adds no axis and is dropped."""
+    diagrams average over). A key varies only among the runs whose option has it: `optim.beta1` of
+    `optim=gd,adam` is adam's one value, not a second axis beside the optimiser. A key fixed by the ones
+    before it (`model.normalize` riding on `init`, `init` on the σ axis's zero column) adds no axis and is
+    dropped. `sigma_axis`: zero init is the σ axis's zero point (the diagrams' view); False: σ is only the
+    key of the inits that have it, so `init=zero,gaussian` sweeps the init (the config table's view)."""
+    def own(k):
+        rows = has_key(df, k)
+        return rows | zero_init(df) if k == "init.sigma" and sigma_axis else rows
+
     varying = [k for k in config_keys(df) if k != "seed" and not k.startswith("wandb.")
-               and _values(df, k).nunique(dropna=False) > 1]
+               and _values(df[own(k)], k).nunique(dropna=False) > 1]
     varying.sort(key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
     values = {k: _values(df, k) for k in varying}
     chosen = []

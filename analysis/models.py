@@ -42,8 +42,9 @@ def _title(run: pd.Series, keys: list[str]) -> str:
 
 def _same(hist: pd.DataFrame, run: pd.Series, keys: list[str]) -> pd.DataFrame:
     mask = np.ones(len(hist), bool)
-    for k in keys:
-        mask &= (hist[k] == run[k]).to_numpy()
+    for k in keys:   # a key the setting's option lacks (<NA>) matches the runs that lack it too
+        same = hist[k].isna() if pd.isna(run[k]) else (hist[k] == run[k]).fillna(False)
+        mask &= same.to_numpy(dtype=bool)
     return hist[mask]
 
 

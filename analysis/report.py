@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from .load import OPTION_COLUMNS, STATUSES, config_keys, has_key
-from .phase import swept_keys
+from .phase import ZERO, swept_keys, zero_init
 
 CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
@@ -80,6 +80,8 @@ def run_table(runs: pd.DataFrame, out: Path) -> tuple[str, int]:
     keys = [k for k in swept_keys(runs) if k != "seed"] + (["seed"] if "seed" in runs else [])
     cols = [c for c in dict.fromkeys([*keys, *RUN_COLUMNS]) if c in runs.columns]
     shown = runs.head(MAX_RUN_ROWS)
+    if "init.sigma" in cols:   # σ of zero init as every figure shows it
+        shown = shown.assign(**{"init.sigma": shown["init.sigma"].astype(object).where(~zero_init(shown), ZERO)})
     head = "<th>run</th>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
     body = []
     for path, row in zip(shown["path"], shown[cols].itertuples(index=False)):

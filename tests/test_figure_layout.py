@@ -10,6 +10,7 @@ import re
 import matplotlib
 import matplotlib.pyplot as plt
 import pytest
+from matplotlib.text import Text
 
 from analysis import load_runs
 from analysis import curves
@@ -21,6 +22,12 @@ from ._fake_runs import write_run
 
 def overlap(a, b) -> bool:
     return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def suptitle(fig):
+    """The figure's title artist, found by its text (public API)."""
+    (title,) = [t for t in fig.findobj(Text) if t.get_text() == fig.get_suptitle() and t.figure is fig]
+    return title
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +89,7 @@ def test_the_trap_legend_and_the_title_of_a_diagrams_own_figure_stay_clear_of_it
                 t = text.get_window_extent()
                 assert not overlap(box, t), text.get_text()
                 assert page.x0 <= t.x0 and t.x1 <= page.x1 and page.y0 <= t.y0 and t.y1 <= page.y1, text.get_text()
-    title = fig.get_suptitle() and fig._suptitle.get_window_extent()   # noqa: SLF001 - Figure's title artist
+    title = suptitle(fig).get_window_extent()
     for b in (box, title):
         assert page.x0 <= b.x0 and b.x1 <= page.x1 and page.y0 <= b.y0 and b.y1 <= page.y1, (b, page)
     # the title names what the cells pool, and not a key that follows the axes (σ follows init here)
@@ -92,7 +99,7 @@ def test_the_trap_legend_and_the_title_of_a_diagrams_own_figure_stay_clear_of_it
 def test_a_long_title_wraps_inside_the_figure(demo):
     fig = phase_diagram(add_success(load_runs(demo, progress=False)), "data.p", "init", title="pooled over " * 30)
     fig.canvas.draw()
-    b = fig._suptitle.get_window_extent()   # noqa: SLF001 - Figure's title artist
+    b = suptitle(fig).get_window_extent()
     assert fig.bbox.x0 <= b.x0 and b.x1 <= fig.bbox.x1 and b.height > 2 * 11   # several lines
 
 

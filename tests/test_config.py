@@ -1,6 +1,7 @@
 """Every config composes and validates; every bad value is one line, a non-zero exit, and no files."""
 from __future__ import annotations
 
+import re
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -242,3 +243,35 @@ def test_normalize_auto_is_the_papers_protocol():
     assert composed("model.normalize=true").model.normalize == "whole"
     assert composed("init=gaussian", "model.normalize=false").model.normalize == "none"
     assert from_dict({"model": {"normalize": True}}).model.normalize == "whole"
+
+
+def test_help_spells_every_default_as_the_command_line_reads_it():
+    """Every `key=value` line `--help` prints (rw_sweeps.core.keys.describe), typed back as a Hydra override, is
+    that key's schema default: YAML's `null`, `true` and `[0, 1]`, never Python's `None`, `True`."""
+    import dataclasses
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rw_sweeps.core import keys
+    from rw_sweeps.core.config import GROUPS, OPTIONS, RunConfig, WandbConfig
+
+    defaults = {f.name: f for f in dataclasses.fields(RunConfig)}
+    defaults |= {f"wandb.{f.name}": f for f in dataclasses.fields(WandbConfig)}
+    schemas = {f"{g}={n}": {f"{g}.{f.name}": f for f in dataclasses.fields(c)} for g in GROUPS
+               for n, c in OPTIONS[g].items()}
+    parser, seen, option = OverridesParser.create(), 0, None
+    for line in keys.describe().splitlines():
+        if line and not line.startswith(" "):
+            option = line.split(":")[0]
+            continue
+        if not line.startswith("  "):
+            continue
+        setting = line.strip().split("  # ")[0]
+        key, text = setting.split("=", 1)
+        assert not re.search(r"\b(None|True|False)\b", text), line
+        f = (schemas.get(option) or defaults)[key]
+        want = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        got = parser.parse_overrides([setting])[0].value()
+        assert got == want and (type(got) is type(want) or isinstance(want, float)), (line, got, want)
+        seen += 1
+    assert seen > 100

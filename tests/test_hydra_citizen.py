@@ -311,7 +311,7 @@ def test_help_says_what_the_app_is_and_lists_the_groups_and_every_keys_comment(t
     assert "random_walk" in groups["data"] and "_schema" not in out.split("== Keys")[0]
     assert {"debug", "hparams_search", "experiment"} <= set(groups)
     assert "  data.p=0.5  # " in out and "init=gaussian: V_ij(0), W_ij(0)" in out and "  init.sigma=0.01" in out
-    assert "  optim.lr=1.0" in out and "wandb.entity=None  # " in out
+    assert "  optim.lr=1.0" in out and "wandb.entity=null  # " in out
 
 
 def test_a_missing_extras_plugin_names_the_extra_to_install():

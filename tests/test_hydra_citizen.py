@@ -196,6 +196,11 @@ def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
                f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "packed: 3 runs in 1 job(s) on cpu" in r.stdout + r.stderr  # each batch of parallel trials is one packed job
+    # Hydra's own lines, and the sweeper's, as in any Hydra app; not the libraries optuna imports (alembic)
+    hydra_lines = [ln.split("][HYDRA] ", 1)[1] for ln in r.stdout.splitlines() if "][HYDRA] " in ln]
+    assert [ln.split(":")[0] for ln in hydra_lines[:4]] == ["Study name", "Storage", "Sampler", "Directions"]
+    assert hydra_lines[-2].startswith("Best parameters: ") and hydra_lines[-1].startswith("Best value: ")
+    assert "alembic" not in r.stdout + r.stderr
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     runs = summaries(sweep)
     assert len(runs) == 6 and all(s["status"] == "done" for s in runs.values())

@@ -46,7 +46,7 @@ def add_success(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
     acc = pd.to_numeric(out.get("test_acc"), errors="coerce")
     opt = pd.to_numeric(out.get("opt_acc"), errors="coerce")
     out["success"] = (out["status"] == "done").to_numpy() & (acc >= opt - tol).to_numpy()
-    chance = 1 / pd.to_numeric(_col(out, "data.K", "K"), errors="coerce")
+    chance = 1 / pd.to_numeric(_col(out, "data.K", "K"), errors="coerce").astype(float)   # NaN, not <NA>, where unknown
     with np.errstate(divide="ignore", invalid="ignore"):
         out["acc_norm"] = ((acc - chance) / (opt - chance)).replace([np.inf, -np.inf], np.nan)
     return out

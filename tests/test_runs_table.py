@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis import load_runs
+from analysis import add_success, load_runs
 from analysis.report import sweep_config
 from rw_sweeps.core.config import canonical
 from rw_sweeps.core.registry import OPTIONS
@@ -69,6 +69,8 @@ def test_integers_stay_integers_beside_runs_that_lack_the_key(mixed):
         for k, v in dotted(yaml.safe_load(open(f"{row['path']}/config.yaml"))):
             if k in df.columns and type(v) in (int, bool):
                 assert str(df[k].dtype) == ("boolean" if type(v) is bool else "Int64"), (k, df[k].dtype)
+    # quantities computed from integer keys stay plain floats (NaN, not <NA>): acc_norm divides by data.K
+    assert str(add_success(df)["acc_norm"].dtype) == "float64"
     warm = load_runs(mixed, progress=False)   # the same table from the sweep's Parquet cache
     pd.testing.assert_frame_equal(warm, df)
 

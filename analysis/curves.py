@@ -1,30 +1,27 @@
-"""The learning curves of every swept cell: test accuracy over training, the mean over the cell's seeds and
-its min–max band, against OPT (dashed) and chance 1/K (dotted). One panel per cell (the swept keys but the
+"""The learning curves of every swept cell: test accuracy over training, the mean over the cell's runs and
+their min–max band, against OPT (dashed) and chance 1/K (dotted). One panel per cell (the swept keys but the
 seed), the report's default figure beside the phase diagrams."""
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-
-from .load import load_history    # noqa: E402
-from .phase import axis_label, swept_keys, LABELS   # noqa: E402
+from .load import load_history
+from .phase import LABELS, axis_label, axis_values, pooled_keys, swept_keys
 
 MAX_CELLS = 36      # panels drawn; a larger grid's first cells, and the report says so
-MAX_SEEDS = 16      # runs read per cell: the band of a few hundred seeds is the band of sixteen
+MAX_RUNS = 64       # runs read per cell (the first, in folder order); a panel with more says "k of n"
 
 
 def cells(runs: pd.DataFrame) -> tuple[list[str], list[tuple]]:
-    """The swept keys (but the seed) and their value combinations, in the table's order."""
+    """The swept keys (but the seed) and their value combinations as the axes show them (σ of zero init is
+    "zero"), in the table's order."""
     keys = [k for k in swept_keys(runs) if k != "seed"]
     if not keys:
         return [], [()]
-    combos = list(dict.fromkeys(runs[keys].astype(object).where(runs[keys].notna(), None)
-                                .itertuples(index=False, name=None)))
-    return keys, combos
+    shown = pd.DataFrame({k: axis_values(runs, k) for k in keys})
+    return keys, list(dict.fromkeys(shown.itertuples(index=False, name=None)))
 
 
 def curve_figures(runs: pd.DataFrame, notes: list[str], metric: str = "test_acc") -> list[tuple]:
@@ -36,10 +33,23 @@ def curve_figures(runs: pd.DataFrame, notes: list[str], metric: str = "test_acc"
     if len(combos) > MAX_CELLS:
         notes.append(f"learning curves: the first {MAX_CELLS} of {len(combos)} cells drawn")
         combos = combos[:MAX_CELLS]
+    sizes = [len(_cell(done, keys, c)) for c in combos]
     on = ", ".join(keys) if keys else "the one setting"
-    caption = (f"{metric} over training, one panel per cell of {on}: the mean over the cell's seeds (line) "
-               f"and its min–max band, against OPT (dashed) and chance 1/K (dotted)")
+    pooled = pooled_keys(done, keys)
+    over = (f"pooling {', '.join(pooled)}" if pooled else "nothing pooled") + (
+        f"; at most the first {MAX_RUNS} runs of a cell (in folder order) are read, and a panel with more "
+        f"says how many of them" if max(sizes) > MAX_RUNS else "; every run of the cell")
+    caption = (f"{metric} over training, one panel per cell of {on} ({over}): the mean over the panel's "
+               f"runs (line) and their min–max band, against OPT (dashed) and chance 1/K (dotted)")
     return [(f"curves_{metric}", caption, lambda: draw_curves(done, keys, combos, metric))]
+
+
+def _cell(runs: pd.DataFrame, keys: list[str], combo: tuple) -> pd.DataFrame:
+    """The runs of one cell: those whose values, as the axes show them, are `combo`."""
+    mask = pd.Series(True, index=runs.index)
+    for k, v in zip(keys, combo):
+        mask &= axis_values(runs, k) == v
+    return runs[mask.to_numpy()]
 
 
 def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric: str = "test_acc"):
@@ -50,14 +60,12 @@ def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric
     for ax in axes.flat[n:]:
         ax.axis("off")
     for ax, combo in zip(axes.flat, combos):
-        sub = runs
-        for k, v in zip(keys, combo):
-            sub = sub[sub[k].isna()] if v is None else sub[sub[k].astype(object) == v]
-        sub = sub.head(MAX_SEEDS)
+        cell = _cell(runs, keys, combo)
+        sub = cell.head(MAX_RUNS)
         hist = load_history(sub)
-        title = ", ".join(f"{LABELS.get(k, k)}={axis_label(k, v) if v is not None else 'none'}"
-                          for k, v in zip(keys, combo))
-        ax.set_title(f"{title} ({len(sub)} runs)" if title else f"{len(sub)} runs", fontsize=8)
+        title = ", ".join(f"{LABELS.get(k, k)}={axis_label(k, v)}" for k, v in zip(keys, combo))
+        n = f"{len(sub)} of {len(cell)} runs" if len(sub) < len(cell) else f"{len(sub)} run{'s' * (len(sub) != 1)}"
+        ax.set_title(f"{title} ({n})" if title else n, fontsize=8)
         if len(hist) and metric in hist and hist[metric].notna().any():
             g = hist.groupby("step")[metric]
             mean, lo, hi = g.mean(), g.min(), g.max()

@@ -24,18 +24,15 @@ import warnings
 from functools import partial
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
+from rw_sweeps.core.safefs import atomic_write
 
-from rw_sweeps.core.safefs import atomic_write  # noqa: E402
-
-from rw_sweeps.core import contract, readers   # noqa: E402
-from rw_sweeps.core.config import stored        # noqa: E402
-from .phase import axis_label, phase_diagram   # noqa: E402
+from rw_sweeps.core import contract, readers
+from rw_sweeps.core.config import stored
+from .phase import axis_label, phase_diagram
 
 ESCAPE = "escape"
 CACHE = "theory_escape.json"

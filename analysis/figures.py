@@ -13,18 +13,15 @@ from __future__ import annotations
 
 from functools import partial
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-import seaborn as sns             # noqa: E402
+from .load import load_history, load_snapshots
+from rw_sweeps.core.markov import Pi   # plain numpy: the one Π
 
-from .load import load_history, load_snapshots   # noqa: E402
-from rw_sweeps.core.markov import Pi                           # noqa: E402  (plain numpy: the one Π)
-
-from .phase import axis_label, drawless, swept_keys             # noqa: E402
+from .phase import axis_label, drawless, swept_keys
 
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")

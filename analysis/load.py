@@ -8,9 +8,12 @@ built from: a warm load reads and hashes the files, and parses none of them.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import sys
+import typing
 import warnings
 from pathlib import Path
 
@@ -21,13 +24,14 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from rw_sweeps.core import contract, readers, seal
-from rw_sweeps.core.config import canonical
+from rw_sweeps.core.config import RunConfig, WandbConfig, canonical   # (importing it registers every option)
+from rw_sweeps.core.registry import GROUPS, OPTIONS
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.safefs import atomic_write, write_with
 
 CACHE_NAME = "runs.parquet"
 SEAL_NAME = ".runs.parquet.seal"   # the cache's seal (rw_sweeps.core.seal), beside it
-CACHE_VERSION = 4   # bump when the row format changes: old caches are then rebuilt
+CACHE_VERSION = 5   # bump when the row format changes: old caches are then rebuilt
 CACHE_CAP = 256 << 20  # bytes (100,000 runs cache in ~30 MB): a larger file is not read, the cache is rebuilt
 _META_KEY = b"rw_sweeps.analysis"
 _BOOK = ["_run", "_digest"]   # cache-only columns: the run's folder name, the digest of its files
@@ -71,6 +75,7 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
                 v = pd.to_numeric(df[k], errors="coerce")
                 if bool((v.dropna() % 1 == 0).all()):
                     df[k] = v.astype("Int64")
+        df = _schema_typed(df, config_keys)
     df.attrs = {"config_keys": sorted(config_keys), "skipped": skipped}
     return df
 
@@ -286,9 +291,10 @@ SUMMARY_TYPES = {k: _KINDS[f.kind] for k, f in contract.SUMMARY_FIELDS.items() i
 CONTRACT_TYPES = {"seed": int, "data.K": int, "data.N": int, "data.n_train": int, "data.n_test": int,
                   "optim.steps": int, "eval_every": int, "optim.lr": _NUM, "optim.eps": _NUM, "optim.name": str}
 STATUSES = contract.STATUSES
-# summary.json's copies of config keys (for a reader of the one file): the table has the config's own column
-# (`data.p`, `optim.lr`, `init.sigma`, …), once; σ of a zero-init run is no column (it has none)
-ECHOED = ("p", "K", "N", "M", "model", "data", "sigma", "lr", "eps", "seed", "precision", "init")
+# summary.json's copies of config keys (for a reader of the one file; the contract's ECHOES, which it holds
+# equal to the config's): the table has the config's own column (`data.p`, `model.n_layer`, …), once. `sigma`
+# is the init's scale, the config's `init.sigma` (or `init.std`); a zero-init run has none
+ECHOED = (*contract.ECHOES, "sigma")
 INT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is int)  # nullable integers: Int64
 LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
 
@@ -309,6 +315,62 @@ def _read_run(path: Path):
         if k not in ECHOED:
             row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
     return row, cfg_keys, None
+
+
+@functools.lru_cache(maxsize=1)
+def schema_dtypes() -> dict[str, str]:
+    """The pandas dtype of each config key that the schema types as an integer or a bool in every option that
+    has it: nullable (`Int64`, `boolean`), so that a key which some runs' options lack is <NA> there and an
+    integer stays one (`model.n_layer` 1, not 1.0, beside a run of a model without layers)."""
+    hints: dict[str, set] = {}
+
+    def add(key, cls, f):
+        hint = typing.get_type_hints(cls)[f.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        optional = typing.get_origin(hint) is typing.Union and len(args) == 1
+        hints.setdefault(key, set()).add(args[0] if optional else hint)   # Optional[int] is int
+
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in (*GROUPS, "wandb"):
+            add(f.name, RunConfig, f)
+    for f in dataclasses.fields(WandbConfig):
+        add(f"wandb.{f.name}", WandbConfig, f)
+    for group in GROUPS:
+        for cls in OPTIONS[group].values():
+            for f in dataclasses.fields(cls):
+                add("init" if (group, f.name) == ("init", "name") else f"{group}.{f.name}", cls, f)
+    nullable = {int: "Int64", bool: "boolean"}
+    return {k: nullable[t] for k, (t, *more) in hints.items() if not more and t in nullable}
+
+
+# the column naming each group's option: a key `group.x` belongs to the runs whose option has a field x
+OPTION_COLUMNS = {"data": "data.name", "model": "model.name", "init": "init", "optim": "optim.name"}
+
+
+def has_key(df: pd.DataFrame, key: str) -> pd.Series:
+    """Which runs' options have the config key (`optim.beta1`: the adam runs, not the gd ones): a run whose
+    option lacks it is <NA> there, and that is no value of the key. Top-level keys, and a run of an option
+    this version does not know, count where they have a value."""
+    group, _, field = key.partition(".")
+    name = OPTION_COLUMNS.get(group)
+    if not field or name is None or name not in df.columns or key == name:
+        return df[key].notna() if key in df.columns else pd.Series(False, index=df.index)
+    own = {o: field in {f.name for f in dataclasses.fields(cls)} for o, cls in OPTIONS[group].items()}
+    known = df[name].map(lambda o: own.get(o) if isinstance(o, str) else None)
+    return known.where(known.notna(), df[key].notna()).astype(bool)
+
+
+def _schema_typed(df: pd.DataFrame, keys) -> pd.DataFrame:
+    """The config columns in their schema's nullable dtype (`schema_dtypes`); a column whose values do not fit
+    it (a folder of another version) is left as read."""
+    types = schema_dtypes()
+    for k in keys:
+        if k in df.columns and k in types and str(df[k].dtype) != types[k]:
+            try:
+                df[k] = df[k].astype(types[k])
+            except (TypeError, ValueError):
+                pass
+    return df
 
 
 def _is(v, kind) -> bool:

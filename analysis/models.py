@@ -3,15 +3,12 @@ al.'s three in-context strategies, and the mean attention maps per layer and hea
 draw) for the report, drawn only where the sweep has such runs (a `unigram_loss` column)."""
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-
-from .load import load_history, load_snapshots   # noqa: E402
-from .phase import swept_keys                     # noqa: E402
+from .load import load_history, load_snapshots
+from .phase import swept_keys
 
 MAX_PANELS = 12
 
@@ -45,8 +42,9 @@ def _title(run: pd.Series, keys: list[str]) -> str:
 
 def _same(hist: pd.DataFrame, run: pd.Series, keys: list[str]) -> pd.DataFrame:
     mask = np.ones(len(hist), bool)
-    for k in keys:
-        mask &= (hist[k] == run[k]).to_numpy()
+    for k in keys:   # a key the setting's option lacks (<NA>) matches the runs that lack it too
+        same = hist[k].isna() if pd.isna(run[k]) else (hist[k] == run[k]).fillna(False)
+        mask &= same.to_numpy(dtype=bool)
     return hist[mask]
 
 

@@ -13,21 +13,19 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.colors import LogNorm, Normalize
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.transforms import ScaledTranslation
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-import seaborn as sns             # noqa: E402
-from matplotlib.backend_bases import FigureCanvasBase   # noqa: E402
-from matplotlib.colors import LogNorm, Normalize         # noqa: E402
-from matplotlib.patches import Patch, Rectangle          # noqa: E402
+from rw_sweeps.core import contract, readers, results
+from rw_sweeps.core.metrics import SUCCESS_TOL
 
-from rw_sweeps.core import contract, readers, results   # noqa: E402
-from rw_sweeps.core.metrics import SUCCESS_TOL         # noqa: E402
-
-from .load import config_keys     # noqa: E402
+from .load import config_keys, has_key
 
 TOL = SUCCESS_TOL  # the one success rule's tolerance (rw_sweeps.core.metrics)
 ZERO = "zero"                           # the zero-init column beside the σ axis
@@ -49,7 +47,7 @@ def add_success(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
     acc = pd.to_numeric(out.get("test_acc"), errors="coerce")
     opt = pd.to_numeric(out.get("opt_acc"), errors="coerce")
     out["success"] = (out["status"] == "done").to_numpy() & (acc >= opt - tol).to_numpy()
-    chance = 1 / pd.to_numeric(_col(out, "data.K", "K"), errors="coerce")
+    chance = 1 / pd.to_numeric(_col(out, "data.K", "K"), errors="coerce").astype(float)   # NaN, not <NA>, where unknown
     with np.errstate(divide="ignore", invalid="ignore"):
         out["acc_norm"] = ((acc - chance) / (opt - chance)).replace([np.inf, -np.inf], np.nan)
     return out
@@ -88,14 +86,21 @@ def zero_init(df: pd.DataFrame) -> pd.Series:
     return (_col(df, "init", "init") == "zero") | (sigma == 0)
 
 
-def swept_keys(df: pd.DataFrame) -> list[str]:
+def swept_keys(df: pd.DataFrame, sigma_axis: bool = True) -> list[str]:
     """Config keys that vary between runs, most telling first, seed excluded (it is what the
-    diagrams average over). A key fixed by the ones before it (`model.normalize` riding on
-    `init`, `init` on the σ axis's zero column) adds no axis and is dropped."""
+    diagrams average over). A key varies only among the runs whose option has it: `optim.beta1` of
+    `optim=gd,adam` is adam's one value, not a second axis beside the optimiser. A key fixed by the ones
+    before it (`model.normalize` riding on `init`, `init` on the σ axis's zero column) adds no axis and is
+    dropped. `sigma_axis`: zero init is the σ axis's zero point (the diagrams' view); False: σ is only the
+    key of the inits that have it, so `init=zero,gaussian` sweeps the init (the config table's view)."""
+    def own(k):
+        rows = has_key(df, k)
+        return rows | zero_init(df) if k == "init.sigma" and sigma_axis else rows
+
     varying = [k for k in config_keys(df) if k != "seed" and not k.startswith("wandb.")
-               and _values(df, k).nunique(dropna=False) > 1]
+               and axis_values(df[own(k)], k).nunique(dropna=False) > 1]
     varying.sort(key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
-    values = {k: _values(df, k) for k in varying}
+    values = {k: axis_values(df, k) for k in varying}
     chosen = []
     for k in varying:
         if not chosen or values[k].groupby([values[c] for c in chosen], sort=False).nunique().max() > 1:
@@ -120,7 +125,7 @@ def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "s
     for k in keys + [metric] + ([theory] if theory else []):
         if k not in df.columns:
             raise KeyError(k)
-    g = pd.DataFrame({k: _values(df, k) for k in dict.fromkeys(keys)})
+    g = pd.DataFrame({k: axis_values(df, k) for k in dict.fromkeys(keys)})
     g["_v"] = pd.to_numeric(df[metric], errors="coerce").astype(float)
     g["_fail"] = theory_fails(df).to_numpy()
     extra = {}
@@ -147,7 +152,8 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     counts once) and names the swept keys the cells pool over.
 
     Returns the figure; its table (`phase_table`, one line per cell) is `fig.phase_table`."""
-    if ax is not None and (row or col):
+    into = ax   # the caller's axes: the diagram, its colour bar and its legend stay inside its slot
+    if into is not None and (row or col):
         raise ValueError("ax= draws one panel: leave row and col out (or pass no ax)")
     df = distinct_runs(df)
     table = phase_table(df, x, y, metric, row, col, agg, theory)
@@ -163,11 +169,16 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
         vmin, vmax = (vmin - 1, vmax + 1) if np.isfinite(vmin) else (0.0, 1.0)
     cmap = ("RdYlGn_r" if metric in LOWER_IS_BETTER else "RdYlGn") if unit else "viridis"
     norm = Normalize(vmin, vmax)
-    if metric in STEP_METRICS and vmax >= 20 * max(vmin, 1):   # steps 1…1000: decades apart
-        norm = LogNorm(max(vmin, 1), vmax, clip=True)
+    if metric in STEP_METRICS and np.isfinite(vmax):
+        # a step means something against the run's horizon: the scale runs from step 0 to the last step
+        # trained, so cells that all broke at step ~10 of 50 read as early, not as the scale's two ends
+        horizon = pd.to_numeric(_col(df, "optim.steps", "steps"), errors="coerce").max()
+        top = max(vmax, horizon) if horizon == horizon else vmax
+        norm = (LogNorm(1, max(top, 10), clip=True) if vmax >= 20 * max(vmin, 1)   # steps 1…1000: decades apart
+                else Normalize(0, max(top, 1)))
     cell_w, cell_h = max(0.75, 0.22 * max(len(axis_label(x, v)) for v in xs)), 0.55
-    if ax is not None:
-        fig, axes = ax.figure, np.array([[ax]])
+    if into is not None:
+        fig, axes = into.figure, np.array([[into]])
     else:
         fig, axes = plt.subplots(
             len(rows), len(cols), squeeze=False,
@@ -181,22 +192,33 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
             if col:
                 sub = sub[_match(sub[col], cv)]
             ax = axes[i, j]
-            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory, circle)
+            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory)
             facet = ", ".join(f"{LABELS.get(k, k)} = {axis_label(k, v)}"
                               for k, v in ((row, rv), (col, cv)) if k)
             ax.set_title(facet, fontsize=10)
-    if ax is None:
+    if into is None:
         fig.set_layout_engine("constrained")
-    fig.colorbar(plt.cm.ScalarMappable(norm, cmap), ax=axes,
-                 label=metric + (", log scale" if isinstance(norm, LogNorm) else ""),
-                 shrink=0.9, aspect=30)
+    # with ax=, the colour bar's own axes are carved out of the caller's (it shrinks to make room), never
+    # laid over a neighbour
+    slot = into.get_position() if into is not None else None
+    bar = fig.colorbar(plt.cm.ScalarMappable(norm, cmap), ax=into if into is not None else axes,
+                       label=metric + (", log scale" if isinstance(norm, LogNorm) else "")
+                       + (f" (of {norm.vmax:g} steps)" if metric in STEP_METRICS and not isinstance(norm, LogNorm)
+                          else ""),
+                       shrink=0.9, aspect=30, **({"fraction": 0.08, "pad": 0.03} if into is not None else {}))
+    if circle and x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
+        for panel in axes.flat:   # after the colour bar took its room: a twin made before keeps the old slot
+            _opt_axis(panel, xs)
+    if into is not None and fig.get_layout_engine() is None:
+        _keep_in_slot(into, bar.ax, slot)
     n = table["n"]
     per_cell = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
     label = _metric_label(metric, agg) + ("; cell: measured / predicted" if theory else "")
     pooled = pooled_keys(df, [k for k in (x, y, row, col) if k])
     over = f", pooled over {', '.join(pooled)}" if pooled else ""
-    (ax.set_title if ax is not None else fig.suptitle)(
-        title or f"{label} ({per_cell} runs per cell{over})", fontsize=11 if ax is None else 9)
+    # wrapped at the figure's edges: a long title (many pooled keys) is never cut off
+    (into.set_title if into is not None else fig.suptitle)(
+        title or f"{label} ({per_cell} run{'' if per_cell == '1' else 's'} per cell{over})", fontsize=11 if into is None else 9, wrap=True)
     handles = []
     if table["theory_fail"].any():
         handles.append(Patch(fill=False, edgecolor="black", ls="--", lw=2,
@@ -204,11 +226,33 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     if theory and _never(table).any():
         handles.append(Patch(fill=False, edgecolor=THEORY_NEVER, ls=":", lw=2,
                              label="theory: no run of the cell predicted to get there"))
-    if handles:
-        fig.legend(handles=handles, loc="outside lower left" if ax is None else "lower left", fontsize=8,
-                   frameon=False)
+    if handles and into is None:   # below the panels, in the margin the layout keeps for it
+        fig.legend(handles=handles, loc="outside lower left", fontsize=8, frameon=False)
+    elif handles:                  # below the caller's axes' x label, in its own slot
+        into.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(0, 0),
+                    bbox_transform=_below_xlabel(into), borderaxespad=0)
     fig.phase_table = table
     return fig
+
+
+def _keep_in_slot(ax, bar_ax, slot) -> None:
+    """In a figure without a layout engine, move the colour bar left (and narrow `ax`) until its tick labels
+    and label end where `ax`'s slot did: a neighbour panel to the right is never drawn over."""
+    fig = ax.figure
+    over = bar_ax.get_tightbbox().x1 / fig.bbox.width - slot.x1
+    if over <= 0:
+        return
+    p, c = ax.get_position(), bar_ax.get_position()
+    ax.set_position([p.x0, p.y0, max(p.width - over, 0.05 * slot.width), p.height])   # its twins follow
+    bar_ax.set_position([c.x0 - over, c.y0, c.width, c.height])
+
+
+def _below_xlabel(ax):
+    """A transform whose (0, 0) is the lower left of `ax` moved down past its x tick labels and x label as
+    drawn: an offset in inches, so it holds wherever a layout engine later moves the axes."""
+    box, axis = ax.get_window_extent(), ax.xaxis.get_tightbbox()
+    drop = max(box.y0 - axis.y0, 0) if axis is not None else 0
+    return ax.transAxes + ScaledTranslation(0, -(drop + 4) / ax.figure.dpi, ax.figure.dpi_scale_trans)
 
 
 # What a run is, for counting: its config but what the core says is no result (where it was logged, how often
@@ -227,8 +271,11 @@ def distinct_runs(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def pooled_keys(df: pd.DataFrame, axes: list[str]) -> list[str]:
-    """The swept keys a diagram on `axes` averages over within a cell: the seed, and any other."""
-    out = [k for k in swept_keys(df) if k not in axes and not (k == "init" and "init.sigma" in axes)]
+    """The swept keys a diagram on `axes` averages over within a cell: the seed, and any other that takes
+    more than one value in some cell (not one that follows the axes, as σ follows `init`)."""
+    cell = [axis_values(df, k) for k in axes if k in df.columns]
+    out = [k for k in swept_keys(df) if k not in axes
+           and (not cell or axis_values(df, k).groupby(cell, sort=False).nunique().max() > 1)]
     if "seed" in df.columns and df["seed"].nunique() > 1:
         out.append("seed")
     return out
@@ -242,7 +289,7 @@ def _never(cells):
     return (cells["n_theory"] == 0) & (cells["n_predicted"] > 0)
 
 
-def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None, circle=True):
+def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None):
     """One heatmap panel: cells in (ys × xs) order, values printed, theory drawn on."""
     grid = {(_key(yv), _key(xv)): r for yv, xv, r in zip(
         sub[y] if y else [None] * len(sub), sub[x], sub.to_dict("records"))}
@@ -272,8 +319,6 @@ def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None, circ
     ax.set_xlabel(_axis_label(x))
     ax.set_ylabel(_axis_label(y) if y else "")
     ax.tick_params(axis="y", rotation=0)
-    if circle and x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
-        _opt_axis(ax, xs)
     if {x, y} == {"data.p", "data.q"}:
         _p_plus_q_line(ax, x, xs, ys)
 
@@ -310,9 +355,9 @@ def drawless(fig):
 # ---------------------------------------------------------------------------------------------
 # helpers
 
-def _values(df: pd.DataFrame, key: str) -> pd.Series:
-    """The value a run shows on an axis: σ of a zero-init run (init=zero, or σ = 0) is the ZERO column; a
-    missing value is its own category."""
+def axis_values(df: pd.DataFrame, key: str) -> pd.Series:
+    """The value a run shows on an axis, a panel or a table: σ of a zero-init run (init=zero, or σ = 0) is
+    ZERO, everywhere σ is shown; a missing value is its own category."""
     if key == "init.sigma":
         return df[key].astype(object).where(~zero_init(df), ZERO).where(df[key].notna() | zero_init(df), "none")
     return df[key].astype(object).where(df[key].notna(), "none")
@@ -356,6 +401,8 @@ def axis_label(key, v) -> str:
         return ""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
+    if key == "init.sigma" and v == 0:   # the σ axis's 0 is zero init: one label for it
+        return ZERO
     if key in LOG_KEYS and v > 0:
         mant, exp = f"{v:.1e}".split("e")
         return f"1e{int(exp)}" if mant == "1.0" else f"{float(mant):g}e{int(exp)}"

@@ -7,10 +7,11 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from .load import STATUSES, config_keys
-from .phase import swept_keys
+from .load import OPTION_COLUMNS, STATUSES, config_keys, has_key
+from .phase import ZERO, swept_keys, zero_init
 
 CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}
 table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;
@@ -36,23 +37,36 @@ def counts(runs: pd.DataFrame, skipped: list[dict]) -> pd.DataFrame:
 
 
 def sweep_config(runs: pd.DataFrame) -> pd.DataFrame:
-    """One line per config key of the options the sweep's runs used (a key no run has is another option's,
-    and left out): its value if the same in every run, else the values, and whether it was swept (an axis
-    of the grid, or the seed) or derived (it varies, but follows the swept keys, as `model.normalize`
-    follows `init`)."""
-    swept = set(swept_keys(runs)) | {"seed"}
+    """One line per config key of the options the sweep's runs used (a key no run's option has is left out):
+    its value if the same in every run that has it, else the values; `of`, the options that have it where
+    not every run's does (`optim=adam` for `optim.beta1` in a gd and adam sweep); and whether it was swept
+    (an axis of the grid, or the seed) or derived (it varies, but follows the swept keys, as
+    `model.normalize` follows `init`)."""
+    swept = set(swept_keys(runs, sigma_axis=False)) | {"seed"}
     rows = []
     for k in config_keys(runs):
-        vals = runs[k].dropna().unique().tolist()
+        own = has_key(runs, k)
+        vals = runs.loc[own, k].tolist()
         if not vals:
             continue
-        vals = sorted(vals, key=str)
-        shown = ", ".join(map(str, vals[:12])) + (f", … ({len(vals)} values)"
-                                                   if len(vals) > 12 else "")
-        varies = len(vals) > 1 or (len(vals) == 1 and runs[k].isna().any())
-        rows.append({"key": k, "value": shown,
-                     "role": ("swept" if k in swept else "derived") if varies else ""})
-    return pd.DataFrame(rows)
+        vals = sorted(dict.fromkeys(_yaml(v) for v in vals), key=str)
+        shown = ", ".join(vals[:12]) + (f", … ({len(vals)} values)" if len(vals) > 12 else "")
+        group = k.partition(".")[0]
+        option = OPTION_COLUMNS.get(group) if "." in k else None
+        of = ("" if own.all() or option not in runs else
+              ", ".join(f"{group}={o}" for o in dict.fromkeys(runs.loc[own, option].dropna())))
+        rows.append({"key": k, "value": shown, "of": of,
+                     "role": ("swept" if k in swept else "derived") if len(vals) > 1 else ""})
+    return pd.DataFrame(rows, columns=["key", "value", "of", "role"])
+
+
+def _yaml(v) -> str:
+    """A config value as config.yaml spells it (null, true, 0.5, [0, 1])."""
+    if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+        return "null"
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    return str(v.item() if isinstance(v, np.generic) else v)
 
 
 RUN_COLUMNS = ("status", "success", "test_acc", "opt_acc", "success_step", "symmetry_break_step",
@@ -66,6 +80,8 @@ def run_table(runs: pd.DataFrame, out: Path) -> tuple[str, int]:
     keys = [k for k in swept_keys(runs) if k != "seed"] + (["seed"] if "seed" in runs else [])
     cols = [c for c in dict.fromkeys([*keys, *RUN_COLUMNS]) if c in runs.columns]
     shown = runs.head(MAX_RUN_ROWS)
+    if "init.sigma" in cols:   # σ of zero init as every figure shows it
+        shown = shown.assign(**{"init.sigma": shown["init.sigma"].astype(object).where(~zero_init(shown), ZERO)})
     head = "<th>run</th>" + "".join(f"<th>{_e(c)}</th>" for c in cols)
     body = []
     for path, row in zip(shown["path"], shown[cols].itertuples(index=False)):
@@ -116,7 +132,8 @@ def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: li
                  + "<a href='runs.parquet'>runs.parquet</a> (<code>pandas.read_parquet</code>).</p>" + table)
     for sw, sub in (runs.groupby("sweep") if len(runs) else []):
         h.append(f"<h2>Config of {_e(sw)}</h2><p>The keys of the options its runs used. <b>swept</b>: a grid "
-                 "axis (or the seed); <b>derived</b>: varies, but follows the swept keys.</p>"
+                 "axis (or the seed); <b>derived</b>: varies, but follows the swept keys; <b>of</b>: the options that "
+                 "have the key, where not every run's option does.</p>"
                  + _table(sweep_config(sub)))
     bad = runs[runs["status"] != "done"] if len(runs) else runs
     if len(bad):

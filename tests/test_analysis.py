@@ -352,7 +352,7 @@ def test_the_report_a_reader_sees_first_every_run_sortable_and_linked_curves_and
     assert len(links) == 8 and all((done_when_report / h).resolve() == (done_when / n).resolve() for h, n in links)
     assert 'src="curves_test_acc.png"' in dom and "one panel per cell of data.p" in dom
     config = dom.split("Config of")[1]
-    assert "<td>data.p</td><td>0.0, 0.1, 0.5, 1.0</td><td>swept</td>" in config
+    assert "<td>data.p</td><td>0.0, 0.1, 0.5, 1.0</td><td></td><td>swept</td>" in config
     assert "data.q" not in config and "init.sigma" not in config  # another option's keys are not this sweep's
 
 

@@ -1,6 +1,7 @@
 """Every config composes and validates; every bad value is one line, a non-zero exit, and no files."""
 from __future__ import annotations
 
+import re
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -204,8 +205,41 @@ def test_bad_input_is_one_config_error(override, key, allowed, mode):
     assert "\n" not in line and key in line and allowed in line, line
 
 
+UNREADABLE = [  # overrides Hydra's parser or OmegaConf's resolver cannot read: the override named, and why
+    ("optim.lr=${optim.steps", "invalid config: optim.lr='${optim.steps': an interpolation opened with ${ is not "
+                               "closed (write ${key}, and quote the override in a shell)"),
+    ("data.p=０.５", "invalid config: data.p='０.５': the override grammar does not read '０' (FULLWIDTH DIGIT ZERO, "
+                   "U+FF10), '５' (FULLWIDTH DIGIT FIVE, U+FF15); write data.p=0.5"),
+    ("data.p=${init.sigma}", "invalid config: data.p='${init.sigma}': its interpolation names init.sigma, which this "
+                             "run's config does not have (init.sigma is a key of init=gaussian)"),
+    ("data.p=${nope}", "invalid config: data.p='${nope}': its interpolation names nope, which this run's config "
+                       "does not have"),
+    ("data.p=0.5)", "invalid config: data.p='0.5)': Hydra's override grammar cannot parse it: extraneous input ')' "
+                    "expecting <EOF> (see https://hydra.cc/docs/advanced/override_grammar/basic/)"),
+    ("+data.foo=“x”", "invalid config: data.foo='“x”': the override grammar does not read '“' (LEFT DOUBLE "
+                      "QUOTATION MARK, U+201C), '”' (RIGHT DOUBLE QUOTATION MARK, U+201D)"),
+]
+
+
+@pytest.mark.parametrize("mode", ["run", "multirun"])
+@pytest.mark.parametrize("override,line", UNREADABLE)
+def test_an_override_that_cannot_be_read_is_one_line_naming_it(override, line, mode):
+    with pytest.raises(ConfigError) as err:
+        checked(*(["-m", "seed=0,1", override] if mode == "multirun" else [override]))
+    assert str(err.value) == line
+
+
+@pytest.mark.parametrize("digit", "0123456789")
+def test_a_full_width_digit_anywhere_says_its_ascii_spelling(digit):
+    wide = chr(0xFF10 + int(digit))
+    with pytest.raises(ConfigError) as err:
+        checked(f"seed=1{wide}")
+    assert str(err.value).endswith(f"U+{0xFF10 + int(digit):04X}); write seed=1{digit}")
+
+
 @pytest.mark.e2e
-@pytest.mark.parametrize("args", [["data.p=1.5"], ["-m", "seed=0,1", "data.p=abc"]], ids=["run", "multirun"])
+@pytest.mark.parametrize("args", [["data.p=1.5"], ["-m", "seed=0,1", "data.p=abc"], ["data.p=${init.sigma}"],
+                                  ["-m", "seed=0,1", "data.p=０.５"]], ids=["run", "multirun", "resolve", "parse"])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args):
     """The real front door, as users run it: one line on stderr, exit 2, no folder."""
     out = tmp_path / "out"
@@ -252,3 +286,35 @@ def test_normalize_auto_is_the_papers_protocol():
     assert composed("model.normalize=true").model.normalize == "whole"
     assert composed("init=gaussian", "model.normalize=false").model.normalize == "none"
     assert from_dict({"model": {"normalize": True}}).model.normalize == "whole"
+
+
+def test_help_spells_every_default_as_the_command_line_reads_it():
+    """Every `key=value` line `--help` prints (rw_sweeps.core.keys.describe), typed back as a Hydra override, is
+    that key's schema default: YAML's `null`, `true` and `[0, 1]`, never Python's `None`, `True`."""
+    import dataclasses
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rw_sweeps.core import keys
+    from rw_sweeps.core.config import GROUPS, OPTIONS, RunConfig, WandbConfig
+
+    defaults = {f.name: f for f in dataclasses.fields(RunConfig)}
+    defaults |= {f"wandb.{f.name}": f for f in dataclasses.fields(WandbConfig)}
+    schemas = {f"{g}={n}": {f"{g}.{f.name}": f for f in dataclasses.fields(c)} for g in GROUPS
+               for n, c in OPTIONS[g].items()}
+    parser, seen, option = OverridesParser.create(), 0, None
+    for line in keys.describe().splitlines():
+        if line and not line.startswith(" "):
+            option = line.split(":")[0]
+            continue
+        if not line.startswith("  "):
+            continue
+        setting = line.strip().split("  # ")[0]
+        key, text = setting.split("=", 1)
+        assert not re.search(r"\b(None|True|False)\b", text), line
+        f = (schemas.get(option) or defaults)[key]
+        want = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        got = parser.parse_overrides([setting])[0].value()
+        assert got == want and (type(got) is type(want) or isinstance(want, float)), (line, got, want)
+        seen += 1
+    assert seen > 100

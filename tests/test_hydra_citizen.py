@@ -205,6 +205,11 @@ def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
                f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "packed: 3 runs in 1 job(s) on cpu" in r.stdout + r.stderr  # each batch of parallel trials is one packed job
+    # Hydra's own lines, and the sweeper's, as in any Hydra app; not the libraries optuna imports (alembic)
+    hydra_lines = [ln.split("][HYDRA] ", 1)[1] for ln in r.stdout.splitlines() if "][HYDRA] " in ln]
+    assert [ln.split(":")[0] for ln in hydra_lines[:4]] == ["Study name", "Storage", "Sampler", "Directions"]
+    assert hydra_lines[-2].startswith("Best parameters: ") and hydra_lines[-1].startswith("Best value: ")
+    assert "alembic" not in r.stdout + r.stderr
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     runs = summaries(sweep)
     assert len(runs) == 6 and all(s["status"] == "done" for s in runs.values())
@@ -326,7 +331,7 @@ def test_help_says_what_the_app_is_and_lists_the_groups_and_every_keys_comment(t
     assert "random_walk" in groups["data"] and "_schema" not in out.split("== Keys")[0]
     assert {"debug", "hparams_search", "experiment"} <= set(groups)
     assert "  data.p=0.5  # " in out and "init=gaussian: V_ij(0), W_ij(0)" in out and "  init.sigma=0.01" in out
-    assert "  optim.lr=1.0" in out and "wandb.entity=None  # " in out
+    assert "  optim.lr=1.0" in out and "wandb.entity=null  # " in out
 
 
 def test_a_missing_extras_plugin_names_the_extra_to_install():

@@ -176,3 +176,23 @@ def test_a_pseudo_terminal_without_a_size_gets_the_log_line_ticker(tmp_path):
                          capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "training 1 run(s): step 0 → 5" in out.stdout
+
+
+@pytest.mark.parametrize("args, cause", [
+    (["init=uniform"], "hydra.errors.MissingConfigException: In 'config': Could not find 'init/uniform'"),
+    (["data.p=1.5"], None),
+    (["-m", "init=zero,gaussian", "init.sigma=1e-4,1e-2"], None),   # refused by the sweeper, inside Hydra
+])
+def test_hydra_full_error_gives_the_whole_trace_as_hydra_does(tmp_path, args, cause):
+    """HYDRA_FULL_ERROR=1, Hydra's switch: the refusal raised whole (Python's trace, with the Hydra error it was
+    made from, exit 1); without it, the same message as one line and exit 2. Nothing is written either way."""
+    where = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    full = launch(*args, *where, cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert full.returncode == 1 and full.stderr.startswith("Traceback (most recent call last):"), full.stderr
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith("rw_sweeps.core.errors.ConfigError: invalid config: ")
+    if cause:
+        assert cause in full.stderr and "The above exception was the direct cause" in full.stderr
+    plain = launch(*args, *where, cwd=tmp_path, env={"HYDRA_FULL_ERROR": ""})
+    assert plain.returncode == 2 and plain.stderr == "error: " + last.split(": ", 1)[1] + "\n"
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()

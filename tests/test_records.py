@@ -13,13 +13,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from rw_sweeps.sweeps import lock, status
 
-from .conftest import ROOT, status_cmd
+from .conftest import ROOT, start_launch, status_cmd, steps_lasting, wait_for_training, wait_until
 
 GOOD = {"version": 1, "sweep": "S", "backend": "local", "detached": False, "submitted": 1.7e9, "runs": ["0"],
         "skipped": [], "stale": {}, "jobs": {"local": ["0"]}, "arrays": []}
@@ -175,6 +176,45 @@ def test_a_local_sweep_whose_process_lives_is_pending(tmp_path, start):
     r = status_cmd(str(sweep), timeout=60)
     assert r.returncode == 0 and r.stderr == ""
     assert r.stdout.endswith(", 0 running, 1 pending; jobs: 1 LIVE\n")
+
+
+def test_a_live_local_sweep_counts_the_runs_of_its_started_chunks_as_running(tmp_path):
+    """Runs whose folder (or `.hydra/`) this launch made, as a chunk starts, are running; a folder an earlier
+    launch left, and a run whose chunk has not started, are pending."""
+    sweep = tmp_path / "S"
+    for name, age in (("0", 0), ("1", None), ("2", 3600)):   # started now; no folder yet; left an hour ago
+        if age is not None:
+            (sweep / name / ".hydra").mkdir(parents=True)
+            old = time.time() - age
+            for path in (sweep / name / ".hydra", sweep / name):
+                os.utime(path, (old, old))
+    rec = {**local_record(status.process_start(ME)), "runs": ["0", "1", "2"], "jobs": {"local": ["0", "1", "2"]},
+           "submitted": time.time() - 5}
+    (sweep / status.STATE).write_text(json.dumps(rec))
+    snap = status.Sweep(sweep).poll()
+    assert snap.states == {"0": "running", "1": "pending", "2": "pending"} and snap.jobs == {"local": "LIVE"}
+
+
+@pytest.mark.e2e
+def test_rw_status_during_a_real_local_sweep_says_which_runs_are_training(tmp_path):
+    """Two chunks of two runs each (two shapes), trained one after the other by one process: while the first
+    trains, 2 running and 2 pending; while the second trains, 2 done and 2 running."""
+    sweep = tmp_path / "S"
+    p = start_launch("-m", "data.N=97,49", "seed=0,1", "data.n_test=200", f"optim.steps={steps_lasting(5)}",
+                     "wandb.mode=disabled", f"hydra.sweep.dir={sweep}")
+    try:
+        wait_for_training(p)
+        assert status_cmd(str(sweep), timeout=60).stdout.endswith(
+            "4 runs: 0 done, 0 skipped, 0 failed, 0 diverged, 2 running, 2 pending; jobs: 1 LIVE\n")
+        line = wait_until(lambda: (lambda out: "runs: 2 done," in out and out)(status_cmd(str(sweep), timeout=60).stdout),
+                          120, "the first chunk to finish", poll=0.2)
+        assert line.endswith("2 done, 0 skipped, 0 failed, 0 diverged, 2 running, 0 pending; jobs: 1 LIVE\n"), line
+        assert p.wait(timeout=300) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert status_cmd(str(sweep), timeout=60).stdout.endswith(", 0 running, 0 pending; jobs: 1 ENDED\n")
 
 
 @pytest.mark.e2e

@@ -67,13 +67,25 @@ def _default(f: dataclasses.Field):
     return "???"
 
 
+def spelled(value) -> str:
+    """A default as YAML and Hydra's override grammar spell it (`null`, `true`, `[0, 1]`), so that `--help`'s
+    `key=value` typed back on the command line is that default."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(spelled(v) for v in value) + "]"
+    return str(value)
+
+
 def _lines(cls, prefix: str, skip=()) -> list[str]:
     notes = comments(cls)
     out = []
     for f in dataclasses.fields(cls):
         if f.name in skip or f.name == "name":
             continue
-        head = f"  {prefix}{f.name}={_default(f)}"
+        head = f"  {prefix}{f.name}={spelled(_default(f))}"
         out.append(head + (f"  # {notes[f.name]}" if f.name in notes else ""))
     return out
 

@@ -275,14 +275,20 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
     try:
         try:
             preflight(argv, calling_file, config_path)
+        except Refused:  # as raised: its cause (Hydra's or OmegaConf's error) stays its own
+            raise
         except Exception as exc:  # noqa: BLE001 - any composition error: refused before anything is written
-            raise exc if isinstance(exc, Refused) else Refused(one_line(exc)) from exc
+            raise Refused(one_line(exc)) from exc
         with errors_reach_caller():
             main()
         signals.check()  # a signal held for after the last results were written
     except Refused as exc:  # one line, no traceback, before any job started
-        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
         signals.finishing()
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            # Hydra's switch for the complete stack trace, as Hydra honours it: the error raised whole, with
+            # the Hydra or OmegaConf error it was made from, and Python's exit 1
+            raise
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: one line; finished runs are on disk
         _stopped(exc, exc.message if isinstance(exc, Interrupted) else None)

@@ -8,14 +8,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import unicodedata
 from typing import Any
 
 import yaml
 
 from rw_sweeps.core.config import ConfigError, RunConfig, describe_unknown
-from rw_sweeps.core.registry import type_rule
+from rw_sweeps.core.registry import OPTIONS, type_rule
 from rw_sweeps.core.errors import one_line
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ConfigTypeError, ValidationError
+from hydra.errors import OverrideParseException
+from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, ConfigTypeError, InterpolationResolutionError,
+                             ValidationError)
 
 
 def _schema_of(e: BaseException):
@@ -36,6 +39,11 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
         key = getattr(e, "full_key", None)
         if isinstance(e, ConfigError):
             return e
+        if isinstance(e, OverrideParseException):
+            return _unparsed(e.override, e.message)
+        if isinstance(e, InterpolationResolutionError) and key:
+            node = getattr(e, "child_node", None)
+            return ConfigError(key, str(node) if node is not None else None, _unresolved(e))
         if not key:
             continue
         cls = _schema_of(e)
@@ -71,6 +79,42 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
         hint = f" ({m.group(2)} is in the '{extra}' extra: pip install 'rw-sweeps[{extra}]')" if extra else ""
         return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}{hint}")
     return None
+
+
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def _unparsed(override: str, message: str) -> ConfigError:
+    """An override Hydra's grammar cannot read, named whole: what the parser says, or the characters it does not
+    read (full-width digits typed on a CJK keyboard, a smart quote), with the ASCII spelling where there is one."""
+    key, sep, value = override.partition("=")
+    key = key.lstrip("+~") if sep else override
+    odd = [c for c in dict.fromkeys(override) if ord(c) > 127]
+    if odd:
+        names = ", ".join(f"{c!r} ({unicodedata.name(c, 'unnamed')}, U+{ord(c):04X})" for c in odd[:3])
+        plain = unicodedata.normalize("NFKC", override)
+        rule = (f"the override grammar does not read {names}"
+                + (f"; write {plain}" if plain != override and plain.isascii() else ""))
+    elif value.count("${") > value.count("}"):
+        rule = "an interpolation opened with ${ is not closed (write ${key}, and quote the override in a shell)"
+    else:
+        said = [ln.strip() for ln in message.strip().splitlines()
+                if ln.strip() and not ln.startswith(("Error parsing override", "See https://"))]
+        rule = f"Hydra's override grammar cannot parse it: {said[0] if said else 'unreadable'} (see {GRAMMAR})"
+    return ConfigError(key, value if sep else None, rule) if sep else ConfigError(override, None, rule)
+
+
+def _unresolved(e: BaseException) -> str:
+    """Why an interpolation did not resolve, with the option that has the key it names, if another one does."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    m = re.match(r"Interpolation key '([\w.]+)' not found", first)
+    if not m:
+        return f"cannot be resolved: {first}"
+    ref = m.group(1)
+    group, _, field = ref.partition(".")
+    owners = [n for n, c in OPTIONS.get(group, {}).items() if field in c.__dataclass_fields__]
+    hint = f" ({ref} is a key of {', '.join(f'{group}={n}' for n in owners)})" if owners else ""
+    return f"its interpolation names {ref}, which this run's config does not have{hint}"
 
 
 # Hydra plugins that come with an extra of this package (pyproject.toml): a missing one says how to get it

@@ -314,6 +314,23 @@ class Sweep:
         """Has the run a checkpoint (it is being trained)? os.path.exists: a name too long to look up has none."""
         return os.path.exists(os.path.join(self.dir, name, "checkpoint.pt"))
 
+    def _started(self, name: str) -> bool:
+        """Has this launch started training the run? A chunk makes its runs' folders and `.hydra/` as it starts
+        (as Hydra's run_job does a job's), so a run whose folder, `.hydra/` or checkpoint changed since the sweep
+        was submitted is in a chunk being trained; an unfinished folder of an earlier launch is not, until its
+        chunk comes."""
+        since = self.record.get("submitted")
+        if since is None:
+            return self._checkpoint(name)
+        run = os.path.join(self.dir, name)
+        for path in (run, os.path.join(run, ".hydra"), os.path.join(run, "checkpoint.pt")):
+            try:
+                if os.stat(path, follow_symlinks=False).st_mtime >= since - 1:   # mtimes may lag by a tick
+                    return True
+            except (OSError, ValueError):   # not there (or a name too long to look up): not started by this one
+                continue
+        return False
+
     def job_states(self) -> dict | None:
         rec = self.record
         if rec.get("backend") == "slurm":
@@ -346,8 +363,8 @@ class Sweep:
                 out[name] = "running" if self._checkpoint(name) else "pending"
             elif state in RUNNING:
                 out[name] = "running"
-            elif state == "LIVE":  # a local sweep's process: the run with a checkpoint is the one training
-                out[name] = "running" if self._checkpoint(name) else "pending"
+            elif state == "LIVE":  # a local sweep's process: the runs of the chunks it has started are training
+                out[name] = "running" if self._started(name) else "pending"
             elif state in PENDING:
                 out[name] = "pending"
             else:  # the job has ended and this run has no summary (yet?)

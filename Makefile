@@ -1,5 +1,5 @@
 # `make demo`: set up and run the default sweep; `make test`: set up and run every test, on JOBS parallel workers;
-# `make test-fast`: the unit layer only (no test that starts a process), for the edit loop.
+# `make test-fast`: the unit layer only (no test that starts a process, none marked slow), for the edit loop.
 # TORCH overrides the torch requirement, e.g. TORCH="torch==2.13.0 --index-url <your CUDA index>" on a GPU box.
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
@@ -27,7 +27,7 @@ test: install
 	$(PY) -m pytest -n $(JOBS) --dist loadgroup
 
 test-fast: install
-	RW_UNIT_ONLY=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not slurm"
+	RW_UNIT_ONLY=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not slurm and not slow"
 
 bench: install
 	$(PY) benchmarks/bench_hydra.py

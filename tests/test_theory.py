@@ -124,6 +124,7 @@ def escape(tmp_path_factory):
     return by, pred[-1], calls, {(c.seed, c.init.sigma): m["symmetry_break_step"] for c, m in zip(trained, measured)}
 
 
+@pytest.mark.slow
 def test_predicted_break_step_matches_training(escape):
     # (c) measured: |predicted − measured| ≤ 1 step on every one of these runs (breaks at 535–1136). The
     # spread crosses 1e-3 while the perturbation is still ~1 % of the attention (1/13), so the second-order
@@ -136,6 +137,7 @@ def test_predicted_break_step_matches_training(escape):
         assert 0.98 <= p / m <= 1.02
 
 
+@pytest.mark.slow
 def test_prediction_scales_with_sigma(escape):
     # (d) σ/10 breaks later: per seed, a strictly later break down the ladder (null: not within T)
     by, _, _, _ = escape
@@ -184,6 +186,7 @@ def test_zero_init_predicts_its_own_break(tmp_path):
     assert pred[0]["predicted_break_step"] is not None and pred[1]["predicted_break_step"] is None
 
 
+@pytest.mark.slow
 def test_off_the_trap_every_sigma_is_checked_where_training_evaluates(tmp_path):
     # p = 0.9 at §5 (whole, lr 1, seed 3): the base breaks by itself at step 300, and σ = 1e-2 opposes its
     # spread and crosses later (330). Predicted together, the small σ must still break with the base, as it

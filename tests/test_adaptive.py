@@ -326,3 +326,20 @@ def test_a_planted_adaptive_record_is_refused_with_why(text, why, tmp_path):
         read_record(tmp_path)
     assert why in e.value.why
     assert read_record(tmp_path / "elsewhere") is None  # no record: a grid
+
+
+# ------------------------------------------------------------------ found by attacking the sweeper
+@pytest.mark.parametrize("n_points, batch", [(2, 16), (3, 16), (5, 8), (16, 16)])
+def test_a_one_axis_sweep_smaller_than_its_batch_still_samples_both_ends_of_its_axis(n_points, batch):
+    """Learner1D asks a fresh batch as a grid from lo up to hi; a budget below the batch took its first n and
+    never sampled hi (lr ∈ [0.01, 0.3], 3 points: 0.0100, 0.0125, 0.0157, a learner of infinite loss), though
+    the sweeper refuses n_points below 2 ** axes because "the learner starts at the corners"."""
+    from rw_sweeps.sweeps import adaptive
+
+    axes = [adaptive.Axis("optim.lr", 0.01, 0.3, True)]
+    told, rounds = adaptive.sweep(axes, [[]], batch=batch, n_points=n_points, loss_goal=None, level=0.5,
+                                  evaluate=lambda jobs: ([float(float(j[0].split("=")[1]) > 0.1) for j in jobs], len(jobs)),
+                                  say=lambda line: None)
+    lo, hi = axes[0].bounds
+    assert len(told) == n_points and {(lo,), (hi,)} <= set(told)
+    assert math.isfinite(rounds[-1].loss)

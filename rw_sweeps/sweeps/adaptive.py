@@ -21,6 +21,7 @@ are always read from the run folders.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -243,7 +244,10 @@ def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: O
         for p in map(_key, asked):
             if p not in told and p not in points:
                 points.append(p)
-        points = points[:n]
+        # a cut batch keeps the axes' corners it asks first: Learner1D asks a fresh batch as a grid from lo up
+        # to hi, and its first n alone would never reach hi (the learner's loss stays infinite)
+        corners = {_key(c) for c in itertools.product(*(a.bounds for a in axes))}
+        points = sorted(points, key=lambda p: p not in corners)[:n]
         if not points:  # the learner asks nothing new: its domain is resolved as far as it can go
             say(f"round {len(rounds) + 1}: the learner asks no new point; stopping")
             break

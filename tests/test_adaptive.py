@@ -343,3 +343,25 @@ def test_a_one_axis_sweep_smaller_than_its_batch_still_samples_both_ends_of_its_
     lo, hi = axes[0].bounds
     assert len(told) == n_points and {(lo,), (hi,)} <= set(told)
     assert math.isfinite(rounds[-1].loss)
+
+
+def test_the_diagram_draws_the_runs_of_the_last_sweep_not_those_another_config_left_at_its_points(tmp_path):
+    """A relaunch into the same folder with another fixed key (data.p=0.5, then 1.0) asks the same corners;
+    the diagram pooled both sweeps' runs there (2 runs a point, the mean of p = 0.5 and p = 1.0), though the
+    record's learner learned the p = 1.0 runs alone."""
+    from analysis import add_success, load_runs
+    from analysis.adaptive import adaptive_diagram, read_record
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.metric=test_acc", "hydra.sweeper.n_points=2",
+            f"hydra.sweep.dir={sweep}"]
+    for p in ("0.5", "1.0"):
+        r = launch(*args, f"data.p={p}")
+        assert r.returncode == 0, r.stderr
+    runs, rec = add_success(load_runs(sweep)), read_record(sweep)
+    assert len(runs) == 4
+    pts = adaptive_diagram(runs, rec, []).phase_points
+    last = runs[runs["data.p"] == 1.0].set_index("optim.lr")["test_acc"]
+    assert (pts["runs"] == 1).all() and len(pts) == 2
+    assert dict(zip(pts["optim.lr"], pts["value"])) == pytest.approx(last.to_dict())
+    assert sorted(p["value"] for p in rec["points"]) == pytest.approx(sorted(last))

@@ -89,6 +89,11 @@ def points(runs: pd.DataFrame, rec: dict, facet: list[str]) -> pd.DataFrame:
     if asked:  # the points the sweep asked for (a relaunch with other bounds leaves runs of other points)
         at = zip(*(pd.to_numeric(runs[k], errors="coerce").astype(float) for k in keys))
         runs = runs[[tuple(t) in asked for t in at]]
+    named = [p.get("runs") for p in rec.get("points") or [] if isinstance(p, dict)]
+    if named and "run" in runs.columns and all(isinstance(n, list) and all(isinstance(r, str) for r in n)
+                                               for n in named):
+        # the runs the sweep learned from (a relaunch with another fixed key leaves runs at the same points)
+        runs = runs[runs["run"].astype(str).isin({r for n in named for r in n})]
     df = runs.assign(_value=run_values(runs, rec["metric"], rec["tol"]))
     g = df.groupby(facet + keys, dropna=False, sort=True)["_value"]
     return pd.DataFrame({"value": g.mean(), "runs": g.size()}).reset_index()

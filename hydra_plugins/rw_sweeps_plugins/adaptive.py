@@ -145,6 +145,12 @@ class AdaptiveSweeper(Sweeper):
             atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         counts: Counter = Counter()
         returns: list = []
+        where: dict = {}  # a job's overrides -> its run folder's name, for the record's runs of each point
+
+        def record(told: dict) -> None:
+            runs = {p: [where[tuple(j)] for j in adaptive.jobs_at(axes, crossed, p) if tuple(j) in where]
+                    for p in told}
+            adaptive.write_record(sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, told, runs)
 
         def evaluate(jobs: list) -> Optional[tuple]:
             start = _free_number(sweep_dir)
@@ -176,6 +182,7 @@ class AdaptiveSweeper(Sweeper):
                 returns.append(res)
                 folders = [_output_dir(r) for r in res]
                 fresh = set(folders)
+            where.update((tuple(j), Path(f).name) for j, f in zip(jobs, folders) if f)
             values = []
             for f in folders:
                 verdict = contract.judge(Path(f)) if f else contract.Verdict("unfinished")
@@ -193,8 +200,7 @@ class AdaptiveSweeper(Sweeper):
         told, rounds = adaptive.sweep(axes, crossed, batch=self._batch(crossed), n_points=self.n_points,
                                       loss_goal=self.loss_goal, evaluate=evaluate, say=say,
                                       level=self.level if self.loss == "boundary" else None,
-                                      on_round=None if dry_run else lambda t: adaptive.write_record(
-                                          sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, t))
+                                      on_round=None if dry_run else record)
         if told is None:  # a dry run: the first round's plan was printed
             print("dry run: later rounds are asked from the values of this one", flush=True)
             return None

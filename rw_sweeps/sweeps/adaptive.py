@@ -283,10 +283,16 @@ def summary_line(sweep_dir: Any, told: dict, rounds: list[Round], metric: str) -
 
 
 def write_record(sweep_dir: Path, axes: list[Axis], crossed_keys: list[str], metric: str, level: float,
-                 tol: float, told: dict) -> None:
-    """`adaptive.json`: what the analysis needs to draw the sweep (its values it reads from the run folders)."""
+                 tol: float, told: dict, runs: Optional[dict] = None) -> None:
+    """`adaptive.json`: what the analysis needs to draw the sweep (its values it reads from the run folders).
+    `runs` ({point: its run folders' names}): the analysis draws those runs alone, not others a relaunch with
+    another fixed key left at the same point."""
+    def entry(p, v) -> dict:
+        e = {"at": [a.value(u) for a, u in zip(axes, p)], "value": v}
+        if runs is not None and p in runs:
+            e["runs"] = list(runs[p])
+        return e
     record = {"version": 1, "axes": [asdict(a) for a in axes], "crossed": crossed_keys, "metric": metric,
-              "level": level, "tol": tol,
-              "points": [{"at": [a.value(u) for a, u in zip(axes, p)], "value": v} for p, v in told.items()]}
+              "level": level, "tol": tol, "points": [entry(p, v) for p, v in told.items()]}
     atomic_write(Path(sweep_dir) / RECORD, json.dumps(record, indent=1, allow_nan=False,
                                                       default=lambda v: None) + "\n")

@@ -365,3 +365,16 @@ def test_the_diagram_draws_the_runs_of_the_last_sweep_not_those_another_config_l
     assert (pts["runs"] == 1).all() and len(pts) == 2
     assert dict(zip(pts["optim.lr"], pts["value"])) == pytest.approx(last.to_dict())
     assert sorted(p["value"] for p in rec["points"]) == pytest.approx(sorted(last))
+
+
+@pytest.mark.parametrize("name", ["adaptive.json", "multirun.yaml"])
+def test_a_folder_planted_where_the_sweeper_writes_its_record_is_refused_before_any_job(name, tmp_path):
+    """A stranger's folder named adaptive.json in the sweep folder: the sweep trained round 1, then died with
+    a traceback (IsADirectoryError) writing the record. It is refused in one line before any job."""
+    sweep = tmp_path / "sweep"
+    (sweep / name).mkdir(parents=True)
+    r = launch("-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: invalid config: hydra.sweep.dir='{sweep}': {name} there is not a file")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in sweep.iterdir()) == [name]  # no run folder

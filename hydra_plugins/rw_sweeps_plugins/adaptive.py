@@ -138,6 +138,11 @@ class AdaptiveSweeper(Sweeper):
         dry_run = bool(OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False))
         if not placement.writable(sweep_dir):  # FolderTaken: refused, in one line
             raise ConfigError("hydra.sweep.dir", str(sweep_dir), "not writable: an adaptive sweep records each round")
+        for name in (adaptive.RECORD, "multirun.yaml"):  # replaced atomically: a link is replaced, a folder not
+            there = sweep_dir / name
+            if os.path.lexists(there) and not there.is_symlink() and not there.is_file():
+                raise ConfigError("hydra.sweep.dir", str(sweep_dir), f"{name} there is not a file: the adaptive "
+                                  "sweep writes it after each round; move it away")
         if not dry_run:
             if hasattr(self.launcher, "take_lock"):
                 self.launcher.take_lock()

@@ -378,3 +378,14 @@ def test_a_folder_planted_where_the_sweeper_writes_its_record_is_refused_before_
     assert r.stderr.startswith(f"error: invalid config: hydra.sweep.dir='{sweep}': {name} there is not a file")
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert sorted(p.name for p in sweep.iterdir()) == [name]  # no run folder
+
+
+@pytest.mark.parametrize("key, value", [("level", "nan"), ("level", "null"), ("tol", "inf"), ("loss_goal", "nan")])
+def test_a_refusal_names_only_values_the_key_takes(key, value, tmp_path):
+    """hydra.sweeper.level=nan was refused as "must be a finite number or null", and level=null then as "must be
+    a number": a refusal's allowed values are ones the key accepts."""
+    r = launch("-m", *ADAPTIVE, LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweeper.{key}={value}",
+               f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.{key}=")
+    assert ("or null" in r.stderr) == (key == "loss_goal"), r.stderr

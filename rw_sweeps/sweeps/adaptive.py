@@ -103,7 +103,7 @@ def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: An
             refuse(key, v, "must be an integer >= 1 or null")
     for key, v in (("loss_goal", loss_goal), ("level", level), ("tol", tol)):
         if v is not None and (type(v) not in (int, float) or not math.isfinite(v)):
-            refuse(key, v, "must be a finite number" + (" or null" if key != "tol" else ""))
+            refuse(key, v, "must be a finite number" + (" or null" if key == "loss_goal" else ""))
     if loss_goal is not None and loss_goal <= 0:
         refuse("loss_goal", loss_goal, "must be > 0 or null")
     if tol is not None and tol < 0:

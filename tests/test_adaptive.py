@@ -389,3 +389,30 @@ def test_a_refusal_names_only_values_the_key_takes(key, value, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.{key}=")
     assert ("or null" in r.stderr) == (key == "loss_goal"), r.stderr
+
+
+@pytest.mark.parametrize("n_axes", [1, 2])
+def test_a_sweep_whose_every_run_diverged_is_drawn_with_its_points_and_says_so(n_axes):
+    """lr ∈ [1e20, 1e30] (× p ∈ [0.2, 0.8]): every run diverges, no point has a test_acc. The diagram was titled
+    "0 points, 0 runs" on empty axes around 0; it shows the sampled points, on the sweep's axes, and says why
+    they have no value."""
+    import pandas as pd
+
+    from analysis.adaptive import adaptive_diagram
+
+    axes = [{"key": "optim.lr", "lo": 1e20, "hi": 1e30, "log": True}, {"key": "data.p", "lo": 0.2, "hi": 0.8, "log": False}]
+    at = [(1e20, 0.2), (1e20, 0.8), (1e30, 0.2), (1e30, 0.8)] if n_axes == 2 else [(1e20,), (1e25,), (1e30,)]
+    rec = {"axes": axes[:n_axes], "crossed": [], "metric": "test_acc", "level": 0.5, "tol": 0.02,
+           "points": [{"at": list(a), "value": None, "runs": [str(i)]} for i, a in enumerate(at)]}
+    runs = pd.DataFrame([{**dict(zip(["optim.lr", "data.p"], a)), "status": "diverged", "test_acc": np.nan,
+                          "opt_acc": 0.5, "steps": 5, "run": str(i), "sweep": "s"} for i, a in enumerate(at)])
+    fig = adaptive_diagram(runs, rec, [])
+    ax = fig.axes[0]
+    assert ax.get_title() == f"{len(at)} points, {len(at)} runs; {len(at)} without a value (every run failed or diverged)"
+    lo, hi = ax.get_xlim()
+    assert lo <= 20 and hi >= 30
+    if n_axes == 2:
+        lo, hi = ax.get_ylim()
+        assert lo <= 0.2 and hi >= 0.8
+    shown = {tuple(np.round(xy, 6)) for line in ax.get_lines() for xy in line.get_xydata()}
+    assert {(20.0,), (30.0,)} <= {xy[:1] for xy in shown}

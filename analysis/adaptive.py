@@ -201,8 +201,7 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
             ax.plot(u, v, "k.", ms=3, clip_on=False)  # the corners too
             if len(empty):
                 ax.plot(_coord(empty[x["key"]], x), _coord(empty[y["key"]], y), "x", color="0.4", ms=5,
-                        clip_on=False, label="no value (every run failed or diverged)")
-                ax.legend(loc="center", fontsize=7)  # the corners hold points
+                        clip_on=False)  # the title says what they are (a legend would hide the diagram)
             ax.set_ylim(*_span(y))
             ax.set_ylabel(("log10 " if y["log"] else "") + LABELS.get(y["key"], y["key"]))
             fig.colorbar(im, ax=ax, label=metric)

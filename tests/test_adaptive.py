@@ -60,6 +60,7 @@ def adaptive_sweep(tmp_path_factory):
     return sweep, r
 
 
+@pytest.mark.e2e
 def test_the_sweeper_places_its_points_at_the_boundaries_a_dense_grid_finds(reference, adaptive_sweep):
     _, dense, dense_edges = reference
     sweep, r = adaptive_sweep
@@ -89,6 +90,7 @@ def test_the_sweeper_places_its_points_at_the_boundaries_a_dense_grid_finds(refe
     assert f"sweep {sweep}: 14 runs: 14 done, 0 skipped, 0 failed, 0 diverged" in r.stdout
 
 
+@pytest.mark.e2e
 def test_a_relaunch_trains_nothing_and_a_grown_budget_adds_points(adaptive_sweep, tmp_path):
     sweep, _ = adaptive_sweep
     before = _lr_points(sweep)
@@ -104,6 +106,7 @@ def test_a_relaunch_trains_nothing_and_a_grown_budget_adds_points(adaptive_sweep
     assert set(before) < set(after) and len(after) == 18 and len(summaries(sweep)) == 18
 
 
+@pytest.mark.e2e
 def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_uninterrupted_one(tmp_path):
     steps = steps_lasting(2.0)  # a round long enough to be interrupted in the middle of its training
     args = ["-m", *ADAPTIVE, f"optim.steps={steps}", LR_AXIS, "hydra.sweeper.n_points=10", "hydra.sweeper.batch=4"]
@@ -134,6 +137,7 @@ def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_unin
         {s["lr"]: s["test_acc"] for s in summaries(whole).values()}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, line", [
     (["hydra.sweeper.metric=speed", LR_AXIS, "hydra.sweeper.n_points=8"],
      "error: invalid config: hydra.sweeper.metric='speed': must be success (the analysis's success rule) or a "
@@ -165,6 +169,7 @@ def test_a_bad_key_is_refused_in_one_line_before_any_job(args, line, tmp_path):
     assert not sweep.exists()
 
 
+@pytest.mark.e2e
 def test_analysis_draws_the_adaptive_sweep_on_its_axes_and_grids_as_before(reference, adaptive_sweep, tmp_path):
     from analysis.__main__ import build
     from analysis.adaptive import adaptive_diagram, read_record
@@ -184,6 +189,7 @@ def test_analysis_draws_the_adaptive_sweep_on_its_axes_and_grids_as_before(refer
     assert (pts["runs"] == 1).all()
 
 
+@pytest.mark.e2e
 def test_a_two_axis_diagram_interpolates_on_the_learners_triangulation(tmp_path):
     """p × lr, seeds crossed: each point's value is the mean over its 2 seeds; the diagram's triangulation is
     Learner2D's own and its interpolation passes through every point's value."""
@@ -286,6 +292,7 @@ def test_the_rounds_replayed_after_an_interrupt_ask_the_same_points():
     assert resumed == whole and len(trained) == 14 and [r.trained for r in rounds] == [0, 0, 0, 6, 8]
 
 
+@pytest.mark.e2e
 def test_hydra_s_own_launcher_runs_the_same_rounds(tmp_path):
     """Under hydra/launcher=basic (one Hydra job a run) the rounds ask the same points and find the runs
     done on a relaunch, as under the rw launcher."""
@@ -345,6 +352,7 @@ def test_a_one_axis_sweep_smaller_than_its_batch_still_samples_both_ends_of_its_
     assert math.isfinite(rounds[-1].loss)
 
 
+@pytest.mark.e2e
 def test_the_diagram_draws_the_runs_of_the_last_sweep_not_those_another_config_left_at_its_points(tmp_path):
     """A relaunch into the same folder with another fixed key (data.p=0.5, then 1.0) asks the same corners;
     the diagram pooled both sweeps' runs there (2 runs a point, the mean of p = 0.5 and p = 1.0), though the
@@ -367,6 +375,7 @@ def test_the_diagram_draws_the_runs_of_the_last_sweep_not_those_another_config_l
     assert sorted(p["value"] for p in rec["points"]) == pytest.approx(sorted(last))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ["adaptive.json", "multirun.yaml"])
 def test_a_folder_planted_where_the_sweeper_writes_its_record_is_refused_before_any_job(name, tmp_path):
     """A stranger's folder named adaptive.json in the sweep folder: the sweep trained round 1, then died with
@@ -380,6 +389,7 @@ def test_a_folder_planted_where_the_sweeper_writes_its_record_is_refused_before_
     assert sorted(p.name for p in sweep.iterdir()) == [name]  # no run folder
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("key, value", [("level", "nan"), ("level", "null"), ("tol", "inf"), ("loss_goal", "nan")])
 def test_a_refusal_names_only_values_the_key_takes(key, value, tmp_path):
     """hydra.sweeper.level=nan was refused as "must be a finite number or null", and level=null then as "must be

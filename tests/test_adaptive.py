@@ -426,3 +426,31 @@ def test_a_sweep_whose_every_run_diverged_is_drawn_with_its_points_and_says_so(n
         assert lo <= 0.2 and hi >= 0.8
     shown = {tuple(np.round(xy, 6)) for line in ax.get_lines() for xy in line.get_xydata()}
     assert {(20.0,), (30.0,)} <= {xy[:1] for xy in shown}
+
+
+@pytest.mark.e2e
+def test_a_round_stopped_by_sigterm_resumes_its_runs_in_their_own_folders(tmp_path):
+    """SIGTERM in round 2 checkpoints its runs ("run the same command again to resume"). The relaunch numbered
+    round 2 above those checkpoint-only folders, trained its runs again from step 0 in new ones and left the
+    checkpoints behind, unfinished for ever. It resumes them where they are: every folder ends done."""
+    steps = steps_lasting(3.0)
+    args = ["-m", *ADAPTIVE, f"optim.steps={steps}", LR_AXIS, "hydra.sweeper.n_points=6", "hydra.sweeper.batch=3"]
+    sweep = tmp_path / "sweep"
+    p = start_launch(*args, f"hydra.sweep.dir={sweep}")
+    while not (line := p.stdout.readline()).startswith("round 1:"):
+        assert line, p.stderr.read()
+    while "training" not in (line := p.stdout.readline()):
+        assert line, p.stderr.read()
+    wait_for_work(p.pid, 0.5)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert "stopped by SIGTERM" in err, out + err
+    interrupted = sorted(d.name for d in sweep.iterdir() if d.is_dir() and not (d / "summary.json").exists())
+    assert interrupted == ["3", "4", "5"] and all((sweep / d / "checkpoint.pt").exists() for d in interrupted)
+
+    resumed = launch(*args, f"hydra.sweep.dir={sweep}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "6 runs (3 trained, 3 found done)" in resumed.stdout
+    folders = sorted(d.name for d in sweep.iterdir() if d.is_dir())
+    assert folders == ["0", "1", "2", "3", "4", "5"], folders  # no run trained again elsewhere
+    assert all(s["status"] == "done" and s["steps"] == steps for s in summaries(sweep).values())

@@ -447,10 +447,19 @@ def test_a_round_stopped_by_sigterm_resumes_its_runs_in_their_own_folders(tmp_pa
     assert "stopped by SIGTERM" in err, out + err
     interrupted = sorted(d.name for d in sweep.iterdir() if d.is_dir() and not (d / "summary.json").exists())
     assert interrupted == ["3", "4", "5"] and all((sweep / d / "checkpoint.pt").exists() for d in interrupted)
+    kept = {d: (sweep / d / "checkpoint.pt").read_bytes() for d in interrupted}
+
+    # another sweep into the folder first (other bounds): its new run never lands on those checkpoints
+    other = launch(*[a if a != LR_AXIS else "optim.lr=tag(log,interval(0.02,0.3))" for a in args],
+                   "hydra.sweeper.n_points=2", f"hydra.sweep.dir={sweep}")
+    assert other.returncode == 0, other.stderr
+    assert {d: (sweep / d / "checkpoint.pt").read_bytes() for d in interrupted} == kept
+    assert sorted(d.name for d in sweep.iterdir() if d.is_dir()) == ["0", "1", "2", "3", "4", "5", "6"]
 
     resumed = launch(*args, f"hydra.sweep.dir={sweep}")
     assert resumed.returncode == 0, resumed.stderr
     assert "6 runs (3 trained, 3 found done)" in resumed.stdout
+    assert all(f"resuming {sweep / d} from its checkpoint" in resumed.stdout for d in interrupted), resumed.stdout
     folders = sorted(d.name for d in sweep.iterdir() if d.is_dir())
-    assert folders == ["0", "1", "2", "3", "4", "5"], folders  # no run trained again elsewhere
+    assert folders == ["0", "1", "2", "3", "4", "5", "6"], folders  # no run trained again elsewhere
     assert all(s["status"] == "done" and s["steps"] == steps for s in summaries(sweep).values())

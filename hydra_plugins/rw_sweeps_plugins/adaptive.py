@@ -24,7 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 
-from rw_sweeps.core import contract
+from rw_sweeps.core import contract, results
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
 from rw_sweeps.core.metrics import SUCCESS_TOL
 from rw_sweeps.core.resources import problems
@@ -54,6 +54,34 @@ class AdaptiveSweeperConf:
 
 ConfigStore.instance().store(group="schema/hydra/sweeper", name="adaptive", node=AdaptiveSweeperConf,
                              provider="rw_sweeps")
+
+
+def _interrupted(folder: str) -> bool:
+    """A folder that holds a checkpoint and nothing else (Hydra's own `.hydra` aside): a run a signal stopped
+    before it wrote its config."""
+    try:
+        return sorted(n for n in os.listdir(folder) if not n.startswith(".")) == [contract.CHECKPOINT]
+    except OSError:
+        return False
+
+
+def _resume_in_place(specs: list, sweep_dir: Path) -> None:
+    """Each run an interrupt stopped goes back to its own folder (where its checkpoint is: a replayed round
+    asks it again, and it resumes there rather than starting over above every folder). A folder is taken by
+    the run whose checkpoint it holds alone (`rw_sweeps.core.results.load_checkpoint`: its seal and config)."""
+    try:
+        stopped = sorted((e.path for e in os.scandir(sweep_dir) if e.is_dir(follow_symlinks=False)
+                          and contract.job_number(e.name) is not None and _interrupted(e.path)),
+                         key=lambda f: contract.job_number(os.path.basename(f)))
+    except OSError:
+        return
+    for s in specs:
+        if not stopped:
+            return
+        mine = next((f for f in stopped if results.load_checkpoint(s.cfg.to_dict(), Path(f), None) is not None), None)
+        if mine is not None:
+            stopped.remove(mine)
+            s.relocate(contract.job_number(os.path.basename(mine)), mine)
 
 
 def _free_number(sweep_dir: Path) -> int:
@@ -161,6 +189,7 @@ class AdaptiveSweeper(Sweeper):
             start = _free_number(sweep_dir)
             if twin is not None:
                 specs = planner.plan(jobs, start)
+                _resume_in_place(specs, sweep_dir)
                 if hasattr(self.launcher, "place"):
                     done = self.launcher.place(specs, planner)
                 else:  # any other launcher: the runs already done are found as the rw launcher finds them

@@ -463,3 +463,15 @@ def test_a_round_stopped_by_sigterm_resumes_its_runs_in_their_own_folders(tmp_pa
     folders = sorted(d.name for d in sweep.iterdir() if d.is_dir())
     assert folders == ["0", "1", "2", "3", "4", "5", "6"], folders  # no run trained again elsewhere
     assert all(s["status"] == "done" and s["steps"] == steps for s in summaries(sweep).values())
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("level", ["0", "1", "5", "-0.5"])
+def test_a_success_level_no_success_rate_can_cross_is_refused(level, tmp_path):
+    """metric=success is a rate in [0, 1]: at level 5 (or 0, or 1) no triangle's corners straddle the level, so the
+    boundary loss spent every point on exploring and the diagram drew no boundary, all without a word."""
+    r = launch("-m", *ADAPTIVE, LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweeper.level={level}",
+               f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.level={level}: metric=success is a rate: "
+                               "the level must be in (0, 1)"), r.stderr

@@ -473,5 +473,5 @@ def test_a_success_level_no_success_rate_can_cross_is_refused(level, tmp_path):
     r = launch("-m", *ADAPTIVE, LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweeper.level={level}",
                f"hydra.sweep.dir={tmp_path / 'sweep'}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.level={level}: metric=success is a rate: "
+    assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.level={float(level)}: metric=success is a rate: "
                                "the level must be in (0, 1)"), r.stderr

@@ -104,6 +104,8 @@ def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: An
     for key, v in (("loss_goal", loss_goal), ("level", level), ("tol", tol)):
         if v is not None and (type(v) not in (int, float) or not math.isfinite(v)):
             refuse(key, v, "must be a finite number" + (" or null" if key == "loss_goal" else ""))
+    if metric == SUCCESS and level is not None and not 0 < level < 1:  # no rate's corners straddle it
+        refuse("level", level, "metric=success is a rate: the level must be in (0, 1), e.g. 0.5")
     if loss_goal is not None and loss_goal <= 0:
         refuse("loss_goal", loss_goal, "must be > 0 or null")
     if tol is not None and tol < 0:

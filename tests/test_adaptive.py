@@ -475,3 +475,23 @@ def test_a_success_level_no_success_rate_can_cross_is_refused(level, tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.level={float(level)}: metric=success is a rate: "
                                "the level must be in (0, 1)"), r.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_a_numbered_link_or_file_planted_in_the_sweep_folder_is_stepped_over(planted, tmp_path):
+    """A stranger's link `0 -> elsewhere` (or a file `0`): the first round numbered its runs from 0, so the run
+    sent there failed ("the run folder is a symbolic link") and its point had no value. Rounds number their
+    runs above every numbered entry, whatever it is; the planted entry and its target are left alone."""
+    sweep, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
+    sweep.mkdir()
+    elsewhere.mkdir()
+    if planted == "link":
+        (sweep / "0").symlink_to(elsewhere)
+    else:
+        (sweep / "0").write_text("not a run\n")
+    r = launch("-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert "2 runs: 2 done" in r.stdout and all(p["value"] is not None for p in _record(sweep)["points"])
+    assert list(elsewhere.iterdir()) == [] and ((sweep / "0").is_symlink() if planted == "link"
+                                                 else (sweep / "0").read_text() == "not a run\n")

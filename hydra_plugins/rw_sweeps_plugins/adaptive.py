@@ -85,10 +85,10 @@ def _resume_in_place(specs: list, sweep_dir: Path) -> None:
 
 
 def _free_number(sweep_dir: Path) -> int:
-    """The first job number above every numbered folder of the sweep (a round's new runs never land in a
-    folder that holds another run)."""
+    """The first job number above every numbered entry of the sweep folder (a round's new runs never land in a
+    folder that holds another run, nor on a link or a file someone put there)."""
     try:
-        nums = [contract.job_number(e.name) for e in os.scandir(sweep_dir) if e.is_dir(follow_symlinks=False)]
+        nums = [contract.job_number(e.name) for e in os.scandir(sweep_dir)]
     except OSError:
         return 0
     return 1 + max((n for n in nums if n is not None), default=-1)

@@ -495,3 +495,14 @@ def test_a_numbered_link_or_file_planted_in_the_sweep_folder_is_stepped_over(pla
     assert "2 runs: 2 done" in r.stdout and all(p["value"] is not None for p in _record(sweep)["points"])
     assert list(elsewhere.iterdir()) == [] and ((sweep / "0").is_symlink() if planted == "link"
                                                  else (sweep / "0").read_text() == "not a run\n")
+
+
+@pytest.mark.e2e
+def test_a_batch_above_the_budget_is_refused_at_once(tmp_path):
+    """n_points=4 with batch=1000000: every round asks the learner for a whole batch, and Learner2D spent minutes
+    placing a million points before any job (a dry run was still asking after 60 s). One line, at once."""
+    r = launch("-m", *ADAPTIVE, LR_AXIS, "data.p=interval(0.2,0.8)", "hydra.sweeper.n_points=4",
+               "hydra.sweeper.batch=1000000", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=30)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: invalid config: hydra.sweeper.batch=1000000: must be at most "
+                               "hydra.sweeper.n_points=4"), r.stderr

@@ -116,6 +116,9 @@ def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: An
     if not axes:
         refuse("params", None, "no axis: give at least one key as interval(a,b) or tag(log,interval(a,b)), e.g. "
                "'init.sigma=tag(log,interval(1e-8,1e-1))'")
+    if batch is not None and n_points is not None and batch > n_points:  # each round asks a whole batch
+        refuse("batch", batch, f"must be at most hydra.sweeper.n_points={n_points}: a round never takes more "
+               "points than the budget, and each asks the learner for a whole batch")
     if n_points is not None and n_points < 2 ** len(axes):
         refuse("n_points", n_points, f"must be >= {2 ** len(axes)}: the learner starts at the {2 ** len(axes)} "
                f"corners of its {len(axes)} axis(es)")

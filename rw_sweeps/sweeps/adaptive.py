@@ -15,9 +15,9 @@ values as a sweep never interrupted; a grown `n_points` replays the finished rou
 learner's own coordinates are the ones it asked (a point's value is told to it at the point it asked, never
 at one read back from a config file), so the replay is exact.
 
-`adaptive.json` in the sweep folder records the axes, the metric and the level whose set is the boundary,
-for the analysis (`python -m analysis` draws an adaptive sweep as a phase diagram over its axes); the values
-are always read from the run folders.
+`adaptive.json` in the sweep folder records the axes, the metric, the level whose set is the boundary and
+each point's run folders, for the analysis (`python -m analysis` draws an adaptive sweep as a phase diagram
+over its axes, from those runs alone); the values are always read from the run folders.
 """
 from __future__ import annotations
 

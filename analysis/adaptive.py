@@ -89,6 +89,11 @@ def points(runs: pd.DataFrame, rec: dict, facet: list[str]) -> pd.DataFrame:
     if asked:  # the points the sweep asked for (a relaunch with other bounds leaves runs of other points)
         at = zip(*(pd.to_numeric(runs[k], errors="coerce").astype(float) for k in keys))
         runs = runs[[tuple(t) in asked for t in at]]
+    named = [p.get("runs") for p in rec.get("points") or [] if isinstance(p, dict)]
+    if named and "run" in runs.columns and all(isinstance(n, list) and all(isinstance(r, str) for r in n)
+                                               for n in named):
+        # the runs the sweep learned from (a relaunch with another fixed key leaves runs at the same points)
+        runs = runs[runs["run"].astype(str).isin({r for n in named for r in n})]
     df = runs.assign(_value=run_values(runs, rec["metric"], rec["tol"]))
     g = df.groupby(facet + keys, dropna=False, sort=True)["_value"]
     return pd.DataFrame({"value": g.mean(), "runs": g.size()}).reset_index()
@@ -139,6 +144,12 @@ def _theory(sub: pd.DataFrame, rec: dict, tri: Triangulation, pts: pd.DataFrame,
     return True
 
 
+def _span(axis: dict) -> tuple[float, float]:
+    """An axis's bounds in its drawn coordinates, with a margin of 4 % either side."""
+    lo, hi = (float(_coord(axis[k], axis)) for k in ("lo", "hi"))
+    return lo - 0.04 * (hi - lo), hi + 0.04 * (hi - lo)
+
+
 def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
     """The sweep's phase diagram (see the module's doc); the figure carries `phase_points` (its points)."""
     axes = rec["axes"]
@@ -151,8 +162,8 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
     unit = metric in (SUCCESS, "test_acc", "parent_attention", "acc_norm")
     vmin, vmax = (0.0, 1.0) if unit else (np.nanmin(pts["value"]), np.nanmax(pts["value"]))
     x = axes[0]
-    for ax, (name, g) in zip(axs[0], groups):
-        g = g[g["value"].notna()]
+    for ax, (name, whole) in zip(axs[0], groups):
+        g, empty = whole[whole["value"].notna()], whole[whole["value"].isna()]
         label = ", ".join(f"{k}={v}" for k, v in zip(facet, name if isinstance(name, tuple) else (name,)))
         if len(axes) == 1:
             g = g.sort_values(x["key"])
@@ -164,6 +175,10 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
                 cross = u[i] + (u[i + 1] - u[i]) * s[i] / (s[i] - s[i + 1])
                 ax.axvline(cross, color="k", ls=":", lw=1)
             ax.set_ylabel(metric)
+            if len(empty):  # no value to place them by: marked along the axis
+                ax.plot(_coord(empty[x["key"]], x), np.full(len(empty), 0.03), "x", color="0.4", ms=5,
+                        transform=ax.get_xaxis_transform(), label="no value (every run failed or diverged)")
+                ax.legend(loc="best", fontsize=7)
         else:
             y = axes[1]
             u, v = _coord(g[x["key"]], x), _coord(g[y["key"]], y)
@@ -184,10 +199,17 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
             else:
                 im = ax.scatter(u, v, c=g["value"], cmap="RdYlGn", vmin=vmin, vmax=vmax, s=14)
             ax.plot(u, v, "k.", ms=3, clip_on=False)  # the corners too
+            if len(empty):
+                ax.plot(_coord(empty[x["key"]], x), _coord(empty[y["key"]], y), "x", color="0.4", ms=5,
+                        clip_on=False)  # the title says what they are (a legend would hide the diagram)
+            ax.set_ylim(*_span(y))
             ax.set_ylabel(("log10 " if y["log"] else "") + LABELS.get(y["key"], y["key"]))
             fig.colorbar(im, ax=ax, label=metric)
+        ax.set_xlim(*_span(x))  # the sweep's domain, whatever its points' values
         ax.set_xlabel(("log10 " if x["log"] else "") + LABELS.get(x["key"], x["key"]))
-        ax.set_title(f"{label + ': ' if label else ''}{len(g)} points, {int(g['runs'].sum())} runs", fontsize=9)
+        none = f"; {len(empty)} without a value (every run failed or diverged)" if len(empty) else ""
+        ax.set_title(f"{label + ': ' if label else ''}{len(whole)} points, {int(whole['runs'].sum())} runs{none}",
+                     fontsize=9)
     if len(axes) > 2:
         notes.append(f"adaptive sweep over {len(axes)} axes: drawn over the first two, the rest pooled")
     fig.phase_points = pts

@@ -60,6 +60,7 @@ def adaptive_sweep(tmp_path_factory):
     return sweep, r
 
 
+@pytest.mark.e2e
 def test_the_sweeper_places_its_points_at_the_boundaries_a_dense_grid_finds(reference, adaptive_sweep):
     _, dense, dense_edges = reference
     sweep, r = adaptive_sweep
@@ -89,6 +90,7 @@ def test_the_sweeper_places_its_points_at_the_boundaries_a_dense_grid_finds(refe
     assert f"sweep {sweep}: 14 runs: 14 done, 0 skipped, 0 failed, 0 diverged" in r.stdout
 
 
+@pytest.mark.e2e
 def test_a_relaunch_trains_nothing_and_a_grown_budget_adds_points(adaptive_sweep, tmp_path):
     sweep, _ = adaptive_sweep
     before = _lr_points(sweep)
@@ -104,6 +106,7 @@ def test_a_relaunch_trains_nothing_and_a_grown_budget_adds_points(adaptive_sweep
     assert set(before) < set(after) and len(after) == 18 and len(summaries(sweep)) == 18
 
 
+@pytest.mark.e2e
 def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_uninterrupted_one(tmp_path):
     steps = steps_lasting(2.0)  # a round long enough to be interrupted in the middle of its training
     args = ["-m", *ADAPTIVE, f"optim.steps={steps}", LR_AXIS, "hydra.sweeper.n_points=10", "hydra.sweeper.batch=4"]
@@ -134,6 +137,7 @@ def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_unin
         {s["lr"]: s["test_acc"] for s in summaries(whole).values()}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, line", [
     (["hydra.sweeper.metric=speed", LR_AXIS, "hydra.sweeper.n_points=8"],
      "error: invalid config: hydra.sweeper.metric='speed': must be success (the analysis's success rule) or a "
@@ -165,6 +169,7 @@ def test_a_bad_key_is_refused_in_one_line_before_any_job(args, line, tmp_path):
     assert not sweep.exists()
 
 
+@pytest.mark.e2e
 def test_analysis_draws_the_adaptive_sweep_on_its_axes_and_grids_as_before(reference, adaptive_sweep, tmp_path):
     from analysis.__main__ import build
     from analysis.adaptive import adaptive_diagram, read_record
@@ -184,6 +189,7 @@ def test_analysis_draws_the_adaptive_sweep_on_its_axes_and_grids_as_before(refer
     assert (pts["runs"] == 1).all()
 
 
+@pytest.mark.e2e
 def test_a_two_axis_diagram_interpolates_on_the_learners_triangulation(tmp_path):
     """p × lr, seeds crossed: each point's value is the mean over its 2 seeds; the diagram's triangulation is
     Learner2D's own and its interpolation passes through every point's value."""
@@ -286,6 +292,7 @@ def test_the_rounds_replayed_after_an_interrupt_ask_the_same_points():
     assert resumed == whole and len(trained) == 14 and [r.trained for r in rounds] == [0, 0, 0, 6, 8]
 
 
+@pytest.mark.e2e
 def test_hydra_s_own_launcher_runs_the_same_rounds(tmp_path):
     """Under hydra/launcher=basic (one Hydra job a run) the rounds ask the same points and find the runs
     done on a relaunch, as under the rw launcher."""
@@ -326,3 +333,176 @@ def test_a_planted_adaptive_record_is_refused_with_why(text, why, tmp_path):
         read_record(tmp_path)
     assert why in e.value.why
     assert read_record(tmp_path / "elsewhere") is None  # no record: a grid
+
+
+# ------------------------------------------------------------------ found by attacking the sweeper
+@pytest.mark.parametrize("n_points, batch", [(2, 16), (3, 16), (5, 8), (16, 16)])
+def test_a_one_axis_sweep_smaller_than_its_batch_still_samples_both_ends_of_its_axis(n_points, batch):
+    """Learner1D asks a fresh batch as a grid from lo up to hi; a budget below the batch took its first n and
+    never sampled hi (lr ∈ [0.01, 0.3], 3 points: 0.0100, 0.0125, 0.0157, a learner of infinite loss), though
+    the sweeper refuses n_points below 2 ** axes because "the learner starts at the corners"."""
+    from rw_sweeps.sweeps import adaptive
+
+    axes = [adaptive.Axis("optim.lr", 0.01, 0.3, True)]
+    told, rounds = adaptive.sweep(axes, [[]], batch=batch, n_points=n_points, loss_goal=None, level=0.5,
+                                  evaluate=lambda jobs: ([float(float(j[0].split("=")[1]) > 0.1) for j in jobs], len(jobs)),
+                                  say=lambda line: None)
+    lo, hi = axes[0].bounds
+    assert len(told) == n_points and {(lo,), (hi,)} <= set(told)
+    assert math.isfinite(rounds[-1].loss)
+
+
+@pytest.mark.e2e
+def test_the_diagram_draws_the_runs_of_the_last_sweep_not_those_another_config_left_at_its_points(tmp_path):
+    """A relaunch into the same folder with another fixed key (data.p=0.5, then 1.0) asks the same corners;
+    the diagram pooled both sweeps' runs there (2 runs a point, the mean of p = 0.5 and p = 1.0), though the
+    record's learner learned the p = 1.0 runs alone."""
+    from analysis import add_success, load_runs
+    from analysis.adaptive import adaptive_diagram, read_record
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.metric=test_acc", "hydra.sweeper.n_points=2",
+            f"hydra.sweep.dir={sweep}"]
+    for p in ("0.5", "1.0"):
+        r = launch(*args, f"data.p={p}")
+        assert r.returncode == 0, r.stderr
+    runs, rec = add_success(load_runs(sweep)), read_record(sweep)
+    assert len(runs) == 4
+    pts = adaptive_diagram(runs, rec, []).phase_points
+    last = runs[runs["data.p"] == 1.0].set_index("optim.lr")["test_acc"]
+    assert (pts["runs"] == 1).all() and len(pts) == 2
+    assert dict(zip(pts["optim.lr"], pts["value"])) == pytest.approx(last.to_dict())
+    assert sorted(p["value"] for p in rec["points"]) == pytest.approx(sorted(last))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", ["adaptive.json", "multirun.yaml"])
+def test_a_folder_planted_where_the_sweeper_writes_its_record_is_refused_before_any_job(name, tmp_path):
+    """A stranger's folder named adaptive.json in the sweep folder: the sweep trained round 1, then died with
+    a traceback (IsADirectoryError) writing the record. It is refused in one line before any job."""
+    sweep = tmp_path / "sweep"
+    (sweep / name).mkdir(parents=True)
+    r = launch("-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"error: invalid config: hydra.sweep.dir='{sweep}': {name} there is not a file")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in sweep.iterdir()) == [name]  # no run folder
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("key, value", [("level", "nan"), ("level", "null"), ("tol", "inf"), ("loss_goal", "nan")])
+def test_a_refusal_names_only_values_the_key_takes(key, value, tmp_path):
+    """hydra.sweeper.level=nan was refused as "must be a finite number or null", and level=null then as "must be
+    a number": a refusal's allowed values are ones the key accepts."""
+    r = launch("-m", *ADAPTIVE, LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweeper.{key}={value}",
+               f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.{key}=")
+    assert ("or null" in r.stderr) == (key == "loss_goal"), r.stderr
+
+
+@pytest.mark.parametrize("n_axes", [1, 2])
+def test_a_sweep_whose_every_run_diverged_is_drawn_with_its_points_and_says_so(n_axes):
+    """lr ∈ [1e20, 1e30] (× p ∈ [0.2, 0.8]): every run diverges, no point has a test_acc. The diagram was titled
+    "0 points, 0 runs" on empty axes around 0; it shows the sampled points, on the sweep's axes, and says why
+    they have no value."""
+    import pandas as pd
+
+    from analysis.adaptive import adaptive_diagram
+
+    axes = [{"key": "optim.lr", "lo": 1e20, "hi": 1e30, "log": True}, {"key": "data.p", "lo": 0.2, "hi": 0.8, "log": False}]
+    at = [(1e20, 0.2), (1e20, 0.8), (1e30, 0.2), (1e30, 0.8)] if n_axes == 2 else [(1e20,), (1e25,), (1e30,)]
+    rec = {"axes": axes[:n_axes], "crossed": [], "metric": "test_acc", "level": 0.5, "tol": 0.02,
+           "points": [{"at": list(a), "value": None, "runs": [str(i)]} for i, a in enumerate(at)]}
+    runs = pd.DataFrame([{**dict(zip(["optim.lr", "data.p"], a)), "status": "diverged", "test_acc": np.nan,
+                          "opt_acc": 0.5, "steps": 5, "run": str(i), "sweep": "s"} for i, a in enumerate(at)])
+    fig = adaptive_diagram(runs, rec, [])
+    ax = fig.axes[0]
+    assert ax.get_title() == f"{len(at)} points, {len(at)} runs; {len(at)} without a value (every run failed or diverged)"
+    lo, hi = ax.get_xlim()
+    assert lo <= 20 and hi >= 30
+    if n_axes == 2:
+        lo, hi = ax.get_ylim()
+        assert lo <= 0.2 and hi >= 0.8
+    shown = {tuple(np.round(xy, 6)) for line in ax.get_lines() for xy in line.get_xydata()}
+    assert {(20.0,), (30.0,)} <= {xy[:1] for xy in shown}
+
+
+@pytest.mark.e2e
+def test_a_round_stopped_by_sigterm_resumes_its_runs_in_their_own_folders(tmp_path):
+    """SIGTERM in round 2 checkpoints its runs ("run the same command again to resume"). The relaunch numbered
+    round 2 above those checkpoint-only folders, trained its runs again from step 0 in new ones and left the
+    checkpoints behind, unfinished for ever. It resumes them where they are: every folder ends done."""
+    steps = steps_lasting(3.0)
+    args = ["-m", *ADAPTIVE, f"optim.steps={steps}", LR_AXIS, "hydra.sweeper.n_points=6", "hydra.sweeper.batch=3"]
+    sweep = tmp_path / "sweep"
+    p = start_launch(*args, f"hydra.sweep.dir={sweep}")
+    while not (line := p.stdout.readline()).startswith("round 1:"):
+        assert line, p.stderr.read()
+    while "training" not in (line := p.stdout.readline()):
+        assert line, p.stderr.read()
+    wait_for_work(p.pid, 0.5)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert "stopped by SIGTERM" in err, out + err
+    interrupted = sorted(d.name for d in sweep.iterdir() if d.is_dir() and not (d / "summary.json").exists())
+    assert interrupted == ["3", "4", "5"] and all((sweep / d / "checkpoint.pt").exists() for d in interrupted)
+    kept = {d: (sweep / d / "checkpoint.pt").read_bytes() for d in interrupted}
+
+    # another sweep into the folder first (other bounds): its new run never lands on those checkpoints
+    other = launch(*[a if a != LR_AXIS else "optim.lr=tag(log,interval(0.02,0.3))" for a in args],
+                   "hydra.sweeper.n_points=2", f"hydra.sweep.dir={sweep}")
+    assert other.returncode == 0, other.stderr
+    assert {d: (sweep / d / "checkpoint.pt").read_bytes() for d in interrupted} == kept
+    assert sorted(d.name for d in sweep.iterdir() if d.is_dir()) == ["0", "1", "2", "3", "4", "5", "6"]
+
+    resumed = launch(*args, f"hydra.sweep.dir={sweep}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "6 runs (3 trained, 3 found done)" in resumed.stdout
+    assert all(f"resuming {sweep / d} from its checkpoint" in resumed.stdout for d in interrupted), resumed.stdout
+    folders = sorted(d.name for d in sweep.iterdir() if d.is_dir())
+    assert folders == ["0", "1", "2", "3", "4", "5", "6"], folders  # no run trained again elsewhere
+    assert all(s["status"] == "done" and s["steps"] == steps for s in summaries(sweep).values())
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("level", ["0", "1", "5", "-0.5"])
+def test_a_success_level_no_success_rate_can_cross_is_refused(level, tmp_path):
+    """metric=success is a rate in [0, 1]: at level 5 (or 0, or 1) no triangle's corners straddle the level, so the
+    boundary loss spent every point on exploring and the diagram drew no boundary, all without a word."""
+    r = launch("-m", *ADAPTIVE, LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweeper.level={level}",
+               f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"error: invalid config: hydra.sweeper.level={float(level)}: metric=success is a rate: "
+                               "the level must be in (0, 1)"), r.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_a_numbered_link_or_file_planted_in_the_sweep_folder_is_stepped_over(planted, tmp_path):
+    """A stranger's link `0 -> elsewhere` (or a file `0`): the first round numbered its runs from 0, so the run
+    sent there failed ("the run folder is a symbolic link") and its point had no value. Rounds number their
+    runs above every numbered entry, whatever it is; the planted entry and its target are left alone."""
+    sweep, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
+    sweep.mkdir()
+    elsewhere.mkdir()
+    if planted == "link":
+        (sweep / "0").symlink_to(elsewhere)
+    else:
+        (sweep / "0").write_text("not a run\n")
+    r = launch("-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "hydra.sweeper.n_points=2", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert "2 runs: 2 done" in r.stdout and all(p["value"] is not None for p in _record(sweep)["points"])
+    assert list(elsewhere.iterdir()) == [] and ((sweep / "0").is_symlink() if planted == "link"
+                                                 else (sweep / "0").read_text() == "not a run\n")
+
+
+@pytest.mark.e2e
+def test_a_batch_above_the_budget_is_refused_at_once(tmp_path):
+    """n_points=4 with batch=1000000: every round asks the learner for a whole batch, and Learner2D spent minutes
+    placing a million points before any job (a dry run was still asking after 60 s). One line, at once."""
+    r = launch("-m", *ADAPTIVE, LR_AXIS, "data.p=interval(0.2,0.8)", "hydra.sweeper.n_points=4",
+               "hydra.sweeper.batch=1000000", f"hydra.sweep.dir={tmp_path / 'sweep'}", timeout=30)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: invalid config: hydra.sweeper.batch=1000000: must be at most "
+                               "hydra.sweeper.n_points=4"), r.stderr

@@ -24,7 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 
-from rw_sweeps.core import contract
+from rw_sweeps.core import contract, results
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
 from rw_sweeps.core.metrics import SUCCESS_TOL
 from rw_sweeps.core.resources import problems
@@ -56,11 +56,39 @@ ConfigStore.instance().store(group="schema/hydra/sweeper", name="adaptive", node
                              provider="rw_sweeps")
 
 
-def _free_number(sweep_dir: Path) -> int:
-    """The first job number above every numbered folder of the sweep (a round's new runs never land in a
-    folder that holds another run)."""
+def _interrupted(folder: str) -> bool:
+    """A folder that holds a checkpoint and nothing else (Hydra's own `.hydra` aside): a run a signal stopped
+    before it wrote its config."""
     try:
-        nums = [contract.job_number(e.name) for e in os.scandir(sweep_dir) if e.is_dir(follow_symlinks=False)]
+        return sorted(n for n in os.listdir(folder) if not n.startswith(".")) == [contract.CHECKPOINT]
+    except OSError:
+        return False
+
+
+def _resume_in_place(specs: list, sweep_dir: Path) -> None:
+    """Each run an interrupt stopped goes back to its own folder (where its checkpoint is: a replayed round
+    asks it again, and it resumes there rather than starting over above every folder). A folder is taken by
+    the run whose checkpoint it holds alone (`rw_sweeps.core.results.load_checkpoint`: its seal and config)."""
+    try:
+        stopped = sorted((e.path for e in os.scandir(sweep_dir) if e.is_dir(follow_symlinks=False)
+                          and contract.job_number(e.name) is not None and _interrupted(e.path)),
+                         key=lambda f: contract.job_number(os.path.basename(f)))
+    except OSError:
+        return
+    for s in specs:
+        if not stopped:
+            return
+        mine = next((f for f in stopped if results.load_checkpoint(s.cfg.to_dict(), Path(f), None) is not None), None)
+        if mine is not None:
+            stopped.remove(mine)
+            s.relocate(contract.job_number(os.path.basename(mine)), mine)
+
+
+def _free_number(sweep_dir: Path) -> int:
+    """The first job number above every numbered entry of the sweep folder (a round's new runs never land in a
+    folder that holds another run, nor on a link or a file someone put there)."""
+    try:
+        nums = [contract.job_number(e.name) for e in os.scandir(sweep_dir)]
     except OSError:
         return 0
     return 1 + max((n for n in nums if n is not None), default=-1)
@@ -138,6 +166,11 @@ class AdaptiveSweeper(Sweeper):
         dry_run = bool(OmegaConf.select(self.config, "hydra.launcher.dry_run", default=False))
         if not placement.writable(sweep_dir):  # FolderTaken: refused, in one line
             raise ConfigError("hydra.sweep.dir", str(sweep_dir), "not writable: an adaptive sweep records each round")
+        for name in (adaptive.RECORD, "multirun.yaml"):  # replaced atomically: a link is replaced, a folder not
+            there = sweep_dir / name
+            if os.path.lexists(there) and not there.is_symlink() and not there.is_file():
+                raise ConfigError("hydra.sweep.dir", str(sweep_dir), f"{name} there is not a file: the adaptive "
+                                  "sweep writes it after each round; move it away")
         if not dry_run:
             if hasattr(self.launcher, "take_lock"):
                 self.launcher.take_lock()
@@ -145,11 +178,18 @@ class AdaptiveSweeper(Sweeper):
             atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         counts: Counter = Counter()
         returns: list = []
+        where: dict = {}  # a job's overrides -> its run folder's name, for the record's runs of each point
+
+        def record(told: dict) -> None:
+            runs = {p: [where[tuple(j)] for j in adaptive.jobs_at(axes, crossed, p) if tuple(j) in where]
+                    for p in told}
+            adaptive.write_record(sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, told, runs)
 
         def evaluate(jobs: list) -> Optional[tuple]:
             start = _free_number(sweep_dir)
             if twin is not None:
                 specs = planner.plan(jobs, start)
+                _resume_in_place(specs, sweep_dir)
                 if hasattr(self.launcher, "place"):
                     done = self.launcher.place(specs, planner)
                 else:  # any other launcher: the runs already done are found as the rw launcher finds them
@@ -176,6 +216,7 @@ class AdaptiveSweeper(Sweeper):
                 returns.append(res)
                 folders = [_output_dir(r) for r in res]
                 fresh = set(folders)
+            where.update((tuple(j), Path(f).name) for j, f in zip(jobs, folders) if f)
             values = []
             for f in folders:
                 verdict = contract.judge(Path(f)) if f else contract.Verdict("unfinished")
@@ -193,8 +234,7 @@ class AdaptiveSweeper(Sweeper):
         told, rounds = adaptive.sweep(axes, crossed, batch=self._batch(crossed), n_points=self.n_points,
                                       loss_goal=self.loss_goal, evaluate=evaluate, say=say,
                                       level=self.level if self.loss == "boundary" else None,
-                                      on_round=None if dry_run else lambda t: adaptive.write_record(
-                                          sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, t))
+                                      on_round=None if dry_run else record)
         if told is None:  # a dry run: the first round's plan was printed
             print("dry run: later rounds are asked from the values of this one", flush=True)
             return None

@@ -15,12 +15,13 @@ values as a sweep never interrupted; a grown `n_points` replays the finished rou
 learner's own coordinates are the ones it asked (a point's value is told to it at the point it asked, never
 at one read back from a config file), so the replay is exact.
 
-`adaptive.json` in the sweep folder records the axes, the metric and the level whose set is the boundary,
-for the analysis (`python -m analysis` draws an adaptive sweep as a phase diagram over its axes); the values
-are always read from the run folders.
+`adaptive.json` in the sweep folder records the axes, the metric, the level whose set is the boundary and
+each point's run folders, for the analysis (`python -m analysis` draws an adaptive sweep as a phase diagram
+over its axes, from those runs alone); the values are always read from the run folders.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -102,7 +103,9 @@ def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: An
             refuse(key, v, "must be an integer >= 1 or null")
     for key, v in (("loss_goal", loss_goal), ("level", level), ("tol", tol)):
         if v is not None and (type(v) not in (int, float) or not math.isfinite(v)):
-            refuse(key, v, "must be a finite number" + (" or null" if key != "tol" else ""))
+            refuse(key, v, "must be a finite number" + (" or null" if key == "loss_goal" else ""))
+    if metric == SUCCESS and level is not None and not 0 < level < 1:  # no rate's corners straddle it
+        refuse("level", level, "metric=success is a rate: the level must be in (0, 1), e.g. 0.5")
     if loss_goal is not None and loss_goal <= 0:
         refuse("loss_goal", loss_goal, "must be > 0 or null")
     if tol is not None and tol < 0:
@@ -113,6 +116,9 @@ def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: An
     if not axes:
         refuse("params", None, "no axis: give at least one key as interval(a,b) or tag(log,interval(a,b)), e.g. "
                "'init.sigma=tag(log,interval(1e-8,1e-1))'")
+    if batch is not None and n_points is not None and batch > n_points:  # each round asks a whole batch
+        refuse("batch", batch, f"must be at most hydra.sweeper.n_points={n_points}: a round never takes more "
+               "points than the budget, and each asks the learner for a whole batch")
     if n_points is not None and n_points < 2 ** len(axes):
         refuse("n_points", n_points, f"must be >= {2 ** len(axes)}: the learner starts at the {2 ** len(axes)} "
                f"corners of its {len(axes)} axis(es)")
@@ -243,7 +249,10 @@ def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: O
         for p in map(_key, asked):
             if p not in told and p not in points:
                 points.append(p)
-        points = points[:n]
+        # a cut batch keeps the axes' corners it asks first: Learner1D asks a fresh batch as a grid from lo up
+        # to hi, and its first n alone would never reach hi (the learner's loss stays infinite)
+        corners = {_key(c) for c in itertools.product(*(a.bounds for a in axes))}
+        points = sorted(points, key=lambda p: p not in corners)[:n]
         if not points:  # the learner asks nothing new: its domain is resolved as far as it can go
             say(f"round {len(rounds) + 1}: the learner asks no new point; stopping")
             break
@@ -279,10 +288,16 @@ def summary_line(sweep_dir: Any, told: dict, rounds: list[Round], metric: str) -
 
 
 def write_record(sweep_dir: Path, axes: list[Axis], crossed_keys: list[str], metric: str, level: float,
-                 tol: float, told: dict) -> None:
-    """`adaptive.json`: what the analysis needs to draw the sweep (its values it reads from the run folders)."""
+                 tol: float, told: dict, runs: Optional[dict] = None) -> None:
+    """`adaptive.json`: what the analysis needs to draw the sweep (its values it reads from the run folders).
+    `runs` ({point: its run folders' names}): the analysis draws those runs alone, not others a relaunch with
+    another fixed key left at the same point."""
+    def entry(p, v) -> dict:
+        e = {"at": [a.value(u) for a, u in zip(axes, p)], "value": v}
+        if runs is not None and p in runs:
+            e["runs"] = list(runs[p])
+        return e
     record = {"version": 1, "axes": [asdict(a) for a in axes], "crossed": crossed_keys, "metric": metric,
-              "level": level, "tol": tol,
-              "points": [{"at": [a.value(u) for a, u in zip(axes, p)], "value": v} for p, v in told.items()]}
+              "level": level, "tol": tol, "points": [entry(p, v) for p, v in told.items()]}
     atomic_write(Path(sweep_dir) / RECORD, json.dumps(record, indent=1, allow_nan=False,
                                                       default=lambda v: None) + "\n")

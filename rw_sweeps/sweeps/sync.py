@@ -87,7 +87,7 @@ def wandb_sync(runs: list[Path], flags: list[str]) -> int:
     status, else 0. wandb prints as it goes."""
     status = 0
     for i in range(0, len(runs), BATCH):
-        cmd = [sys.executable, "-m", "wandb", "sync", *flags, *map(str, runs[i:i + BATCH])]
+        cmd = [sys.executable, "-m", "wandb", "sync", *flags, "--", *map(str, runs[i:i + BATCH])]  # `--`: a folder named -x is a path
         code = subprocess.run(cmd).returncode
         status = status or code
     return status

@@ -267,3 +267,21 @@ def test_sweeps_of_several_data_families_get_phase_diagrams_per_family(tmp_path)
                     "phase_success_step_qa_majority.png", "phase_success_step_random_walk.png"]
     html = (tmp_path / "out" / "index.html").read_text()
     assert "success over data.p (random_walk)" in html
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_summary_bool_that_some_runs_lack_is_a_nullable_boolean_column(tmp_path, cache):
+    """`trap` is in eq. 2.1's summaries, not model=gpt's: in a mixed sweep its column is pandas' `boolean`
+    (True, False, <NA>), as the README's nullable keys are, so `df[df.trap]` and `~df.trap` mean what they
+    say (an object column of True/False/NaN makes the mask raise and `~True` -2)."""
+    write_run(tmp_path / "0", p=1.0)
+    write_run(tmp_path / "1", seed=1)
+    write_run(tmp_path / "2", seed=2)   # a summary without `trap`, as a model=gpt run's
+    set_result(tmp_path / "0", trap=True)
+    set_result(tmp_path / "1", trap=False)
+    for _ in range(2 if cache else 1):   # the second read comes from the sealed runs.parquet
+        df = load_runs(tmp_path, cache=cache)
+    assert str(df["trap"].dtype) == "boolean"
+    assert df["trap"].tolist() == [True, False, pd.NA]
+    assert df[df["trap"].fillna(False)]["run"].tolist() == ["0"]
+    assert (~df["trap"]).tolist() == [False, True, pd.NA]

@@ -318,3 +318,21 @@ def test_help_spells_every_default_as_the_command_line_reads_it():
         assert got == want and (type(got) is type(want) or isinstance(want, float)), (line, got, want)
         seen += 1
     assert seen > 100
+
+
+def test_help_lists_every_key_a_user_can_set_and_no_option_name():
+    """`--help` (rw_sweeps.core.keys.describe) has a line for every key of the run, of wandb and of every
+    option, `wandb.name` included (a key, not an option's name); an option's `name` is its group's choice
+    (`data=lazy_walk`), never a `data.name=` line."""
+    import dataclasses
+
+    from rw_sweeps.core import keys
+    from rw_sweeps.core.config import GROUPS, OPTIONS, RunConfig, WandbConfig
+
+    listed = {line.strip().split("=", 1)[0] for line in keys.describe().splitlines() if line.startswith("  ")}
+    want = {f.name for f in dataclasses.fields(RunConfig) if f.name not in (*GROUPS, "wandb")}
+    want |= {f"wandb.{f.name}" for f in dataclasses.fields(WandbConfig)}
+    want |= {f"{g}.{f.name}" for g in GROUPS for c in OPTIONS[g].values() for f in dataclasses.fields(c)
+             if f.name != "name"}
+    assert "wandb.name" in want
+    assert listed == want, (want - listed, listed - want)

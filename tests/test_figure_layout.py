@@ -100,6 +100,26 @@ def test_diagrams_drawn_into_a_grid_then_fig_tight_layout_keep_off_each_other_an
             assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
 
 
+@pytest.mark.parametrize("layout", ["constrained", "tight"])
+def test_a_diagram_above_another_panel_keeps_its_trap_legend_and_labels_off_it(demo, layout):
+    """A panel below a diagram (a 2 × 1 grid) is clear of the diagram's x label, OPT axis, colour bar and trap
+    legend under a layout engine. (Without one, matplotlib's default spacing leaves no room between rows for
+    any x label and title, the README says so.)"""
+    runs = add_success(load_runs(demo, progress=False))
+    fig, (top, below) = plt.subplots(2, 1, figsize=(6, 6), layout=layout)
+    below.plot([0, 1], [0, 1])
+    below.set(title="the user's own panel")
+    before = set(fig.axes)
+    phase_diagram(runs, "data.p", "init", ax=top)
+    added = [top, *(a for a in fig.axes if a not in before)]
+    fig.canvas.draw()
+    neighbour = below.get_tightbbox()
+    assert top.get_legend() is not None
+    assert not overlap(top.get_legend().get_window_extent(), neighbour)
+    for a in added:
+        assert not overlap(a.get_tightbbox(), neighbour), (a.get_label(), a.get_tightbbox(), neighbour)
+
+
 @pytest.mark.parametrize("facets", [{}, {"row": "seed"}])
 def test_the_trap_legend_and_the_title_of_a_diagrams_own_figure_stay_clear_of_its_labels(demo, facets):
     runs = add_success(load_runs(demo, progress=False))

@@ -217,7 +217,7 @@ UNREADABLE = [  # overrides Hydra's parser or OmegaConf's resolver cannot read: 
     ("data.p=0.5)", "invalid config: data.p='0.5)': Hydra's override grammar cannot parse it: extraneous input ')' "
                     "expecting <EOF> (see https://hydra.cc/docs/advanced/override_grammar/basic/)"),
     ("+data.foo=“x”", "invalid config: data.foo='“x”': the override grammar does not read '“' (LEFT DOUBLE "
-                      "QUOTATION MARK, U+201C), '”' (RIGHT DOUBLE QUOTATION MARK, U+201D)"),
+                      "QUOTATION MARK, U+201C), '”' (RIGHT DOUBLE QUOTATION MARK, U+201D); write +data.foo=\"x\""),
 ]
 
 
@@ -227,6 +227,22 @@ def test_an_override_that_cannot_be_read_is_one_line_naming_it(override, line, m
     with pytest.raises(ConfigError) as err:
         checked(*(["-m", "seed=0,1", override] if mode == "multirun" else [override]))
     assert str(err.value) == line
+
+
+@pytest.mark.parametrize("override,tail", [
+    ("data.K=٣", "(ARABIC-INDIC DIGIT THREE, U+0663); write data.K=3"),          # any script's decimal digit
+    ("data.K=३", "(DEVANAGARI DIGIT THREE, U+0969); write data.K=3"),
+    ("wandb.name=“x”", "(RIGHT DOUBLE QUOTATION MARK, U+201D); write wandb.name=\"x\""),  # a pasted smart quote
+    ("wandb.name=σ", "(GREEK SMALL LETTER SIGMA, U+03C3); quoted, the grammar reads any character: "
+                     "wandb.name='σ'"),
+])
+def test_an_unreadable_character_says_what_to_write_instead(override, tail):
+    """Every refusal of a character the grammar does not read says what to write: its ASCII spelling where it
+    has one (a digit of any script, a typographic quote), else the quoted value, which the grammar reads
+    whatever its characters (`wandb.name='σ sweep'` names a run)."""
+    with pytest.raises(ConfigError) as err:
+        checked(override)
+    assert str(err.value).endswith(tail), str(err.value)
 
 
 @pytest.mark.parametrize("digit", "0123456789")

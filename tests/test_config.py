@@ -233,8 +233,8 @@ def test_an_override_that_cannot_be_read_is_one_line_naming_it(override, line, m
     ("data.K=٣", "(ARABIC-INDIC DIGIT THREE, U+0663); write data.K=3"),          # any script's decimal digit
     ("data.K=३", "(DEVANAGARI DIGIT THREE, U+0969); write data.K=3"),
     ("wandb.name=“x”", "(RIGHT DOUBLE QUOTATION MARK, U+201D); write wandb.name=\"x\""),  # a pasted smart quote
-    ("wandb.name=σ", "(GREEK SMALL LETTER SIGMA, U+03C3); quoted, the grammar reads any character: "
-                     "wandb.name='σ'"),
+    ("wandb.name=σ", "(GREEK SMALL LETTER SIGMA, U+03C3); the grammar reads any character quoted, inside the "
+                     "shell's quotes: \"wandb.name='σ'\""),
 ])
 def test_an_unreadable_character_says_what_to_write_instead(override, tail):
     """Every refusal of a character the grammar does not read says what to write: its ASCII spelling where it

@@ -180,9 +180,13 @@ def test_first_success_step_comes_from_the_history(sweep):
     (["{sweep}", "--out", "{out}", "--x", "data.p", "--y", "data.p"], "must be different keys"),
     (["{sweep}", "--out", "{out}", "--metric", "status"], "--metric status: not a numeric"),
     (["{sweep}", "--out", "{sweep}"], "is a sweep folder"),
+    (["{sweep}", "--out", "{file}"], "is a file, not a folder"),
+    (["{sweep}", "--out", "{file}/report"], "is a file, not a folder"),
 ])
 def test_cli_rejects_bad_input_in_one_line(sweep, tmp_path, capsys, argv, message):
-    fill = {"sweep": str(sweep), "out": str(tmp_path / "out"), "nope": str(tmp_path / "nope")}
+    (tmp_path / "afile").write_text("a user's file, never to be replaced by a report")
+    fill = {"sweep": str(sweep), "out": str(tmp_path / "out"), "nope": str(tmp_path / "nope"),
+            "file": str(tmp_path / "afile")}
     with pytest.raises(SystemExit) as e:
         main([a.format(**fill) for a in argv])
     assert e.value.code == 2

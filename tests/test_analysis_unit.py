@@ -289,3 +289,20 @@ def test_a_summary_bool_that_some_runs_lack_is_a_nullable_boolean_column(tmp_pat
     assert df["trap"].tolist() == [True, False, pd.NA]
     assert df[df["trap"].fillna(False)]["run"].tolist() == ["0"]
     assert (~df["trap"]).tolist() == [False, True, pd.NA]
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_summary_text_field_null_in_every_run_is_still_a_text_column(tmp_path, cache):
+    """`error` (null in every done run) and `relative_loss_null` (null wherever relative_loss is a number) are
+    text: their columns are pandas' `str` even when no run of the load has a value, so that
+    `df[df.relative_loss_null.str.startswith("model.readout")]` works on any sweep, not only on one with a reason."""
+    write_run(tmp_path / "0")
+    write_run(tmp_path / "1", seed=1)
+    for run in ("0", "1"):
+        set_result(tmp_path / run, relative_loss_null=None)
+    for _ in range(2 if cache else 1):   # the second read comes from the sealed runs.parquet
+        df = load_runs(tmp_path, cache=cache)
+    for col in ("error", "relative_loss_null"):
+        assert str(df[col].dtype) == "str", (col, df[col].dtype)
+        assert df[col].isna().all()
+    assert df[df["relative_loss_null"].str.startswith("model.readout")].empty

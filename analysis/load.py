@@ -79,6 +79,10 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
             if k in df.columns and df[k].dtype.kind in "bO" and df[k].map(
                     lambda v: isinstance(v, bool) or v is None or v is pd.NA or v != v).all():
                 df[k] = df[k].astype("boolean")
+        for k in TEXT_FIELDS:  # text even where no run of the load has one (`error` of done runs): `.str` works
+            if k in df.columns and df[k].map(lambda v: isinstance(v, str) or v is None or v is pd.NA
+                                               or v != v).all():
+                df[k] = df[k].astype("str")
         df = _schema_typed(df, config_keys)
     df.attrs = {"config_keys": sorted(config_keys), "skipped": skipped}
     return df
@@ -301,6 +305,7 @@ STATUSES = contract.STATUSES
 ECHOED = (*contract.ECHOES, "sigma")
 INT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is int)  # nullable integers: Int64
 BOOL_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is bool)  # nullable: boolean
+TEXT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is str)  # str, NaN where null
 LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
 
 

@@ -109,6 +109,7 @@ def test_multirun_presets_declare_their_sweep(name, sweep):
 
 
 BAD = [
+    ("wandb.per_run_limit=-1", "wandb.per_run_limit", ">= 0"),
     ("data.p=1.5", "data.p", "[0, 1]"), ("data.p=-0.1", "data.p", "[0, 1]"), ("data.p=abc", "data.p", "number"),
     ("data.K=2", "data.K", ">= 3"), ("data.N=1", "data.N", ">= 2"), ("data.n_train=0", "data.n_train", ">= 1"),
     ("data.n_test=0", "data.n_test", ">= 1"), ("model.M=50", "model.M", "data.N"), ("init=gaussian init.sigma=-1", "init.sigma", ">= 0"),

@@ -60,6 +60,9 @@ def parse_args(argv=None):
     if args.tol < 0:
         ap.error(f"--tol must be >= 0, got {args.tol}")
     out = args.out.resolve()
+    blocked = next((a for a in (out, *out.parents) if a.exists() and not a.is_dir()), None)
+    if blocked is not None:   # the report is a folder of files: a file at its name or above it stops mkdir
+        ap.error(f"--out {args.out}: {blocked} is a file, not a folder")
     if any(out == p.resolve() for p in args.sweeps):
         ap.error(f"--out {args.out} is a sweep folder; its runs.parquet is the sweep's cache")
     axes = [a for a in (args.x, args.y, args.row, args.col) if a]

@@ -16,13 +16,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt   # noqa: E402
-import numpy as np                # noqa: E402
-import pandas as pd               # noqa: E402
-from matplotlib.tri import Triangulation   # noqa: E402
+import matplotlib.pyplot as plt   # no backend chosen here: a notebook keeps its own (the CLI chooses Agg)
+import numpy as np
+import pandas as pd
+from matplotlib.tri import Triangulation
 
 from rw_sweeps.core import readers          # noqa: E402
 from rw_sweeps.core.metrics import OBJECTIVES, SUCCESS, metric_value   # noqa: E402

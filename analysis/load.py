@@ -75,6 +75,14 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
                 v = pd.to_numeric(df[k], errors="coerce")
                 if bool((v.dropna() % 1 == 0).all()):
                     df[k] = v.astype("Int64")
+        for k in BOOL_FIELDS:  # a flag some summaries lack (`trap`: eq. 2.1's, not gpt's): True, False or <NA>
+            if k in df.columns and df[k].dtype.kind in "bO" and df[k].map(
+                    lambda v: isinstance(v, bool) or v is None or v is pd.NA or v != v).all():
+                df[k] = df[k].astype("boolean")
+        for k in TEXT_FIELDS:  # text even where no run of the load has one (`error` of done runs): `.str` works
+            if k in df.columns and df[k].map(lambda v: isinstance(v, str) or v is None or v is pd.NA
+                                               or v != v).all():
+                df[k] = df[k].astype("str")
         df = _schema_typed(df, config_keys)
     df.attrs = {"config_keys": sorted(config_keys), "skipped": skipped}
     return df
@@ -296,6 +304,8 @@ STATUSES = contract.STATUSES
 # is the init's scale, the config's `init.sigma` (or `init.std`); a zero-init run has none
 ECHOED = (*contract.ECHOES, "sigma")
 INT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is int)  # nullable integers: Int64
+BOOL_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is bool)  # nullable: boolean
+TEXT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is str)  # str, NaN where null
 LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
 
 

@@ -236,15 +236,23 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
 
 
 def _keep_in_slot(ax, bar_ax, slot) -> None:
-    """In a figure without a layout engine, move the colour bar left (and narrow `ax`) until its tick labels
-    and label end where `ax`'s slot did: a neighbour panel to the right is never drawn over."""
-    fig = ax.figure
-    over = bar_ax.get_tightbbox().x1 / fig.bbox.width - slot.x1
-    if over <= 0:
-        return
-    p, c = ax.get_position(), bar_ax.get_position()
-    ax.set_position([p.x0, p.y0, max(p.width - over, 0.05 * slot.width), p.height])   # its twins follow
-    bar_ax.set_position([c.x0 - over, c.y0, c.width, c.height])
+    """In a figure without a layout engine, narrow `ax`'s column of the grid the colour bar was carved from
+    until the bar's tick labels and label end where `ax`'s slot did: a neighbour panel to the right is never
+    drawn over. They stay in their grid slots and in layout, so a later `fig.tight_layout()` places them, and
+    makes room for the bar, as it does any subplot; the caller's other axes are not touched."""
+    fig, grid = ax.figure, bar_ax.get_subplotspec().get_gridspec()
+    for _ in range(8):   # the columns' gap scales with their mean width: a few passes settle it
+        over = bar_ax.get_tightbbox().x1 / fig.bbox.width - slot.x1
+        if over <= 0:
+            return
+        main, bar = grid.get_width_ratios()
+        width = ax.get_position().width
+        grid.set_width_ratios([max(main * (width - 1.5 * over) / width, 0.05 * main), bar])  # 1.5: past the gap's shrink
+        for a in fig.axes:   # the diagram's axes (heatmap, OPT twin, colour bar) placed from their slots again
+            spec = a.get_subplotspec()
+            if spec is not None and spec.get_gridspec() is grid:
+                a.set_position(spec.get_position(fig))
+                a.set_in_layout(True)   # set_position took it out of layout: a later tight_layout places it
 
 
 def _below_xlabel(ax):

@@ -180,9 +180,13 @@ def test_first_success_step_comes_from_the_history(sweep):
     (["{sweep}", "--out", "{out}", "--x", "data.p", "--y", "data.p"], "must be different keys"),
     (["{sweep}", "--out", "{out}", "--metric", "status"], "--metric status: not a numeric"),
     (["{sweep}", "--out", "{sweep}"], "is a sweep folder"),
+    (["{sweep}", "--out", "{file}"], "is a file, not a folder"),
+    (["{sweep}", "--out", "{file}/report"], "is a file, not a folder"),
 ])
 def test_cli_rejects_bad_input_in_one_line(sweep, tmp_path, capsys, argv, message):
-    fill = {"sweep": str(sweep), "out": str(tmp_path / "out"), "nope": str(tmp_path / "nope")}
+    (tmp_path / "afile").write_text("a user's file, never to be replaced by a report")
+    fill = {"sweep": str(sweep), "out": str(tmp_path / "out"), "nope": str(tmp_path / "nope"),
+            "file": str(tmp_path / "afile")}
     with pytest.raises(SystemExit) as e:
         main([a.format(**fill) for a in argv])
     assert e.value.code == 2
@@ -267,3 +271,38 @@ def test_sweeps_of_several_data_families_get_phase_diagrams_per_family(tmp_path)
                     "phase_success_step_qa_majority.png", "phase_success_step_random_walk.png"]
     html = (tmp_path / "out" / "index.html").read_text()
     assert "success over data.p (random_walk)" in html
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_summary_bool_that_some_runs_lack_is_a_nullable_boolean_column(tmp_path, cache):
+    """`trap` is in eq. 2.1's summaries, not model=gpt's: in a mixed sweep its column is pandas' `boolean`
+    (True, False, <NA>), as the README's nullable keys are, so `df[df.trap]` and `~df.trap` mean what they
+    say (an object column of True/False/NaN makes the mask raise and `~True` -2)."""
+    write_run(tmp_path / "0", p=1.0)
+    write_run(tmp_path / "1", seed=1)
+    write_run(tmp_path / "2", seed=2)   # a summary without `trap`, as a model=gpt run's
+    set_result(tmp_path / "0", trap=True)
+    set_result(tmp_path / "1", trap=False)
+    for _ in range(2 if cache else 1):   # the second read comes from the sealed runs.parquet
+        df = load_runs(tmp_path, cache=cache)
+    assert str(df["trap"].dtype) == "boolean"
+    assert df["trap"].tolist() == [True, False, pd.NA]
+    assert df[df["trap"].fillna(False)]["run"].tolist() == ["0"]
+    assert (~df["trap"]).tolist() == [False, True, pd.NA]
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_summary_text_field_null_in_every_run_is_still_a_text_column(tmp_path, cache):
+    """`error` (null in every done run) and `relative_loss_null` (null wherever relative_loss is a number) are
+    text: their columns are pandas' `str` even when no run of the load has a value, so that
+    `df[df.relative_loss_null.str.startswith("model.readout")]` works on any sweep, not only on one with a reason."""
+    write_run(tmp_path / "0")
+    write_run(tmp_path / "1", seed=1)
+    for run in ("0", "1"):
+        set_result(tmp_path / run, relative_loss_null=None)
+    for _ in range(2 if cache else 1):   # the second read comes from the sealed runs.parquet
+        df = load_runs(tmp_path, cache=cache)
+    for col in ("error", "relative_loss_null"):
+        assert str(df[col].dtype) == "str", (col, df[col].dtype)
+        assert df[col].isna().all()
+    assert df[df["relative_loss_null"].str.startswith("model.readout")].empty

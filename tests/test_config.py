@@ -109,6 +109,7 @@ def test_multirun_presets_declare_their_sweep(name, sweep):
 
 
 BAD = [
+    ("wandb.per_run_limit=-1", "wandb.per_run_limit", ">= 0"),
     ("data.p=1.5", "data.p", "[0, 1]"), ("data.p=-0.1", "data.p", "[0, 1]"), ("data.p=abc", "data.p", "number"),
     ("data.K=2", "data.K", ">= 3"), ("data.N=1", "data.N", ">= 2"), ("data.n_train=0", "data.n_train", ">= 1"),
     ("data.n_test=0", "data.n_test", ">= 1"), ("model.M=50", "model.M", "data.N"), ("init=gaussian init.sigma=-1", "init.sigma", ">= 0"),
@@ -217,7 +218,7 @@ UNREADABLE = [  # overrides Hydra's parser or OmegaConf's resolver cannot read: 
     ("data.p=0.5)", "invalid config: data.p='0.5)': Hydra's override grammar cannot parse it: extraneous input ')' "
                     "expecting <EOF> (see https://hydra.cc/docs/advanced/override_grammar/basic/)"),
     ("+data.foo=“x”", "invalid config: data.foo='“x”': the override grammar does not read '“' (LEFT DOUBLE "
-                      "QUOTATION MARK, U+201C), '”' (RIGHT DOUBLE QUOTATION MARK, U+201D)"),
+                      "QUOTATION MARK, U+201C), '”' (RIGHT DOUBLE QUOTATION MARK, U+201D); write +data.foo=\"x\""),
 ]
 
 
@@ -227,6 +228,22 @@ def test_an_override_that_cannot_be_read_is_one_line_naming_it(override, line, m
     with pytest.raises(ConfigError) as err:
         checked(*(["-m", "seed=0,1", override] if mode == "multirun" else [override]))
     assert str(err.value) == line
+
+
+@pytest.mark.parametrize("override,tail", [
+    ("data.K=٣", "(ARABIC-INDIC DIGIT THREE, U+0663); write data.K=3"),          # any script's decimal digit
+    ("data.K=३", "(DEVANAGARI DIGIT THREE, U+0969); write data.K=3"),
+    ("wandb.name=“x”", "(RIGHT DOUBLE QUOTATION MARK, U+201D); write wandb.name=\"x\""),  # a pasted smart quote
+    ("wandb.name=σ", "(GREEK SMALL LETTER SIGMA, U+03C3); the grammar reads any character quoted, inside the "
+                     "shell's quotes: \"wandb.name='σ'\""),
+])
+def test_an_unreadable_character_says_what_to_write_instead(override, tail):
+    """Every refusal of a character the grammar does not read says what to write: its ASCII spelling where it
+    has one (a digit of any script, a typographic quote), else the quoted value, which the grammar reads
+    whatever its characters (`wandb.name='σ sweep'` names a run)."""
+    with pytest.raises(ConfigError) as err:
+        checked(override)
+    assert str(err.value).endswith(tail), str(err.value)
 
 
 @pytest.mark.parametrize("digit", "0123456789")
@@ -318,3 +335,21 @@ def test_help_spells_every_default_as_the_command_line_reads_it():
         assert got == want and (type(got) is type(want) or isinstance(want, float)), (line, got, want)
         seen += 1
     assert seen > 100
+
+
+def test_help_lists_every_key_a_user_can_set_and_no_option_name():
+    """`--help` (rw_sweeps.core.keys.describe) has a line for every key of the run, of wandb and of every
+    option, `wandb.name` included (a key, not an option's name); an option's `name` is its group's choice
+    (`data=lazy_walk`), never a `data.name=` line."""
+    import dataclasses
+
+    from rw_sweeps.core import keys
+    from rw_sweeps.core.config import GROUPS, OPTIONS, RunConfig, WandbConfig
+
+    listed = {line.strip().split("=", 1)[0] for line in keys.describe().splitlines() if line.startswith("  ")}
+    want = {f.name for f in dataclasses.fields(RunConfig) if f.name not in (*GROUPS, "wandb")}
+    want |= {f"wandb.{f.name}" for f in dataclasses.fields(WandbConfig)}
+    want |= {f"{g}.{f.name}" for g in GROUPS for c in OPTIONS[g].values() for f in dataclasses.fields(c)
+             if f.name != "name"}
+    assert "wandb.name" in want
+    assert listed == want, (want - listed, listed - want)

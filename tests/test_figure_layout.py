@@ -74,6 +74,52 @@ def test_a_diagram_drawn_into_an_axes_keeps_its_colour_bar_and_legend_out_of_the
     assert box.y1 <= ax.xaxis.label.get_window_extent().y0   # below the x label
 
 
+def test_diagrams_drawn_into_a_grid_then_fig_tight_layout_keep_off_each_other_and_inside_the_figure(demo):
+    """The usual notebook cell: `plt.subplots(2, 2)`, a diagram into three of the axes, then
+    `fig.tight_layout()` (a one-off call, no layout engine set while drawing): no diagram's axes, colour bar
+    or labels overlap another panel's, and every colour bar stays inside the figure."""
+    runs = add_success(load_runs(demo, progress=False))
+    fig, axs = plt.subplots(2, 2, figsize=(10, 8))
+    panels = []   # each grid slot's axes and those its diagram added (its OPT axis, its colour bar)
+    for ax in (axs[0, 0], axs[0, 1], axs[1, 0]):
+        before = set(fig.axes)
+        phase_diagram(runs, "data.p", "init", ax=ax)
+        panels.append([ax, *(a for a in fig.axes if a not in before)])
+    axs[1, 1].plot([0, 1], [0, 1])
+    axs[1, 1].set_ylabel("the user's label")
+    panels.append([axs[1, 1]])
+    fig.tight_layout()
+    fig.canvas.draw()
+    boxes = [[a.get_tightbbox() for a in panel] for panel in panels]
+    for i, mine in enumerate(boxes):
+        for theirs in boxes[i + 1:]:
+            assert not any(overlap(b, c) for b in mine for c in theirs), (mine, theirs)
+    for a in fig.axes:
+        if a.get_label() == "<colorbar>":
+            box = a.get_tightbbox()
+            assert box.x0 >= 0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
+
+
+@pytest.mark.parametrize("layout", ["constrained", "tight"])
+def test_a_diagram_above_another_panel_keeps_its_trap_legend_and_labels_off_it(demo, layout):
+    """A panel below a diagram (a 2 × 1 grid) is clear of the diagram's x label, OPT axis, colour bar and trap
+    legend under a layout engine. (Without one, matplotlib's default spacing leaves no room between rows for
+    any x label and title, the README says so.)"""
+    runs = add_success(load_runs(demo, progress=False))
+    fig, (top, below) = plt.subplots(2, 1, figsize=(6, 6), layout=layout)
+    below.plot([0, 1], [0, 1])
+    below.set(title="the user's own panel")
+    before = set(fig.axes)
+    phase_diagram(runs, "data.p", "init", ax=top)
+    added = [top, *(a for a in fig.axes if a not in before)]
+    fig.canvas.draw()
+    neighbour = below.get_tightbbox()
+    assert top.get_legend() is not None
+    assert not overlap(top.get_legend().get_window_extent(), neighbour)
+    for a in added:
+        assert not overlap(a.get_tightbbox(), neighbour), (a.get_label(), a.get_tightbbox(), neighbour)
+
+
 @pytest.mark.parametrize("facets", [{}, {"row": "seed"}])
 def test_the_trap_legend_and_the_title_of_a_diagrams_own_figure_stay_clear_of_its_labels(demo, facets):
     runs = add_success(load_runs(demo, progress=False))

@@ -471,3 +471,38 @@ def test_a_runs_table_row_is_the_runs_config_yaml_but_for_a_matrix(tmp_path):
     assert [t["init.sigma"] for t in table] == [None, 0.1] and table[0]["snapshot_steps"] == [0, 1, 2]
     assert [t["test_acc"] for t in table] == [0.5, 1.5] and table[0]["summary.run"] == "x"
     assert wandb_io.CELL_CAP < K * K
+
+
+def test_sync_hands_a_sweep_whose_name_starts_with_a_dash_to_wandb_as_a_path(tmp_path):
+    """A folder named `-x` (given after `--`, as for any command) is a path to `wandb sync`, never an
+    option: wandb's own dry run lists its offline run."""
+    import os
+
+    run = tmp_path / "-x" / "0" / "wandb" / "offline-run-20260101_000000-abc"
+    run.mkdir(parents=True)
+    (run / "run-abc.wandb").touch()
+    r = subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.sync", "--dry-run", "--", "-x"], cwd=tmp_path,
+                       text=True, capture_output=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "No such option" not in r.stderr
+    assert "wandb: Would sync 1 run(s):" in r.stdout + r.stderr
+    assert "-x/0/wandb/offline-run-20260101_000000-abc/run-abc.wandb" in r.stdout + r.stderr
+
+
+def test_sync_shows_a_planted_name_s_control_characters_as_escapes(tmp_path, capsys):
+    """A link a stranger planted under a name holding an escape sequence (`\\x1b[2J` clears the screen) or a
+    newline (a forged line) is reported with those characters as visible escapes, as rw-status shows them."""
+    from rw_sweeps.sweeps import sync
+
+    sweep = tmp_path / "S"
+    run = sweep / "0" / "wandb" / "offline-run-20260101_000000-abc"
+    run.mkdir(parents=True)
+    (sweep / "0" / "a\x1b[2Jb\nnot followed: forged").symlink_to(tmp_path)
+    assert sync.main([str(sweep), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and len(out.splitlines()) == 3   # no forged line
+    lines = out.splitlines()
+    assert lines[0] == f"not followed: {sweep / '0'}/a\\x1b[2Jb\\x0anot followed: forged: a symbolic link"
+    assert lines[1].startswith(f"not synced: {run}: a symbolic link in its folder (") and "\x1b" not in lines[1]
+    assert lines[2] == f"sync {sweep}: 0 offline wandb run(s) to wandb sync, 1 not synced (a link in its folder)"

@@ -42,7 +42,7 @@ from .inits.base import InitConfig
 from .metrics import OBJECTIVES
 from .models import ModelBase
 from .optimisers.base import OptimConfig
-from .registry import GROUPS, OPTIONS, SEED_MAX, as_dict, check_rules, choice, frozen, names, typed
+from .registry import GROUPS, OPTIONS, SEED_MAX, as_dict, check_rules, choice, frozen, names, rule, typed
 
 DEFAULT_SNAPSHOTS = [0, 1, 2, 5, 10, 20, 50, 100, 200, 400, 700, 1000]
 
@@ -70,7 +70,7 @@ class WandbConfig:
     name: Optional[str] = None  # the run's name; null: its values of the keys its sweep varies (optim.lr=0.1 seed=1)
     tags: List[str] = field(default_factory=lambda: _env("WANDB_TAGS", []))  # the experiment is added
     granularity: str = "auto"  # run: a wandb run per training run | job: one per packed job | auto
-    per_run_limit: int = 32  # auto: per-run wandb runs (logged live) for batches up to this size
+    per_run_limit: int = field(default=32, metadata=rule(lo=0))  # auto: per-run wandb runs (logged live) for batches up to this size
     analysis: bool = True  # a finished sweep logs its report's figures and runs table (one job_type=analysis run)
 
 
@@ -309,6 +309,7 @@ def validate(c: RunConfig) -> RunConfig:
     d, mo, i, o = c.data, c.model, c.init, c.optim
     for group in GROUPS:  # every option's key rules live on its fields
         check_rules(getattr(c, group), group + ".")
+    check_rules(c.wandb, "wandb.")
     _check_seed(c.seed)
     choice("precision", c.precision, ("float64", "float32"))
     if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isascii() and c.device[5:].isdigit())):

@@ -83,7 +83,7 @@ def _lines(cls, prefix: str, skip=()) -> list[str]:
     notes = comments(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if f.name in skip or f.name == "name":
+        if f.name in skip:
             continue
         head = f"  {prefix}{f.name}={spelled(_default(f))}"
         out.append(head + (f"  # {notes[f.name]}" if f.name in notes else ""))
@@ -102,7 +102,7 @@ def describe() -> str:
             doc = cls.__doc__ or ""
             doc = "" if doc.startswith(cls.__name__ + "(") else inspect.cleandoc(doc).split("\n\n")[0].replace("\n", " ")
             text += ["", f"{group}={name}: {doc}" if doc else f"{group}={name}:"]
-            text += _lines(cls, f"{group}.")
+            text += _lines(cls, f"{group}.", skip=("name",))  # an option's name is its group's choice
     return "\n".join(text)
 
 

@@ -86,15 +86,21 @@ GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 def _unparsed(override: str, message: str) -> ConfigError:
     """An override Hydra's grammar cannot read, named whole: what the parser says, or the characters it does not
-    read (full-width digits typed on a CJK keyboard, a smart quote), with the ASCII spelling where there is one."""
+    read (full-width digits typed on a CJK keyboard, a smart quote), with the ASCII spelling where there is one,
+    else, for one plain value (not a list or a sweep), the same value quoted, which the grammar reads as it is."""
     key, sep, value = override.partition("=")
     key = key.lstrip("+~") if sep else override
     odd = [c for c in dict.fromkeys(override) if ord(c) > 127]
     if odd:
         names = ", ".join(f"{c!r} ({unicodedata.name(c, 'unnamed')}, U+{ord(c):04X})" for c in odd[:3])
-        plain = unicodedata.normalize("NFKC", override)
-        rule = (f"the override grammar does not read {names}"
-                + (f"; write {plain}" if plain != override and plain.isascii() else ""))
+        plain = "".join(_ascii(c) for c in unicodedata.normalize("NFKC", override))
+        if plain != override and plain.isascii():
+            advice = f"; write {plain}"
+        elif sep and not re.search(r"[,'\"\[\]{}()$\\]", value):   # one plain value: quoted, any characters read
+            advice = f"; the grammar reads any character quoted, inside the shell's quotes: \"{override.partition('=')[0]}='{value}'\""
+        else:
+            advice = ""
+        rule = f"the override grammar does not read {names}{advice}"
     elif value.count("${") > value.count("}"):
         rule = "an interpolation opened with ${ is not closed (write ${key}, and quote the override in a shell)"
     else:
@@ -102,6 +108,16 @@ def _unparsed(override: str, message: str) -> ConfigError:
                 if ln.strip() and not ln.startswith(("Error parsing override", "See https://"))]
         rule = f"Hydra's override grammar cannot parse it: {said[0] if said else 'unreadable'} (see {GRAMMAR})"
     return ConfigError(key, value if sep else None, rule) if sep else ConfigError(override, None, rule)
+
+
+# typographic quotes a pasted command carries, and their ASCII spelling
+QUOTES = {"“": '"', "”": '"', "„": '"', "‘": "'", "’": "'", "‚": "'"}
+
+
+def _ascii(c: str) -> str:
+    """The ASCII spelling of one character where it has one: a decimal digit of any script, a typographic quote."""
+    digit = unicodedata.decimal(c, None)
+    return str(digit) if digit is not None else QUOTES.get(c, c)
 
 
 def _unresolved(e: BaseException) -> str:

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rw_sweeps.sweeps.status import shown  # a planted name's control characters, as rw-status prints them
+
 BATCH = 256  # offline runs per `wandb sync` command (a path is ~100 bytes; ARG_MAX is 128 KiB at the least)
 WANDB_LINKS = frozenset({"latest-run", "debug.log", "debug-internal.log"})  # wandb's own, in a `wandb/` folder
 
@@ -87,7 +89,7 @@ def wandb_sync(runs: list[Path], flags: list[str]) -> int:
     status, else 0. wandb prints as it goes."""
     status = 0
     for i in range(0, len(runs), BATCH):
-        cmd = [sys.executable, "-m", "wandb", "sync", *flags, *map(str, runs[i:i + BATCH])]
+        cmd = [sys.executable, "-m", "wandb", "sync", *flags, "--", *map(str, runs[i:i + BATCH])]  # `--`: a folder named -x is a path
         code = subprocess.run(cmd).returncode
         status = status or code
     return status
@@ -103,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-e", "--entity", help="wandb sync's: the entity of every run uploaded")
     args = ap.parse_args(argv)
     if args.sweep.is_symlink():
-        ap.error(f"{args.sweep} is a symbolic link; not followed")
+        ap.error(f"{shown(args.sweep)} is a symbolic link; not followed")
     if not args.sweep.is_dir():
-        ap.error(f"not a folder: {args.sweep}")
+        ap.error(f"not a folder: {shown(args.sweep)}")
     runs, lines = offline_runs(args.sweep)
     for line in lines:
-        print(line, flush=True)
+        print(shown(line), flush=True)
     refused = sum(ln.startswith("not synced") for ln in lines)
-    print(f"sync {args.sweep}: {len(runs)} offline wandb run(s) to wandb sync"
+    print(f"sync {shown(args.sweep)}: {len(runs)} offline wandb run(s) to wandb sync"
           + (f", {refused} not synced (a link in its folder)" if refused else ""), flush=True)
     flags = (["--dry-run"] if args.dry_run else []) + (["--include-synced"] if args.include_synced else []) \
         + (["--project", args.project] if args.project else []) + (["--entity", args.entity] if args.entity else [])

@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Parallel workers share the cores: one thread each, inherited by the processes they start (launch.py, …).
+    # With every worker's torch spinning threads for all cores, a 25 s sweep was seen to take over 600 s.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
 # Small but real runs: every test sweep uses these unless it needs the paper's shape.
 SMALL = ["data.n_test=200", "optim.steps=10"]  # n_train stays 1000: with fewer, p = 0.5 often locks on a wrong position
 

@@ -451,7 +451,7 @@ def test_a_round_stopped_by_sigterm_resumes_its_runs_in_their_own_folders(tmp_pa
 
     # another sweep into the folder first (other bounds): its new run never lands on those checkpoints
     other = launch(*[a if a != LR_AXIS else "optim.lr=tag(log,interval(0.02,0.3))" for a in args],
-                   "hydra.sweeper.n_points=2", f"hydra.sweep.dir={sweep}")
+                   "hydra.sweeper.n_points=2", "hydra.sweeper.batch=2", f"hydra.sweep.dir={sweep}")
     assert other.returncode == 0, other.stderr
     assert {d: (sweep / d / "checkpoint.pt").read_bytes() for d in interrupted} == kept
     assert sorted(d.name for d in sweep.iterdir() if d.is_dir()) == ["0", "1", "2", "3", "4", "5", "6"]

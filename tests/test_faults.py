@@ -343,20 +343,26 @@ def test_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, mon
 @pytest.mark.usefixtures("cluster")
 def test_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path):
     sweep = tmp_path / "S"
+    # submitted held (sbatch --hold), so the job trains only once this test has released it: what the test does
+    # before then takes no time from the runs, whatever the machine's load
     args = ["-m", "hydra/launcher=packed_slurm", "hydra.launcher.detach=true", "data.n_test=100",
-            "optim.steps=60000", "eval_every=1000", "seed=0,1", "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]
+            "+hydra.launcher.additional_parameters.hold=true", "optim.steps=60000", "eval_every=1000", "seed=0,1",
+            "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]
     r = launch(*args)
     assert r.returncode == 0, r.stderr
     try:
-        # a detached sweep's lock belongs to its jobs: a second launch names them
+        # a detached sweep's lock belongs to its jobs, held ones too: a second launch names them
         job = next(iter(record(sweep)["jobs"]))
         r2 = launch(*args)
         assert r2.returncode == 2 and f"SLURM job(s) {job.split('_')[0]}" in one_error_line(r2)
 
         log = lambda: "\n".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.out"))  # noqa: E731
+        held = subprocess.run(["squeue", "-h", "-j", job.split("_")[0], "-o", "%T %r"], capture_output=True, text=True)
+        assert set(held.stdout.split("\n")) - {""} == {"PENDING JobHeldUser"}, held.stdout
+        subprocess.run(["scontrol", "release", job.split("_")[0]], check=True, capture_output=True)
         wait_until(lambda: "training 2 run(s): step 0" in log(), 180, "the job's training to start")
-        # the runs have ~20 s to go: the signal (what SLURM sends before a preemption or the time limit) lands
-        # mid-run; SLURM forwards it to the job's step, where the training loop checkpoints and submitit requeues
+        # the signal (what SLURM sends before a preemption or the time limit) lands as the 60,000 steps start;
+        # SLURM forwards it to the job's step, where the training loop checkpoints and submitit requeues
         assert not (sweep / "0" / "summary.json").exists()
         subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)
         wait_until(lambda: "from its checkpoint at step" in log(), 300, "the requeued job to resume")

@@ -2,7 +2,8 @@
 
 A sweep's `adaptive.json` names its axes (key, bounds, log or not), the metric its learner learned, the level
 whose set is the boundary and the success tolerance; the values are read from the run folders (the runs
-table), each point's the mean over its runs (seeds and every other crossed key but those drawn apart).
+table), each point's the mean over its seeds; every combination of the other crossed keys is a panel with
+points of its own (its own learner's).
 
 Two axes: the metric interpolated linearly on the learner's own triangulation (python-adaptive's Learner2D,
 told the points; its Delaunay triangulation in the unit square it scales the axes to), the sampled points

@@ -222,9 +222,10 @@ def test_a_two_axis_diagram_interpolates_on_the_learners_triangulation(tmp_path)
 
 
 # ------------------------------------------------------------------ the rounds alone, on a known function
-def _rounds(evaluate_point, n_points, batch, loss="boundary", told_runs=None):
+def _rounds(evaluate_point, n_points, batch, loss="boundary", told_runs=None, crossed=([],)):
     """`rw_sweeps.sweeps.adaptive.sweep` over σ × η (the escape cut's log axes), each job's value
-    `evaluate_point(log10 σ, log10 η)`; `told_runs` (a dict) is the run folders: jobs found there are not run."""
+    `evaluate_point(log10 σ, log10 η)` (`evaluate_point(log10 σ, log10 η, job)` with crossed keys); `told_runs`
+    (a dict) is the run folders: jobs found there are not run. Returns the told values {panel: {point: value}}."""
     from rw_sweeps.sweeps import adaptive
 
     axes = [adaptive.Axis("init.sigma", 1e-8, 1e-1, True), adaptive.Axis("optim.lr", 0.3, 3.0, True)]
@@ -237,13 +238,14 @@ def _rounds(evaluate_point, n_points, batch, loss="boundary", told_runs=None):
             key = tuple(job)
             if key not in runs:
                 values = dict(o.split("=") for o in job)
-                runs[key] = evaluate_point(math.log10(float(values["init.sigma"])), math.log10(float(values["optim.lr"])))
+                at = math.log10(float(values["init.sigma"])), math.log10(float(values["optim.lr"]))
+                runs[key] = evaluate_point(*at) if crossed == ([],) else evaluate_point(*at, values)
                 trained.append(key)
             out.append(runs[key])
         return out, sum(tuple(j) in trained for j in jobs)
 
-    told, rounds = adaptive.sweep(axes, [[]], batch=batch, n_points=n_points, loss_goal=None, evaluate=evaluate,
-                                  level=0.5 if loss == "boundary" else None, say=lambda line: None)
+    told, rounds = adaptive.sweep(axes, list(crossed), batch=batch, n_points=n_points, loss_goal=None,
+                                  evaluate=evaluate, level=0.5 if loss == "boundary" else None, say=lambda line: None)
     return axes, told, rounds, trained
 
 
@@ -251,25 +253,47 @@ def _escapes(u, v):  # a known boundary: escape above a line in log σ × log η
     return 1.0 if u > -4.5 + 1.5 * v else 1 / 6
 
 
-def _agreement(axes, told):
+def _agreement(axes, told, truth=None):
     from rw_sweeps.sweeps.adaptive import rebuilt
 
     learner = rebuilt(axes, told)  # python-adaptive's interpolation on its triangulation
     c = lambda lo, hi, n: lo + (hi - lo) * (np.arange(n) + 0.5) / n  # noqa: E731
     at = np.array([(u, v) for u in c(-8, -1, 16) for v in c(math.log10(0.3), math.log10(3), 16)])
-    truth = np.array([_escapes(u, v) >= 0.5 for u, v in at])
+    truth = np.array([(truth or _escapes)(u, v) >= 0.5 for u, v in at])
     scaled = (at - learner.xy_mean) / learner.xy_scale
     return ((learner.interpolator(scaled=True)(scaled).ravel() >= 0.5) == truth).mean()
 
 
 def test_the_boundary_loss_resolves_a_known_boundary_better_than_the_default_loss_and_a_grid():
     axes, told, rounds, _ = _rounds(_escapes, 48, 8)
+    told = told[()]
     assert len(told) == 48 and [len(r.points) for r in rounds] == [8] * 6
     near = sum(abs(u - (-4.5 + 1.5 * v)) < 0.7 for u, v in told)  # within a tenth of the σ axis of the line
     assert near >= 24  # half the points or more hug the boundary (a uniform 7×7 grid puts 7 of 49 there)
     boundary = _agreement(axes, told)
     _, default_told, _, _ = _rounds(_escapes, 48, 8, loss="default")
-    assert boundary >= 0.95 and boundary > _agreement(axes, default_told)
+    assert boundary >= 0.95 and boundary > _agreement(axes, default_told[()])
+
+
+def _escapes_later(u, v):  # the second panel's boundary: the same slope, two decades of σ lower
+    return 1.0 if u > -6.5 + 1.5 * v else 1 / 6
+
+
+def test_each_panel_of_crossed_keys_learns_its_own_boundary_and_only_the_seeds_are_averaged():
+    """model.normalize=none,whole crossed with two seeds: two panels of 2 runs a point, each with a learner of
+    its own. One learner over both learned their mean (1/6, 7/12 between the two lines, 1), whose level set
+    0.5 is the lower line alone: the upper boundary got a grid's share of points."""
+    crossed = [[f"model.normalize={n}", f"seed={s}"] for n in ("none", "whole") for s in (0, 1)]
+    truth = {"none": _escapes, "whole": _escapes_later}
+    axes, told, rounds, trained = _rounds(lambda u, v, job: truth[job["model.normalize"]](u, v), 48, 8,
+                                          crossed=crossed)
+    assert list(told) == [("model.normalize=none",), ("model.normalize=whole",)]
+    assert all(len(mine) == 48 for mine in told.values()) and len(trained) == 2 * 48 * 2
+    assert [len(r.points) for r in rounds] == [16] * 6 and [r.runs for r in rounds] == [32] * 6
+    for (panel,), line in ((("model.normalize=none",), -4.5), (("model.normalize=whole",), -6.5)):
+        mine = told[(panel,)]
+        assert sum(abs(u - (line + 1.5 * v)) < 0.7 for u, v in mine) >= 24, panel  # half its points on its line
+        assert _agreement(axes, mine, truth[panel.split("=")[1]]) >= 0.95, panel
 
 
 def test_the_rounds_replayed_after_an_interrupt_ask_the_same_points():
@@ -309,7 +333,7 @@ def test_hydra_s_own_launcher_runs_the_same_rounds(tmp_path):
 def test_rounds_stop_when_no_run_of_a_round_has_a_value():
     """A metric no run reaches (every run failed): the sweep stops after that round instead of asking on."""
     axes, told, rounds, trained = _rounds(lambda u, v: None, None, 4)
-    assert len(rounds) == 1 and len(trained) == 4 and all(v is None for v in told.values())
+    assert len(rounds) == 1 and len(trained) == 4 and all(v is None for v in told[()].values())
 
 
 @pytest.mark.parametrize("text, why", [
@@ -348,7 +372,7 @@ def test_a_one_axis_sweep_smaller_than_its_batch_still_samples_both_ends_of_its_
                                   evaluate=lambda jobs: ([float(float(j[0].split("=")[1]) > 0.1) for j in jobs], len(jobs)),
                                   say=lambda line: None)
     lo, hi = axes[0].bounds
-    assert len(told) == n_points and {(lo,), (hi,)} <= set(told)
+    assert list(told) == [()] and len(told[()]) == n_points and {(lo,), (hi,)} <= set(told[()])
     assert math.isfinite(rounds[-1].loss)
 
 

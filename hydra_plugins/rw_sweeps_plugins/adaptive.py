@@ -43,9 +43,9 @@ class AdaptiveSweeperConf:
     """`hydra.sweeper.*` of `hydra/sweeper=adaptive` (conf/hydra/sweeper/adaptive.yaml holds its deltas)."""
     _target_: str = "hydra_plugins.rw_sweeps_plugins.adaptive.AdaptiveSweeper"
     metric: str = "success"  # what is learned: `success` (a point's success rate) or a numeric summary field
-    n_points: Optional[int] = None  # the budget: points in all (each point is one run per crossed job)
+    n_points: Optional[int] = None  # the budget: points a panel (a point is one run per seed of its panel)
     loss_goal: Optional[float] = None  # or/and stop once the learner's loss is at most this
-    batch: Optional[int] = None  # points a round (null: max_runs_per_job ÷ runs a point, else 16)
+    batch: Optional[int] = None  # points a round and panel (null: max_runs_per_job ÷ crossed jobs, else 16)
     level: float = 0.5  # the metric's level set that is the boundary (success: half a point's runs succeed)
     loss: str = "boundary"  # boundary: 2 axes resolve the level set first; default: python-adaptive's own loss
     tol: float = SUCCESS_TOL  # metric=success: test_acc >= OPT - tol
@@ -180,9 +180,11 @@ class AdaptiveSweeper(Sweeper):
         returns: list = []
         where: dict = {}  # a job's overrides -> its run folder's name, for the record's runs of each point
 
+        groups = adaptive.panels(crossed)
+
         def record(told: dict) -> None:
-            runs = {p: [where[tuple(j)] for j in adaptive.jobs_at(axes, crossed, p) if tuple(j) in where]
-                    for p in told}
+            runs = {(panel, p): [where[tuple(j)] for j in adaptive.jobs_at(axes, groups[panel], p) if tuple(j) in where]
+                    for panel, mine in told.items() for p in mine}
             adaptive.write_record(sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, told, runs)
 
         def evaluate(jobs: list) -> Optional[tuple]:

@@ -2,9 +2,12 @@
 
 A sweep over continuous axes (`'init.sigma=tag(log,interval(1e-8,1e-1))'`, `data.p=interval(0,1)`) is a
 function of a few parameters, and python-adaptive's learners (`Learner1D`, `Learner2D`, `LearnerND`) sample
-such a function where it varies. Here the function's value at a point is the mean of the sweep's `metric`
-over the point's runs: one run per combination of the sweep's other swept keys (`seed=range(0,8)`,
-`init=zero,gaussian`), crossed with every point. A log axis is learned in log10 space.
+such a function where it varies. The sweep's other swept keys are crossed with every point: its seeds
+(`seed=range(0,8)`) are averaged into the point's value (the mean of the sweep's `metric` over them: a
+success rate), and every combination of the others (`init=zero,gaussian`, `model.normalize=none,whole`) is a
+panel of the phase diagram with a learner of its own, which places that panel's points where its own
+outcome changes (one learner over both would learn their mean, whose boundary is neither's). A round asks
+every panel's learner for its points and launches them all at once. A log axis is learned in log10 space.
 
 The sweep is a replay. Round k's learner is built afresh from the values of the points that rounds
 1 … k−1 asked, and asks the next `batch` points; the runs of those points are found in the sweep folder by
@@ -16,7 +19,7 @@ learner's own coordinates are the ones it asked (a point's value is told to it a
 at one read back from a config file), so the replay is exact.
 
 `adaptive.json` in the sweep folder records the axes, the metric, the level whose set is the boundary and
-each point's run folders, for the analysis (`python -m analysis` draws an adaptive sweep as a phase diagram
+each point's panel and run folders, for the analysis (`python -m analysis` draws an adaptive sweep as a phase diagram
 over its axes, from those runs alone); the values are always read from the run folders.
 """
 from __future__ import annotations
@@ -201,8 +204,20 @@ def run_value(verdict: contract.Verdict, metric: str, tol: float) -> Optional[fl
     return metric_value(verdict.summary, metric, tol)
 
 
+AVERAGED = "seed"  # the one crossed key averaged into a point's value; every other one makes panels
+
+
+def panels(crossed: list[list[str]]) -> dict[tuple, list[list[str]]]:
+    """The crossed jobs grouped by panel: their overrides but the seed's ({(): crossed} without other keys)."""
+    out: dict[tuple, list[list[str]]] = {}
+    for job in crossed:
+        panel = tuple(o for o in job if o.partition("=")[0].lstrip("+~") != AVERAGED)
+        out.setdefault(panel, []).append(job)
+    return out
+
+
 def point_value(values: list[Optional[float]]) -> Optional[float]:
-    """A point's value: the mean over its runs (seeds and every other crossed key) that have one."""
+    """A point's value: the mean over its runs (the panel's seeds) that have one."""
     have = [v for v in values if v is not None]
     return sum(have) / len(have) if have else None
 
@@ -210,7 +225,8 @@ def point_value(values: list[Optional[float]]) -> Optional[float]:
 # ------------------------------------------------------------------------------------------ the sweep
 @dataclass
 class Round:
-    """What one round did: its points, how many runs it asked for and how many of those it trained."""
+    """What one round did: its (panel, point)s, how many runs it asked for and how many of those it trained,
+    and the learners' loss after it (the worst panel's)."""
     number: int
     points: list
     runs: int
@@ -225,55 +241,82 @@ def jobs_at(axes: list[Axis], crossed: list[list[str]], point: tuple) -> list[li
     return [[*job, *here] for job in crossed]
 
 
+def _ask(axes: list[Axis], learner, told: dict, batch: int, n: int) -> list:
+    """The next n new points of a panel's learner."""
+    # always a whole batch asked, the last round taking its first n: a grown budget asks the same batch
+    # there and finds those n among it, done
+    asked, _ = learner.ask(batch)
+    points = []
+    for p in map(_key, asked):
+        if p not in told and p not in points:
+            points.append(p)
+    # a cut batch keeps the axes' corners it asks first: Learner1D asks a fresh batch as a grid from lo up
+    # to hi, and its first n alone would never reach hi (the learner's loss stays infinite)
+    corners = {_key(c) for c in itertools.product(*(a.bounds for a in axes))}
+    return sorted(points, key=lambda p: p not in corners)[:n]
+
+
+def shown_panel(panel: tuple) -> str:
+    return " ".join(panel) or "the sweep"
+
+
 def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: Optional[int],
           loss_goal: Optional[float], level: Optional[float] = None, evaluate: Callable[[list[list[str]]], Optional[tuple]],
           say: Callable[[str], None] = print,
           on_round: Optional[Callable[[dict], None]] = None) -> tuple[Optional[dict], list[Round]]:
-    """Run the rounds. `evaluate(jobs)` launches the jobs (or finds them done) and returns (each job's value,
-    how many of them it trained), or None when nothing ran (a dry run: the sweep stops there). `on_round`
-    gets the values after each round. Returns ({point: value}, the rounds), or (None, …) after a dry run."""
-    told: dict = {}
+    """Run the rounds: each asks every panel's learner (`panels`) for up to `batch` points, until the panel
+    has `n_points` or reaches `loss_goal`. `evaluate(jobs)` launches the jobs (or finds them done) and returns
+    (each job's value, how many of them it trained), or None when nothing ran (a dry run: the sweep stops
+    there). `on_round` gets the values after each round. Returns ({panel: {point: value}}, the rounds), or
+    (None, …) after a dry run."""
+    groups = panels(crossed)
+    told: dict = {panel: {} for panel in groups}
+    active = list(groups)
     rounds: list[Round] = []
-    while True:
-        learner = rebuilt(axes, told, level)
-        current = loss(learner)
-        if n_points is not None and len(told) >= n_points:
+    several = len(groups) > 1
+    where = lambda panel: f" ({shown_panel(panel)})" if several else ""  # noqa: E731
+    while active:
+        number = len(rounds) + 1
+        asked: list = []  # (panel, point)
+        for panel in list(active):
+            mine = told[panel]
+            learner = rebuilt(axes, mine, level)
+            if (n_points is not None and len(mine) >= n_points) or (loss_goal is not None and loss(learner) <= loss_goal):
+                active.remove(panel)
+                continue
+            n = batch if n_points is None else min(batch, n_points - len(mine))
+            points = _ask(axes, learner, mine, batch, n)
+            if not points:  # the learner asks nothing new: its domain is resolved as far as it can go
+                say(f"round {number}: the learner asks no new point{where(panel)}; stopping"
+                    + (" there" if several else ""))
+                active.remove(panel)
+                continue
+            asked += [(panel, p) for p in points]
+        if not asked:
             break
-        if loss_goal is not None and current <= loss_goal:
-            break
-        n = batch if n_points is None else min(batch, n_points - len(told))
-        # always a whole batch asked, the last round taking its first n: a grown budget asks the same batch
-        # there and finds those n among it, done
-        asked, _ = learner.ask(batch)
-        points = []
-        for p in map(_key, asked):
-            if p not in told and p not in points:
-                points.append(p)
-        # a cut batch keeps the axes' corners it asks first: Learner1D asks a fresh batch as a grid from lo up
-        # to hi, and its first n alone would never reach hi (the learner's loss stays infinite)
-        corners = {_key(c) for c in itertools.product(*(a.bounds for a in axes))}
-        points = sorted(points, key=lambda p: p not in corners)[:n]
-        if not points:  # the learner asks nothing new: its domain is resolved as far as it can go
-            say(f"round {len(rounds) + 1}: the learner asks no new point; stopping")
-            break
-        jobs = [jobs_at(axes, crossed, p) for p in points]
+        jobs = [jobs_at(axes, groups[panel], p) for panel, p in asked]
         got = evaluate([j for js in jobs for j in js])
         if got is None:
             return None, rounds
         values, trained = got
         k = 0
-        for p, js in zip(points, jobs):
-            told[p] = point_value(values[k:k + len(js)])
+        for (panel, p), js in zip(asked, jobs):
+            told[panel][p] = point_value(values[k:k + len(js)])
             k += len(js)
-        r = Round(len(rounds) + 1, points, sum(len(js) for js in jobs), trained, loss(rebuilt(axes, told, level)))
+        worst = max(loss(rebuilt(axes, told[panel], level)) for panel in groups)
+        r = Round(number, asked, sum(len(js) for js in jobs), trained, worst)
         rounds.append(r)
         found = f" ({r.runs - r.trained} found done)" if r.trained < r.runs else ""
-        say(f"round {r.number}: {len(points)} points, {r.runs} runs{found}; loss {r.loss:.4g}")
+        spread = f" in {len({panel for panel, _ in asked})} panels" if several else ""
+        say(f"round {r.number}: {len(asked)} points{spread}, {r.runs} runs{found}; loss {r.loss:.4g}"
+            + (" (the worst panel's)" if several else ""))
         if on_round is not None:
             on_round(told)
-        if all(told[p] is None for p in points):  # every run of the round failed: more rounds would too
-            say(f"round {r.number}: no run of this round has a value of the metric; stopping")
-            break
+        for panel in {panel for panel, _ in asked}:
+            if all(told[panel][p] is None for q, p in asked if q == panel):  # more rounds would fail too
+                say(f"round {r.number}: no run of this round has a value of the metric{where(panel)}; stopping"
+                    + (" there" if several else ""))
+                active.remove(panel)
     return told, rounds
 
 
@@ -281,23 +324,27 @@ def summary_line(sweep_dir: Any, told: dict, rounds: list[Round], metric: str) -
     runs = sum(r.runs for r in rounds)
     trained = sum(r.trained for r in rounds)
     last = rounds[-1].loss if rounds else math.inf
-    empty = sum(v is None for v in told.values())
-    return (f"adaptive sweep {sweep_dir}: {len(told)} points in {len(rounds)} round(s), {runs} runs "
+    values = [v for mine in told.values() for v in mine.values()]
+    empty = sum(v is None for v in values)
+    several = f" over {len(told)} panels" if len(told) > 1 else ""
+    return (f"adaptive sweep {sweep_dir}: {len(values)} points{several} in {len(rounds)} round(s), {runs} runs "
             f"({trained} trained, {runs - trained} found done); {metric} learned to loss {last:.4g}"
+            + (" (the worst panel's)" if several else "")
             + (f"; {empty} point(s) without a value (every run failed or diverged)" if empty else ""))
 
 
 def write_record(sweep_dir: Path, axes: list[Axis], crossed_keys: list[str], metric: str, level: float,
                  tol: float, told: dict, runs: Optional[dict] = None) -> None:
     """`adaptive.json`: what the analysis needs to draw the sweep (its values it reads from the run folders).
-    `runs` ({point: its run folders' names}): the analysis draws those runs alone, not others a relaunch with
-    another fixed key left at the same point."""
-    def entry(p, v) -> dict:
-        e = {"at": [a.value(u) for a, u in zip(axes, p)], "value": v}
-        if runs is not None and p in runs:
-            e["runs"] = list(runs[p])
+    `told` is {panel: {point: value}}; `runs` ({(panel, point): its run folders' names}): the analysis draws
+    those runs alone, not others a relaunch with another fixed key left at the same point."""
+    def entry(panel, p, v) -> dict:
+        e = {"at": [a.value(u) for a, u in zip(axes, p)], "panel": list(panel), "value": v}
+        if runs is not None and (panel, p) in runs:
+            e["runs"] = list(runs[(panel, p)])
         return e
-    record = {"version": 1, "axes": [asdict(a) for a in axes], "crossed": crossed_keys, "metric": metric,
-              "level": level, "tol": tol, "points": [entry(p, v) for p, v in told.items()]}
+    record = {"version": 2, "axes": [asdict(a) for a in axes], "crossed": crossed_keys, "metric": metric,
+              "level": level, "tol": tol,
+              "points": [entry(panel, p, v) for panel, mine in told.items() for p, v in mine.items()]}
     atomic_write(Path(sweep_dir) / RECORD, json.dumps(record, indent=1, allow_nan=False,
                                                       default=lambda v: None) + "\n")

@@ -56,6 +56,9 @@ def read_record(sweep) -> dict | None:
     crossed = rec.get("crossed", [])
     if not (isinstance(crossed, list) and all(isinstance(c, str) for c in crossed)):
         raise Broken(path, f"{RECORD}: crossed is not a list of keys")
+    pts = rec.get("points", [])
+    if not (isinstance(pts, list) and all(isinstance(p, dict) for p in pts)):
+        raise Broken(path, f"{RECORD}: points is not a list of objects")
     return rec
 
 
@@ -111,8 +114,26 @@ def triangulation(pts: pd.DataFrame, rec: dict) -> Triangulation:
     return Triangulation(u, v, triangles=tri.simplices)
 
 
-def _facets(runs: pd.DataFrame, rec: dict) -> list[str]:
-    return [k for k in rec.get("crossed", []) if k != "seed" and k in runs.columns and runs[k].nunique(dropna=False) > 1]
+PANEL = "panel"  # the runs table's column of a run's recorded panel
+
+
+def _facets(runs: pd.DataFrame, rec: dict) -> tuple[pd.DataFrame, list[str]]:
+    """The runs and the columns their panels are drawn by: the panel each point's entry in the record names
+    with its runs (a config group's runs table column is `<group>.name`, not the key the sweep crossed), else,
+    for a record without panels, the crossed keys but the seed whose columns vary."""
+    named: dict[str, str] = {}
+    entries = [p for p in rec.get("points") or [] if isinstance(p, dict)]
+    recorded = bool(entries) and "run" in runs.columns and all(
+        isinstance(p.get("panel"), list) and all(isinstance(o, str) for o in p["panel"])
+        and isinstance(p.get("runs"), list) and all(isinstance(r, str) for r in p["runs"]) for p in entries)
+    if recorded:
+        for p in entries:
+            named.update((r, ", ".join(p["panel"])) for r in p["runs"])
+        if len(set(named.values())) < 2:
+            return runs, []
+        return runs.assign(**{PANEL: runs["run"].astype(str).map(named)}), [PANEL]
+    return runs, [k for k in rec.get("crossed", []) if k != "seed" and k in runs.columns
+                  and runs[k].nunique(dropna=False) > 1]
 
 
 def _theory(sub: pd.DataFrame, rec: dict, tri: Triangulation, pts: pd.DataFrame, ax, notes: list) -> bool:
@@ -151,8 +172,10 @@ def _span(axis: dict) -> tuple[float, float]:
 def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
     """The sweep's phase diagram (see the module's doc); the figure carries `phase_points` (its points)."""
     axes = rec["axes"]
-    facet = _facets(runs, rec)
+    runs, facet = _facets(runs, rec)
     pts = points(runs, rec, facet)
+    if pts.empty:
+        raise ValueError(f"none of the runs loaded is one the sweep's {RECORD} names")
     groups = list(pts.groupby(facet, sort=True, dropna=False)) if facet else [((), pts)]
     n = len(groups)
     fig, axs = plt.subplots(1, n, figsize=(5.2 * n, 4.4), squeeze=False)
@@ -162,7 +185,8 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
     x = axes[0]
     for ax, (name, whole) in zip(axs[0], groups):
         g, empty = whole[whole["value"].notna()], whole[whole["value"].isna()]
-        label = ", ".join(f"{k}={v}" for k, v in zip(facet, name if isinstance(name, tuple) else (name,)))
+        label = ", ".join(str(v) if k == PANEL else f"{k}={v}"
+                          for k, v in zip(facet, name if isinstance(name, tuple) else (name,)))
         if len(axes) == 1:
             g = g.sort_values(x["key"])
             u = _coord(g[x["key"]], x)

@@ -143,6 +143,8 @@ def test_an_interrupted_sweep_resumed_ends_with_the_points_and_values_of_an_unin
      "error: invalid config: hydra.sweeper.metric='speed': must be success (the analysis's success rule) or a "
      "numeric summary field: test_acc,"),
     ([LR_AXIS], "error: invalid config: hydra.sweeper.n_points=None: give a budget of points"),
+    ([LR_AXIS, "hydra.sweeper.loss_goal=0.1"],  # alone it ran on for hundreds of rounds on a noisy metric
+     "error: invalid config: hydra.sweeper.n_points=None: give a budget of points a panel"),
     (["hydra.sweeper.n_points=8"], "error: invalid config: hydra.sweeper.params=None: no axis"),
     ([LR_AXIS, "hydra.sweeper.n_points=1"], "error: invalid config: hydra.sweeper.n_points=1: must be >= 2"),
     ([LR_AXIS, "hydra.sweeper.n_points=8", "hydra.sweeper.batch=0"],
@@ -530,3 +532,51 @@ def test_a_batch_above_the_budget_is_refused_at_once(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("error: invalid config: hydra.sweeper.batch=1000000: must be at most "
                                "hydra.sweeper.n_points=4"), r.stderr
+
+
+# ------------------------------------------------------------------ found by attacking the panels
+def test_a_config_group_crossed_is_drawn_one_panel_per_recorded_panel():
+    """optim=gd,adam crossed with an lr axis: two panels in the record, but the runs table's column is
+    optim.name, not optim, so the diagram dropped the facet and drew the mean of gd and adam at every point
+    (0.230 = (0.1016 + 0.3594) / 2). It draws each recorded panel from its own runs."""
+    import pandas as pd
+
+    from analysis.adaptive import adaptive_diagram
+
+    axes = [{"key": "optim.lr", "lo": 0.01, "hi": 0.3, "log": True}]
+    lrs, acc = [0.01, 0.3], {"gd": 0.1016, "adam": 0.3594}
+    entries, rows = [], []
+    for name in ("gd", "adam"):
+        for lr in lrs:
+            names = [str(len(rows) + s) for s in range(2)]
+            entries.append({"at": [lr], "panel": [f"optim={name}"], "value": acc[name], "runs": names})
+            rows += [{"optim.lr": lr, "optim.name": name, "seed": s, "status": "done", "test_acc": acc[name],
+                      "opt_acc": 0.5, "steps": 5, "run": r, "sweep": "s"} for s, r in enumerate(names)]
+    rec = {"axes": axes, "crossed": ["optim", "seed"], "metric": "test_acc", "level": 0.5, "tol": 0.02,
+           "points": entries}
+    fig = adaptive_diagram(pd.DataFrame(rows), rec, [])
+    assert [ax.get_title() for ax in fig.axes] == ["optim=adam: 2 points, 4 runs", "optim=gd: 2 points, 4 runs"]
+    assert sorted(fig.phase_points["value"]) == [0.1016, 0.1016, 0.3594, 0.3594]
+
+
+def test_panels_are_named_by_the_keys_that_vary_and_a_job_given_twice_counts_once():
+    """A panel was named by every fixed override of its jobs (data.n_train=64 … model.normalize=none); the
+    sweeper's jobs are deduplicated (seed=0,0,1 trained seed 0 twice and weighted it twice in the mean)."""
+    from rw_sweeps.sweeps.adaptive import panels
+
+    fixed = ["data.n_train=64", "optim.steps=5"]
+    crossed = [[*fixed, f"model.normalize={n}", f"seed={s}"] for n in ("none", "whole") for s in (0, 1)]
+    got = panels(crossed)
+    assert list(got) == [("model.normalize=none",), ("model.normalize=whole",)]
+    assert got[("model.normalize=none",)] == crossed[:2]
+    assert list(panels([[*fixed, "seed=0"], [*fixed, "seed=1"]])) == [()]
+
+
+@pytest.mark.e2e
+def test_a_crossed_value_given_twice_is_one_job(tmp_path):
+    sweep = tmp_path / "S"
+    r = launch("-m", *ADAPTIVE, "optim.steps=5", LR_AXIS, "model.normalize=none,none", "seed=0,0,1",
+               "hydra.sweeper.n_points=3", "hydra.sweeper.batch=3", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert "3 points in 1 round(s), 6 runs (6 trained, 0 found done)" in r.stdout, r.stdout
+    assert all(len(p["runs"]) == 2 and len(set(p["runs"])) == 2 for p in _record(sweep)["points"])

@@ -44,7 +44,7 @@ class AdaptiveSweeperConf:
     _target_: str = "hydra_plugins.rw_sweeps_plugins.adaptive.AdaptiveSweeper"
     metric: str = "success"  # what is learned: `success` (a point's success rate) or a numeric summary field
     n_points: Optional[int] = None  # the budget: points a panel (a point is one run per seed of its panel)
-    loss_goal: Optional[float] = None  # or/and stop once the learner's loss is at most this
+    loss_goal: Optional[float] = None  # and stop a panel before its budget once its learner's loss is at most this
     batch: Optional[int] = None  # points a round and panel (null: max_runs_per_job ÷ crossed jobs, else 16)
     level: float = 0.5  # the metric's level set that is the boundary (success: half a point's runs succeed)
     loss: str = "boundary"  # boundary: 2 axes resolve the level set first; default: python-adaptive's own loss
@@ -131,7 +131,8 @@ class AdaptiveSweeper(Sweeper):
         if OmegaConf.select(self.config, "hydra.launcher.detach", default=False):
             raise ConfigError("hydra.launcher.detach", True, "the adaptive sweeper asks each round's points from "
                               "the last round's values, so it waits for its jobs; drop detach")
-        crossed = [job for b in split_arguments(rest, None) for job in b]
+        # a value given twice (seed=0,0,1) is one job, as a grid trains a run it names twice once
+        crossed = [list(job) for job in dict.fromkeys(tuple(job) for b in split_arguments(rest, None) for job in b)]
         crossed_keys = sorted({o.key_or_group for o in rest if o.is_sweep_override()})
         return axes, crossed, crossed_keys
 

@@ -113,9 +113,10 @@ def check_keys(metric: Any, n_points: Any, loss_goal: Any, batch: Any, level: An
         refuse("loss_goal", loss_goal, "must be > 0 or null")
     if tol is not None and tol < 0:
         refuse("tol", tol, "must be >= 0")
-    if n_points is None and loss_goal is None:
-        refuse("n_points", None, "give a budget of points (hydra.sweeper.n_points=48), a loss goal "
-               "(hydra.sweeper.loss_goal=0.01), or both")
+    if n_points is None:  # a goal alone may never be met: a noisy metric, or a corner without a value (inf)
+        refuse("n_points", None, "give a budget of points a panel (hydra.sweeper.n_points=48), with or without "
+               "hydra.sweeper.loss_goal: a loss goal alone may never be reached (a noisy metric, or a corner "
+               "whose every run failed, keeps the learner's loss up)")
     if not axes:
         refuse("params", None, "no axis: give at least one key as interval(a,b) or tag(log,interval(a,b)), e.g. "
                "'init.sigma=tag(log,interval(1e-8,1e-1))'")
@@ -208,11 +209,17 @@ AVERAGED = "seed"  # the one crossed key averaged into a point's value; every ot
 
 
 def panels(crossed: list[list[str]]) -> dict[tuple, list[list[str]]]:
-    """The crossed jobs grouped by panel: their overrides but the seed's ({(): crossed} without other keys)."""
+    """The crossed jobs grouped by panel, a panel named by its overrides of the keys that vary between the jobs
+    but the seed (`("model.normalize=none",)`; `()` for every job when only seeds vary)."""
+    keyed = [[(o.partition("=")[0].lstrip("+~"), o) for o in job] for job in crossed]
+    seen: dict[str, set] = {}
+    for job in keyed:
+        for k, o in job:
+            seen.setdefault(k, set()).add(o)
+    varying = {k for k, values in seen.items() if len(values) > 1 and k != AVERAGED}
     out: dict[tuple, list[list[str]]] = {}
-    for job in crossed:
-        panel = tuple(o for o in job if o.partition("=")[0].lstrip("+~") != AVERAGED)
-        out.setdefault(panel, []).append(job)
+    for job, pairs in zip(crossed, keyed):
+        out.setdefault(tuple(o for k, o in pairs if k in varying), []).append(job)
     return out
 
 
@@ -307,7 +314,8 @@ def sweep(axes: list[Axis], crossed: list[list[str]], *, batch: int, n_points: O
         r = Round(number, asked, sum(len(js) for js in jobs), trained, worst)
         rounds.append(r)
         found = f" ({r.runs - r.trained} found done)" if r.trained < r.runs else ""
-        spread = f" in {len({panel for panel, _ in asked})} panels" if several else ""
+        spread = len({panel for panel, _ in asked})
+        spread = f" in {spread} panel{'s' if spread > 1 else ''}" if several else ""
         say(f"round {r.number}: {len(asked)} points{spread}, {r.runs} runs{found}; loss {r.loss:.4g}"
             + (" (the worst panel's)" if several else ""))
         if on_round is not None:

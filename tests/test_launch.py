@@ -178,6 +178,7 @@ def test_a_pseudo_terminal_without_a_size_gets_the_log_line_ticker(tmp_path):
     assert "training 1 run(s): step 0 → 5" in out.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, cause", [
     (["init=uniform"], "hydra.errors.MissingConfigException: In 'config': Could not find 'init/uniform'"),
     (["data.p=1.5"], None),

@@ -40,6 +40,7 @@ def dotted(d, prefix=""):
             yield ("init" if f"{prefix}{k}" == "init.name" else f"{prefix}{k}"), v
 
 
+@pytest.mark.e2e  # the module sweep `mixed` is a real launch
 def test_each_run_has_exactly_its_options_keys_as_the_folder_says(mixed):
     df = load_runs(mixed, progress=False)
     assert len(df) == 6 and set(df["model.name"]) == {"transformer", "transformer_ffn", "gpt"}
@@ -58,6 +59,7 @@ def test_each_run_has_exactly_its_options_keys_as_the_folder_says(mixed):
     assert df.loc[df["model.name"] != "transformer_ffn", "model.ffn"].isna().all()
 
 
+@pytest.mark.e2e  # the module sweep `mixed` is a real launch
 def test_integers_stay_integers_beside_runs_that_lack_the_key(mixed):
     df = load_runs(mixed, progress=False)
     gpt = df[df["model.name"] == "gpt"]
@@ -75,6 +77,7 @@ def test_integers_stay_integers_beside_runs_that_lack_the_key(mixed):
     pd.testing.assert_frame_equal(warm, df)
 
 
+@pytest.mark.e2e  # the module sweep `mixed` is a real launch
 def test_a_summarys_copies_of_config_keys_are_not_second_columns(mixed):
     df = load_runs(mixed, progress=False)
     column = {k: d.replace("init.name", "init") for k, d in ECHOES.items()}   # seed and init are their own name
@@ -90,6 +93,7 @@ def test_a_summarys_copies_of_config_keys_are_not_second_columns(mixed):
                 assert (pd.isna(row[k]) if v is None else row[k] == v), k
 
 
+@pytest.mark.e2e  # the module sweep `mixed` is a real launch
 def test_the_config_table_names_each_keys_options_and_marks_only_swept_keys_swept(mixed, tmp_path):
     table = sweep_config(load_runs(mixed, progress=False)).set_index("key")
     assert table.loc["optim.beta1"].to_dict() == {"value": "0.9", "of": "optim=adam", "role": ""}

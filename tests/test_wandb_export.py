@@ -473,6 +473,7 @@ def test_a_runs_table_row_is_the_runs_config_yaml_but_for_a_matrix(tmp_path):
     assert wandb_io.CELL_CAP < K * K
 
 
+@pytest.mark.e2e
 def test_sync_hands_a_sweep_whose_name_starts_with_a_dash_to_wandb_as_a_path(tmp_path):
     """A folder named `-x` (given after `--`, as for any command) is a path to `wandb sync`, never an
     option: wandb's own dry run lists its offline run."""

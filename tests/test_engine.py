@@ -184,3 +184,32 @@ def test_snapshots_keep_the_part_of_W_the_model_sees(tmp_path):
     assert torch.allclose(torch.tensor(snaps[5]["a"], dtype=torch.float64), u[:c.data.K], atol=1e-10)
     assert torch.allclose(torch.tensor(snaps[5]["c"], dtype=torch.float64), P @ u[c.data.K:], atol=1e-8)
     assert sorted(snaps) == [0, 5, 50]
+
+
+@pytest.mark.parametrize("init", [[], ["init.name=gaussian", "init.sigma=0.1"]])
+def test_the_oracle_cli_is_the_one_run_baseline_for_every_init(init, tmp_path, capsys):
+    """`python -m rw_sweeps.core.oracle key=value …` (the benchmarks' one-run-per-process baseline) trains the
+    run the engine trains: the same test accuracy, from zero init and from the dense Gaussian draw it asks for
+    (it had set init.draw for every init, and zero init has no such key: every baseline run failed)."""
+    import json
+
+    from rw_sweeps.core import oracle, trainer
+    from rw_sweeps.core.config import from_dict
+
+    argv = ["data.K=3", "data.N=7", "model.M=12", "data.n_train=16", "data.n_test=16", "optim.steps=3",
+            "precision=float64", *init]
+    oracle.main(argv)
+    said = json.loads(capsys.readouterr().out.splitlines()[0])
+    dotted = dict(a.split("=") for a in argv)
+    d: dict = {}
+    for k, v in dotted.items():
+        node = d
+        *path, last = k.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = v if not v.replace(".", "").isdigit() else (float(v) if "." in v else int(v))
+    if init:
+        d["init"]["draw"] = "dense"
+    cfg = from_dict(d)
+    rec = trainer.of(cfg).train([cfg], [tmp_path / "run"], progress=False)[0]
+    assert said["test_acc"] == pytest.approx(rec.history[-1]["test_acc"], abs=1e-12)

@@ -5,6 +5,7 @@ benchmarks. It is deliberately naive: memory is O(n·(K+M)·N) per run (≈0.8 G
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import time
@@ -14,7 +15,7 @@ from omegaconf import OmegaConf
 
 from . import data as data_mod
 from . import model
-from .config import RunConfig, from_dict
+from .config import RunConfig, from_dict, option_class
 from .models import NORMALIZE_ALIASES
 
 
@@ -106,10 +107,13 @@ def initial(cfg: RunConfig, dtype) -> dict:
 
 def main(argv: list[str]) -> None:
     """`python -m rw_sweeps.core.oracle key=value …`: one dense run, as a one-run-per-process baseline (with the
-    literal dense Gaussian draw, init.draw=dense, unless the arguments say otherwise)."""
-
-    cfg = from_dict(OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(RunConfig()),
-                                                           OmegaConf.from_dotlist(["init.draw=dense", *argv]))))
+    literal dense Gaussian draw, init.draw=dense, for an init that has the key, unless the arguments say
+    otherwise). Every key the arguments leave out reads at its schema default (`from_dict`)."""
+    d = OmegaConf.to_container(OmegaConf.from_dotlist(argv))
+    init = d.setdefault("init", {})
+    if "draw" in {f.name for f in dataclasses.fields(option_class("init", init, "init"))}:
+        init.setdefault("draw", "dense")  # only the Gaussian init draws; zero init has no such key
+    cfg = from_dict(d)
     t0 = time.perf_counter()
     *_, (_, _, _, theta) = train(cfg, trajectory=False)
     _, test_set = data_mod.make(cfg.data, cfg.seed)

@@ -117,19 +117,8 @@ def _module_of(p: dict, r: int, cfg, dtype) -> Makkuva:
     """Run r's initial parameters (the packed path's own draw) in the torch.nn model: the same runs."""
     m, K, N = cfg.model, cfg.data.K, cfg.data.N
     ref = Makkuva(K, N - 1, m.d_model, m.n_head, m.n_layer, m.mlp).to(dtype)
-    with torch.no_grad():
-        ref.wte.weight.copy_(p["wte"][r])
-        ref.wpe.weight.copy_(p["wpe"][r])
-        for l, blk in enumerate(ref.blocks):
-            h = f"h{l}."
-            blk.ln_1.weight.copy_(p[h + "ln1.w"][r])
-            blk.ln_2.weight.copy_(p[h + "ln2.w"][r])
-            blk.c_attn.weight.copy_(torch.cat([p[h + x][r].T for x in "qkv"]))  # x·M against nn.Linear's x·Wᵀ
-            blk.c_proj.weight.copy_(p[h + "o"][r].T)
-            blk.c_fc.weight.copy_(p[h + "fc"][r].T)
-            blk.mlp_proj.weight.copy_(p[h + "proj"][r].T)
-        ref.ln_f.weight.copy_(p["lnf.w"][r])
-        ref.lm_head.bias.copy_(p["lm_head.b"][r])
+    missing, unexpected = ref.load_state_dict(gpt_model.nanogpt_state(p, r, m.n_layer), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # the head is wte, tied
     return ref
 
 

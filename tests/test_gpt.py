@@ -84,19 +84,9 @@ class NanoGPT(nn.Module):
 
 
 def _load(ref: NanoGPT, p: dict, r: int, L: int) -> None:
-    """Run r's batched parameters into the nn.Module (x·M against nn.Linear's x·Wᵀ)."""
-    with torch.no_grad():
-        ref.wte.weight.copy_(p["wte"][r])
-        ref.wpe.weight.copy_(p["wpe"][r])
-        for l, blk in enumerate(ref.blocks):
-            h = f"h{l}."
-            blk.ln_1.weight.copy_(p[h + "ln1.w"][r])
-            blk.ln_2.weight.copy_(p[h + "ln2.w"][r])
-            blk.c_attn.weight.copy_(torch.cat([p[h + m][r].T for m in "qkv"]))
-            blk.c_proj.weight.copy_(p[h + "o"][r].T)
-            blk.c_fc.weight.copy_(p[h + "fc"][r].T)
-            blk.mlp_proj.weight.copy_(p[h + "proj"][r].T)
-        ref.ln_f.weight.copy_(p["lnf.w"][r])
+    """Run r's batched parameters into the nn.Module (gpt_model.nanogpt_state: x·M against nn.Linear's x·Wᵀ)."""
+    _, unexpected = ref.load_state_dict(gpt_model.nanogpt_state(p, r, L), strict=False)
+    assert not unexpected, unexpected
 
 
 GPT = ["model=gpt", "model.n_layer=2", "model.n_head=2", "model.d_model=8", "data=binary_chain", "data.p=0.3",

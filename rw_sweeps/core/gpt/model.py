@@ -100,6 +100,26 @@ def init_params(cfgs: list, K: int, N: int, dtype) -> dict:
     return {k: v.to(dtype) for k, v in out.items()}
 
 
+def nanogpt_state(params: dict, r: int, n_layer: int) -> dict:
+    """Run r's learned-embedding parameters under a plain torch.nn nanoGPT's names (`wte`, `wpe`,
+    `blocks.<l>.{ln_1, c_attn, c_proj, ln_2, c_fc, mlp_proj}`, `ln_f`, `lm_head`) and layout (nn.Linear holds
+    Wᵀ of our x·M; c_attn stacks q, k, v), for `load_state_dict` into such a model: the tests' references and the
+    benchmarks' baselines start from the packed runs' own draw. Keys this run lacks (biases, an untied head) are
+    left out."""
+    out = {"wte.weight": params["wte"][r], "wpe.weight": params["wpe"][r], "ln_f.weight": params["lnf.w"][r]}
+    for l in range(n_layer):
+        h, b = f"h{l}.", f"blocks.{l}."
+        out |= {b + "ln_1.weight": params[h + "ln1.w"][r], b + "ln_2.weight": params[h + "ln2.w"][r],
+                b + "c_attn.weight": torch.cat([params[h + m][r].T for m in "qkv"]),
+                b + "c_proj.weight": params[h + "o"][r].T, b + "c_fc.weight": params[h + "fc"][r].T,
+                b + "mlp_proj.weight": params[h + "proj"][r].T}
+    if "lm_head" in params:
+        out["lm_head.weight"] = params["lm_head"][r]
+    if "lm_head.b" in params:
+        out["lm_head.bias"] = params["lm_head.b"][r]
+    return out
+
+
 def _exact_basis(cfg: GptConfig, K: int, N: int) -> torch.Tensor:
     """Q = diag(I_K, B), B orthogonal with B p_i = ‖p‖·e_i for the sine p_1 … p_N (to rounding): Q x̃_i is
     x̃_i in the basis of `positions`, and W ↦ Q W Qᵀ keeps every logit x̃_jᵀ W x̃_i."""

@@ -7,8 +7,8 @@ readout bias and AdamW groups, warm-up and cosine, fresh binary-chain batches of
 sequence length and the step count shrunk (--N, --steps) so that every way fits in minutes. The 256 runs are
 16 (p, q) cells × 16 seeds. One process per run is `python launch.py model=gpt …` as a user (or a peer's
 script) runs it, timed for --processes runs; the loop trains --loop runs one at a time through the same
-trainer; both are scaled to 256 runs by their median per-run time (float64, the project's default). The
-ensemble is a plain torch.nn model trained on the packed path's own initial parameters and batches, in both
+trainer; both are scaled to 256 runs by their median per-run time, in model=gpt's default precision (float32,
+`precision=auto`) as the packed path they are compared with. The ensemble is a plain torch.nn model trained on the packed path's own initial parameters and batches, in both
 precisions, alternating with the packed path (medians of 2); its last training losses are checked against the
 packed path's, so both trained the same runs. The last line is the ratios; on a GPU it also prints runs per
 second.
@@ -187,11 +187,12 @@ def main() -> None:
     assert len(cfgs["float64"]) == R
     print(f"{R} runs: Makkuva's model (d_model 8, 1 layer, tied, readout bias), N={args.N}, {args.steps} AdamW "
           f"steps, online batches of 16, on {args.device}", flush=True)
-    t_proc = processes(args, cfgs["float64"][: args.processes])
-    print(f"one process per run (float64): {', '.join(f'{t:.2f}' for t in t_proc)} s per run (median "
+    own = grid(args, "auto")[0].precision  # model=gpt's own, what a user's command trains in
+    t_proc = processes(args, cfgs[own][: args.processes])
+    print(f"one process per run ({own}): {', '.join(f'{t:.2f}' for t in t_proc)} s per run (median "
           f"{statistics.median(t_proc):.2f} s) → {R} runs ≈ {R * statistics.median(t_proc):.1f} s", flush=True)
-    t_loop = loop(cfgs["float64"][: args.loop])
-    print(f"loop in one process (float64): median {statistics.median(t_loop):.3f} s per run over {args.loop} → "
+    t_loop = loop(cfgs[own][: args.loop])
+    print(f"loop in one process ({own}): median {statistics.median(t_loop):.3f} s per run over {args.loop} → "
           f"{R} runs ≈ {R * statistics.median(t_loop):.1f} s", flush=True)
     ratio = {}
     for pr in ("float64", "float32"):
@@ -207,12 +208,12 @@ def main() -> None:
         ratio[pr] = te / tp
         print(f"{pr}: packed {tp:.2f} s, vmap ensemble {te:.2f} s for {R} runs (the same runs: last losses agree "
               f"to {worst:.0e})", flush=True)
-        if pr == "float64":
-            t_pack64 = tp
+        if pr == own:
+            t_own = tp
         if args.device.startswith("cuda"):
             print(f"runs per second (packed, {pr}): {R / tp:.1f}")
-    print(f"packed vs one process per run: {R * statistics.median(t_proc) / t_pack64:.1f}x; packed vs loop: "
-          f"{R * statistics.median(t_loop) / t_pack64:.1f}x (float64); packed vs the vmap ensemble: "
+    print(f"packed vs one process per run: {R * statistics.median(t_proc) / t_own:.1f}x; packed vs loop: "
+          f"{R * statistics.median(t_loop) / t_own:.1f}x ({own}); packed vs the vmap ensemble: "
           f"{ratio['float64']:.2f}x float64, {ratio['float32']:.2f}x float32")
 
 

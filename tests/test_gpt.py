@@ -65,6 +65,7 @@ class NanoBlock(nn.Module):
         q, k, v = (z.view(B, T, self.H, D // self.H).transpose(1, 2) for z in (q, k, v))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(D // self.H)
         att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        self.att = att.detach()  # (B, H, T, T): the map the attention readings are defined on
         x = x + self.c_proj((att @ v).transpose(1, 2).reshape(B, T, D))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
 
@@ -92,7 +93,8 @@ def _load(ref: NanoGPT, p: dict, r: int, L: int) -> None:
 GPT = ["model=gpt", "model.n_layer=2", "model.n_head=2", "model.d_model=8", "data=binary_chain", "data.p=0.3",
        "data.q=0.6", "data.N=12", "data.target=all", "data.online=true", "data.batch=8", "data.n_test=16",
        "optim=adamw", "optim.lr=0.01", "optim.steps=12", "optim.schedule=cosine", "optim.warmup=0.25",
-       "optim.clip=0.5", "optim.beta2=0.95", "optim.weight_decay=0.1", "init=gpt2"]
+       "optim.clip=0.5", "optim.beta2=0.95", "optim.weight_decay=0.1", "init=gpt2",
+       "precision=float64"]  # model=gpt's own is float32; the exactness checks need float64
 
 
 def test_batched_gpt_equals_a_plain_torch_nn_nanogpt_trained_by_torch_optim():
@@ -127,6 +129,49 @@ def test_batched_gpt_equals_a_plain_torch_nn_nanogpt_trained_by_torch_optim():
         assert len(ours) == len(losses) == 12
         assert max(_rel(a, b) for a, b in zip(ours, losses)) < 1e-10
         assert losses[-1] != losses[0]
+
+
+@pytest.mark.parametrize("target", ["all", "last"])
+def test_the_attention_readings_equal_their_definitions_on_a_plain_nanogpt_s_whole_maps(target, monkeypatch):
+    """An evaluation reads each block's attention a few query rows at a time (`gpt.rows`, here one row a
+    block); its readings equal their definitions on the whole maps of a plain torch.nn nanoGPT with the runs'
+    parameters, to 1e-12: the weight on the parents of what each position read predicts (mean over test
+    sequences and positions), the induction score (the weight from position i to the one after x_i's previous
+    occurrence, mean over the positions that have one), the last row's spread, and the snapshot's last row."""
+    from rw_sweeps.core.gpt import rows
+    monkeypatch.setattr(rows, "BLOCK", 1)
+    L, H = 2, 2
+    cfgs = [composed(*GPT, f"data.target={target}", "init=gaussian", "init.sigma=0.6", f"seed={s}") for s in (0, 1, 2)]
+    c0 = cfgs[0]
+    _, test = gpt_training._sets(cfgs, torch.float64, "cpu")
+    params = gpt_model.init_params(cfgs, 2, c0.data.N, torch.float64)
+    eps = torch.zeros(3, dtype=torch.float64)
+    row, snap = gpt_training.evaluate(params, test, c0, eps, snapshot=True)
+    T = test.x.shape[-1]
+    for r, cfg in enumerate(cfgs):
+        ref = NanoGPT(2, T, 8, H, L, 4, False).double()
+        _load(ref, params, r, L)
+        x = test.x[r]
+        with torch.no_grad():
+            ref(x)
+        of = cfg.data.parents_of(cfg.seed)
+        read = range(T) if target == "all" else [T - 1]
+        spread = 0.0
+        for l, blk in enumerate(ref.blocks):
+            S = blk.att  # (n, H, T, T)
+            for h in range(H):
+                parent = np.mean([sum(S[n, h, i, j - 1].item() for j in of[i + 1]) if i + 2 <= len(of) else 0.0
+                                  for n in range(len(x)) for i in read])
+                assert abs(row["attn_parent"][r, l, h].item() - parent) < 1e-12
+                queries = read if l == L - 1 else range(T)  # the last block computes only the positions read
+                anchors = [(n, i, max(j for j in range(i) if x[n, j] == x[n, i]))
+                           for n in range(len(x)) for i in queries if (x[n, :i] == x[n, i]).any()]
+                induction = np.mean([S[n, h, i, j + 1].item() for n, i, j in anchors])
+                assert abs(row["induction"][r, l, h].item() - induction) < 1e-12
+                spread = max(spread, (S[:, h, -1].amax(-1) - S[:, h, -1].amin(-1)).max().item())
+            assert torch.allclose(snap["attention"][l][r], S[:, :, -1].mean(0), rtol=0, atol=1e-12)
+        assert abs(row["attention_spread"][r].item() - spread) < 1e-12 and spread > 0.05  # not the uniform map
+        assert abs(row["parent_attention"][r].item() - row["attn_parent"][r, 0].mean().item()) < 1e-15
 
 
 def test_a_gaussian_init_gpt_trains_without_eq21_s_normalisation():

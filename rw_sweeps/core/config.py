@@ -81,7 +81,9 @@ def _default_data() -> DataConfig:
 @dataclass
 class RunConfig:
     seed: int = 0  # seeds the data (train then test) and, on its own stream, the initial parameters
-    precision: str = "float64"  # float64 | float32
+    # auto: the model's own (`PRECISION`: float64 for eq. 2.1's models, float32 for model=gpt), recorded as
+    # resolved | float64 | float32
+    precision: str = "auto"
     device: str = "auto"  # auto (cuda when visible, else cpu) | cpu | cuda | cuda:N
     eval_every: int = 1  # test-set metrics every this many steps (and at step 0 and the last step)
     snapshot_steps: List[int] = field(default_factory=lambda: list(DEFAULT_SNAPSHOTS))  # V, attention saved
@@ -102,6 +104,8 @@ class RunConfig:
         # that the run's config, its shape and its summary all say what was trained (a copy: a model config
         # passed in by the caller is never changed)
         self.model = self.model.resolved(self.init)
+        if self.precision == "auto":  # the model's own, resolved once like model.normalize: what was trained
+            self.precision = type(self.model).PRECISION
 
     def to_dict(self) -> dict:
         """The config as plain data (what config.yaml holds): `dataclasses.asdict`'s result, ~5× faster."""
@@ -311,7 +315,7 @@ def validate(c: RunConfig) -> RunConfig:
         check_rules(getattr(c, group), group + ".")
     check_rules(c.wandb, "wandb.")
     _check_seed(c.seed)
-    choice("precision", c.precision, ("float64", "float32"))
+    choice("precision", c.precision, ("auto", "float64", "float32"))
     if not (c.device in ("auto", "cpu", "cuda") or (c.device.startswith("cuda:") and c.device[5:].isascii() and c.device[5:].isdigit())):
         raise ConfigError("device", c.device, "must be auto, cpu, cuda or cuda:N")
     choice("wandb.mode", c.wandb.mode, ("offline", "online", "disabled"))

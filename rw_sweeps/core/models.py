@@ -41,6 +41,9 @@ class ModelBase:
     # this model, or None where it does
     ESCAPE_THEORY: ClassVar[Optional[str]] = "the escape theory linearises eq. 2.1's GD step (model=transformer)"
     KERNEL: ClassVar[bool] = False  # does the compiled kernel (`rw_sweeps.core.fused`) train it?
+    # what `precision=auto` (the default) trains it in: float64 for eq. 2.1, whose exactness (Theorem 4.1's
+    # symmetric point, the tests' 1e-8 agreement with literal autograd) the paper's claims rest on
+    PRECISION: ClassVar[str] = "float64"
 
     def resolved(self, init: "InitConfig") -> "ModelBase":
         """The model with what depends on the init resolved (model.normalize=auto); a copy where it changes."""

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import init_generator
+from .rows import Rows
 from .schema import GptConfig
 
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default
@@ -197,9 +198,10 @@ def _causal(logits: torch.Tensor, start: int) -> torch.Tensor:
 
 
 def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, start: int, maps: bool = True):
-    """One block's attention for the queries start … T − 1 over every key: (output to add to the stream,
-    S (R, B, H, Tq, T)). Without `maps`, the query/key/value attention runs in torch's fused
-    scaled_dot_product_attention (the same softmax, to rounding, ~4× faster with its backward) and S is None."""
+    """One block's attention for the queries start … T − 1 over every key: (output to add to the stream, its
+    weights S as `Rows`, or None without `maps`). The query/key/value attention runs in torch's fused
+    scaled_dot_product_attention (the same softmax, to rounding, ~4× faster with its backward, and no T×T map
+    held), its `Rows` computed from the queries and keys when read; the merged attention computes S whole."""
     h = f"h{l}."
     R, B, T, D = a.shape
     Hn = cfg.n_head
@@ -209,24 +211,25 @@ def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, sta
         S = _causal(torch.einsum("rbjd,rbhid->rbhij", an, u), start)
         value = torch.einsum("rbjk,rhlk->rbhjl", a[..., :K], params[h + "V"])  # V x_j on the token part
         out = torch.einsum("rbhij,rbhjl->rbil", S, value)
-        return F.pad(out, (0, D - K)), S
+        return F.pad(out, (0, D - K)), Rows(start, S=S) if maps else None
     dh = D // Hn
     q = _linear(a[:, :, start:], params, h + "q").view(R, B, T - start, Hn, dh)
     k = _linear(a, params, h + "k").view(R, B, T, Hn, dh)
     v = _linear(a, params, h + "v").view(R, B, T, Hn, dh)
-    if not maps and start in (0, T - 1):  # causal from the first query, or the last query over every key
+    rows = Rows(start, q=q, k=k) if maps else None
+    if start in (0, T - 1):  # causal from the first query, or the last query over every key
         heads = lambda z: z.transpose(2, 3).reshape(R * B, Hn, z.shape[2], dh)  # noqa: E731 - (R·B, H, T, dh), contiguous
         y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=start == 0 and T > 1)
-        return _linear(y.view(R, B, Hn, T - start, dh).transpose(2, 3).reshape(R, B, T - start, D), params, h + "o"), None
+        return _linear(y.view(R, B, Hn, T - start, dh).transpose(2, 3).reshape(R, B, T - start, D), params, h + "o"), rows
     S = _causal(torch.einsum("rbihd,rbjhd->rbhij", q, k) / math.sqrt(dh), start)
     y = torch.einsum("rbhij,rbjhd->rbihd", S, v).reshape(R, B, T - start, D)
-    return _linear(y, params, h + "o"), S
+    return _linear(y, params, h + "o"), rows
 
 
 def forward(params: dict, tokens: torch.Tensor, cfg: GptConfig, K: int, read: str,
             attention_maps: bool = False):
     """The model's output at the positions read (`read`: last → (R, B, 1, K), all → (R, B, T, K)): logits
-    (readout=softmax) or f (readout=linear); and, with `attention_maps`, every block's S. The last block
+    (readout=softmax) or f (readout=linear); and, with `attention_maps`, every block's S (`Rows`). The last block
     computes only the positions read (its other positions reach no output)."""
     x = embed(params, tokens, cfg, K)
     T = x.shape[2]

@@ -77,7 +77,12 @@ class TestSet(Batch):
         as_t = lambda xs: torch.from_numpy(np.stack(xs)).to(device, dtype)  # noqa: E731
         self.P_true, self.unigram, self.bigram, self.baseline = as_t(law), as_t(uni), as_t(bi), as_t(base)
         self.parent_mask = _parent_mask(cfgs, self.x.shape[-1], dtype, device)
+        # the same, as indices: (R, T, P) the parents' key positions of each row and 1 (0: padding)
+        self.parent_index, self.parent_weight = _as_indices(self.parent_mask)
         self.prev = _previous(self.x if cfgs[0].model.query == "none" else self.x[..., :-1])
+        # (R, n, T): the key an induction head at position i attends to, prev(i) + 1, or −1 (none; the blank query)
+        anchor = torch.where(self.prev >= 0, self.prev + 1, -1)
+        self.anchor = torch.nn.functional.pad(anchor, (0, self.x.shape[-1] - anchor.shape[-1]), value=-1)
 
 
 def _parent_mask(cfgs: list[RunConfig], T: int, dtype, device) -> torch.Tensor:
@@ -100,6 +105,13 @@ def _parent_mask(cfgs: list[RunConfig], T: int, dtype, device) -> torch.Tensor:
             blocks[key] = torch.from_numpy(m)
         out.append(blocks[key])
     return torch.stack(out).to(device, dtype)
+
+
+def _as_indices(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (R, T, T) 0/1 mask as (R, T, P) column indices and weights (1, or 0 where a row has fewer than P)."""
+    P = max(1, int(mask.sum(-1).amax()))
+    weight, index = mask.topk(P, dim=-1)  # the 1s first
+    return torch.where(weight > 0, index, 0), weight
 
 
 def _previous(x: torch.Tensor) -> torch.Tensor:
@@ -171,39 +183,50 @@ def evaluate(params: dict, test: TestSet, cfg: RunConfig, eps: torch.Tensor, sna
            "kl_unigram": _kl(test.unigram, q), "kl_bigram": _kl(test.bigram, q)}
     parent, induction = [], []
     T = test.x.shape[-1]
-    read_rows = T - 1 if cfg.data.target == "last" else None  # query indices of the positions read
     tokens_T = test.prev.shape[-1]
-    for S in maps:  # (R, n, H, Tq, T): queries T − Tq … T − 1
-        Tq = S.shape[-2]
-        rows = S[..., -1:, :] if read_rows is not None else S
-        first = T - rows.shape[-2]
-        parent.append((rows * test.parent_mask[:, None, None, first:]).sum(-1).mean((1, 3)))  # (R, H)
-        # induction: from a token position i to the position after x_i's previous occurrence
-        qs = torch.arange(T - Tq, T, device=S.device)
-        tok = qs < tokens_T
-        if bool(tok.any()):
-            prev = test.prev[..., qs[tok]]  # (R, n, Tq')
-            has = prev >= 0
-            w = S[..., tok, :].gather(-1, (prev + 1).clamp_min(0)[:, :, None, :, None].expand(
-                -1, -1, S.shape[2], -1, 1))[..., 0]  # (R, n, H, Tq')
-            hm = has[:, :, None, :].to(S.dtype)
-            induction.append((w * hm).sum((1, 3)) / hm.sum((1, 3)).clamp_min(1))
-        else:
-            induction.append(torch.full(parent[-1].shape, float("nan"), dtype=S.dtype, device=S.device))
+    for rows in maps:  # each block's S as `Rows`: queries T − Tq … T − 1, read a block of rows at a time
+        p, i = _parent_and_induction(rows, test, T, tokens_T, cfg.data.target == "last")
+        parent.append(p)
+        induction.append(i)
     # the attention's departure from uniform at the last position read, largest over layers, heads and
     # test sequences (what BREAK_SPREAD judges: Theorem 4.1's symmetric point has spread 0)
     # over the token keys (the blank query's own column is not a token: model=transformer's spread likewise)
-    keys = slice(0, tokens_T)
-    row["attention_spread"] = torch.stack([(S[..., -1, keys].amax(-1) - S[..., -1, keys].amin(-1)).amax(2).amax(1)
-                                           for S in maps]).amax(0)
+    last = [rows.last() for rows in maps]  # (R, n, H, T) each
+    row["attention_spread"] = torch.stack([(S[..., :tokens_T].amax(-1) - S[..., :tokens_T].amin(-1)).amax(2).amax(1)
+                                           for S in last]).amax(0)
     row["parent_attention"] = parent[0].mean(1)
     row["attn_parent"] = torch.stack(parent, 1)
     row["induction"] = torch.stack(induction, 1)
     snap = None
     if snapshot:
-        snap = {"attention": [S[..., -1, :].mean(1) for S in maps],
-                "maps": [S.mean(1) for S in maps] if T <= SNAPSHOT_MAP_MAX_T else None}
+        snap = {"attention": [S.mean(1) for S in last],
+                "maps": [rows.whole().mean(1) for rows in maps] if T <= SNAPSHOT_MAP_MAX_T else None}
     return row, snap
+
+
+def _parent_and_induction(rows, test: TestSet, T: int, tokens_T: int, last_only: bool):
+    """One block's (R, H) parent attention (mean over test sequences and the positions read of the weight on
+    the parents of what each predicts) and induction score (mean weight from a token position i to the
+    position after x_i's previous occurrence, over the positions that have one; NaN where none has)."""
+    first = T - rows.Tq  # the first query's position
+    parent = induction = count = None
+    for i0, S in rows.blocks():  # (R, n, H, b, k): read by index, no product with the whole block
+        R, n, H, b, _ = S.shape
+        qs = slice(first + i0, first + i0 + b)
+        if not last_only:
+            idx = test.parent_index[:, None, None, qs].expand(R, n, H, b, -1)
+            part = (S.gather(-1, idx) * test.parent_weight[:, None, None, qs]).sum((-1, 3))
+            parent = part if parent is None else parent + part
+        a = test.anchor[:, :, qs]  # (R, n, b)
+        w = S.gather(-1, a.clamp_min(0)[:, :, None, :, None].expand(R, n, H, b, 1))[..., 0]  # (R, n, H, b)
+        hm = (a >= 0)[:, :, None, :].to(S.dtype)
+        w, c = (w * hm).sum((1, 3)), hm.sum((1, 3))
+        induction, count = (w, c) if induction is None else (induction + w, count + c)
+    if last_only:
+        parent = (rows.last() * test.parent_mask[:, None, None, T - 1]).sum(-1).mean(1)
+    else:
+        parent = parent.mean(1) / rows.Tq
+    return parent, torch.where(count > 0, induction / count.clamp_min(1), float("nan"))
 
 
 def _finite_grads(loss: torch.Tensor, grads: dict) -> torch.Tensor:

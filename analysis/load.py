@@ -88,13 +88,17 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
     return df
 
 
-class Shared(tuple):
-    """A read-only value of `DataFrame.attrs`. pandas deep-copies `attrs` into the result of every operation
-    (`NDFrame.__finalize__`); a list of every config key and skipped folder copied that way cost the
-    report ~20 % of its time. Read-only, it is shared instead."""
+class Shared(list):
+    """A list in `DataFrame.attrs` that pandas shares instead of deep-copying: pandas deep-copies `attrs` into the
+    result of every operation (`NDFrame.__finalize__`), and the list of every config key and skipped folder
+    copied that way cost the report ~20 % of its time. It equals, compares and reads as the list it is; it is
+    shared by the frames derived from one load (change a copy, not it), and pickles as a plain list."""
 
     def __deepcopy__(self, memo) -> "Shared":
         return self
+
+    def __reduce__(self):
+        return list, (list(self),)
 
 
 def config_keys(df: pd.DataFrame) -> list[str]:

@@ -98,7 +98,7 @@ def swept_keys(df: pd.DataFrame, sigma_axis: bool = True) -> list[str]:
         return rows | zero_init(df) if k == "init.sigma" and sigma_axis else rows
 
     varying = [k for k in config_keys(df) if k != "seed" and not k.startswith("wandb.")
-               and axis_values(df[own(k)], k).nunique(dropna=False) > 1]
+               and axis_values(df, k)[own(k)].nunique(dropna=False) > 1]  # per row: the column, not df, masked
     varying.sort(key=lambda k: (PREFERRED.index(k) if k in PREFERRED else len(PREFERRED), k))
     values = {k: axis_values(df, k) for k in varying}
     chosen = []

@@ -56,6 +56,23 @@ def status_cmd(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=timeout)
 
 
+def status_here(*args: str) -> subprocess.CompletedProcess:
+    """`rw_sweeps.sweeps.status` as `status_cmd` runs it, in this process: for refusals, whose exit code and
+    lines are all there is to see (a test that must survive a hang marks itself with a pytest timeout)."""
+    import contextlib
+    import io
+
+    from rw_sweeps.sweeps import status
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = status.main(list(args))
+        except SystemExit as e:  # argparse's refusals
+            code = e.code
+    return subprocess.CompletedProcess(["rw-status", *args], code, out.getvalue(), err.getvalue())
+
+
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.05):
     """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
     import time

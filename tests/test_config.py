@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rw_sweeps.core import config
-from rw_sweeps.core.config import ConfigError, RunConfig, from_dict
+from rw_sweeps.core.config import ConfigError, RunConfig, from_dict, stored
 
 from .conftest import ROOT, launch
 
@@ -353,3 +353,23 @@ def test_help_lists_every_key_a_user_can_set_and_no_option_name():
              if f.name != "name"}
     assert "wandb.name" in want
     assert listed == want, (want - listed, listed - want)
+
+
+def test_precision_auto_is_each_models_own_and_recorded_resolved():
+    """precision=auto (the default) is the model's PRECISION: float32 for model=gpt (peers' practice), float64 for
+    eq. 2.1's models; the config says what was trained; an explicit value wins; a bad one is one line."""
+    assert {m: composed(f"model={m}").precision for m in ("transformer", "gpt", "gpt_eq21")} == \
+        {"transformer": "float64", "gpt": "float32", "gpt_eq21": "float64"}
+    assert composed("model=gpt", "precision=float64").precision == "float64"
+    assert composed("model=gpt").to_dict()["precision"] == "float32"
+    with pytest.raises(ConfigError, match=r"precision='float16': must be one of auto, float64, float32"):
+        composed("precision=float16")
+
+
+def test_a_stored_config_without_precision_reads_as_float64_what_every_version_before_auto_trained():
+    """A config.yaml (or a dict) that lacks `precision` predates `auto`: float64, for model=gpt too; one that
+    records it keeps it."""
+    gpt = composed("model=gpt").to_dict()
+    bare = {k: v for k, v in gpt.items() if k != "precision"}
+    assert stored(bare).precision == "float64" and from_dict(bare).precision == "float64"
+    assert stored({**bare, "precision": "float32"}).precision == "float32"

@@ -20,7 +20,7 @@ import pytest
 
 from rw_sweeps.sweeps import lock, status
 
-from .conftest import ROOT, start_launch, status_cmd, steps_lasting, wait_for_training, wait_until
+from .conftest import ROOT, start_launch, status_cmd, status_here, steps_lasting, wait_for_training, wait_until
 
 GOOD = {"version": 1, "sweep": "S", "backend": "local", "detached": False, "submitted": 1.7e9, "runs": ["0"],
         "skipped": [], "stale": {}, "jobs": {"local": ["0"]}, "arrays": []}
@@ -89,11 +89,12 @@ def record_without(key: str) -> dict:
     ({**GOOD, "start": -1}, "start must be a start time in clock ticks, or null (it is an integer)"),
     *[(record_without(k), f".rw_sweep.json has no {k!r}") for k in GOOD],
 ])
-@pytest.mark.e2e
+@pytest.mark.timeout(60)  # a FIFO read would block: the timeout fails the test
 def test_a_record_that_breaks_the_contract_is_refused_in_one_line(tmp_path, content, why):
+    """In this process: a refusal is its exit code and its one line (`status_here`)."""
     sweep = sweep_with(tmp_path, status.STATE, content)
     for args in ([], ["--wait", "--interval", "0.1"]):
-        r = status_cmd(str(sweep), *args, timeout=60)  # a FIFO read would block: TimeoutExpired fails the test
+        r = status_here(str(sweep), *args)
         assert refusal(r).startswith(f"error: {sweep / status.STATE}: {why}")  # (a parse error goes on to say where)
         assert r.stdout == ""
 

@@ -119,7 +119,7 @@ def test_a_changed_value_is_refused_in_one_line_naming_the_folder_and_key_unless
     assert r.returncode == 2
     line = one_error_line(r)
     assert f"{sweep / '0'} holds a run of another config" in line and "optim.steps=5 there, 10 here" in line
-    assert "hydra.launcher.overwrite=true" in line
+    assert "; to continue it, add optim.steps=5; add hydra.launcher.overwrite=true" in line  # both ways out
     assert tree(sweep) == files  # nothing written, multirun.yaml included
     r = launch("-m", *S[:-2], "optim.steps=10", "wandb.mode=disabled", "seed=0,1", f"hydra.sweep.dir={sweep}",
                "hydra.launcher.overwrite=true")
@@ -451,7 +451,9 @@ def test_a_single_run_into_a_folder_of_another_config_is_refused_unless_overwrit
     before = tree(folder)
     assert launch(*S, f"hydra.run.dir={folder}").returncode == 0  # the same run: found done
     r = launch(*S, "data.p=0.9", f"hydra.run.dir={folder}")
-    assert r.returncode == 2 and "holds a run of another config (data.p=0.5 there, 0.9 here)" in one_error_line(r)
+    line = one_error_line(r)
+    assert r.returncode == 2 and "holds a run of another config (data.p=0.5 there, 0.9 here); to continue it, add " \
+        "data.p=0.5; add hydra.launcher.overwrite=true" in line
     assert all((folder / n).read_bytes() == before[n] for n in ("config.yaml", "summary.json", "history.jsonl"))
     r = launch(*S, "data.p=0.9", f"hydra.run.dir={folder}", "hydra.launcher.overwrite=true")
     assert r.returncode == 0 and results.read_summary(folder)["p"] == 0.9

@@ -248,10 +248,13 @@ def canonical(d: dict) -> dict:
       config.yaml written before a key existed was trained as that key's default says. This is the rule every
       new key must keep — its default is the behaviour before it (tests/test_versions.py holds run folders
       of older versions to it);
+    - `precision`, whose default became `auto` (the model's own) after every version had written it, reads as
+      float64, what it was before;
     - the legacy keys of `LEGACY_DEFAULTS` are dropped where the run's option has no such key and the value is
       that default (a value that differs was never a default, and is refused).
     """
-    out = _filled(d, RunConfig)
+    # every version wrote `precision`; a dict without it predates `auto` (the model's own), when it was float64
+    out = _filled({"precision": "float64", **d} if isinstance(d, dict) and "precision" not in d else d, RunConfig)
     for group in GROUPS:
         node = out.get(group)
         if not isinstance(node, dict) or node.get("name", _DEFAULTS[group]) not in OPTIONS[group]:

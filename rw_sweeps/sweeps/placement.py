@@ -184,8 +184,8 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
         folder, old, new = conflicts[0]
         more = f" (and {len(conflicts) - 1} more folder(s))" if len(conflicts) > 1 else ""
         raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"{folder} holds a run of another config "
-                          f"({_difference(old, new)}){more}; add hydra.launcher.overwrite=true to train over it, "
-                          f"or choose another hydra.sweep.dir")
+                          f"({_difference(old, new)}){more}; {_continue(old, new)}add hydra.launcher.overwrite=true "
+                          f"to train over it, or choose another hydra.sweep.dir")
     for i, s in enumerate(specs):
         if s.output_dir in found:  # only a folder that holds this run's config can hold its finished results
             verdict = contract.judge(Path(s.output_dir), found[s.output_dir])
@@ -206,7 +206,8 @@ def check_run_folder(run_dir: Path, cfg: dict, overwrite: bool = False) -> None:
     if found is None or overwrite or _key(found) == _key(cfg):
         return
     raise FolderTaken("hydra.run.dir", str(run_dir), f"holds a run of another config ({_difference(found, cfg)}); "
-                      f"add hydra.launcher.overwrite=true to train over it, or choose another hydra.run.dir")
+                      f"{_continue(found, cfg)}add hydra.launcher.overwrite=true to train over it, or choose another "
+                      f"hydra.run.dir")
 
 
 def writable(sweep_dir: Path) -> bool:
@@ -233,6 +234,23 @@ def _difference(there: dict, here: dict) -> str:
     there, here = results.identity(there), results.identity(here)
     return ", ".join(f"{k}={shown(_get(there, k))} there, {shown(_get(here, k))} here"
                      for k in results.differing_keys(there, here)[:3])
+
+
+def _continue(there: dict, here: dict) -> str:
+    """`to continue it, add precision=float64; ` where every key that differs (at most three) holds a plain value
+    there: the overrides that make this command that folder's run (a default that changed since it was trained,
+    such as model=gpt's precision), else nothing."""
+    there, here = results.identity(there), results.identity(here)
+    keys = results.differing_keys(there, here)
+    values = [_get(there, k) for k in keys]
+    if not keys or len(keys) > 3 or not all(type(v) in (bool, int, float, str) for v in values):
+        return ""
+    if any(k.endswith(".name") or type(_get(here, k)) is not type(_get(there, k)) for k in keys):
+        return ""  # another option (model=, data=…), or a key this command's option lacks: not one override away
+    text = lambda v: str(v).lower() if type(v) is bool else str(v)  # noqa: E731 - Hydra's override spelling
+    if any(type(v) is str and (not v or not all(c.isalnum() or c in "._-" for c in v)) for v in values):
+        return ""  # a value that would need quoting in a shell or the override grammar: no hint
+    return f"to continue it, add {' '.join(f'{k}={text(v)}' for k, v in zip(keys, values))}; "
 
 
 def _get(cfg: dict, dotted: str):

@@ -19,10 +19,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SMALL = ["data.n_test=200", "optim.steps=10"]  # n_train stays 1000: with fewer, p = 0.5 often locks on a wrong position
 
 
+def _with_analysis_named(args: tuple) -> list[str]:
+    """The command a test runs, with the sweep-end wandb analysis run (`wandb.analysis`) off unless the test
+    names the key: it is one report of the whole sweep, drawn after the last run is written (a Hydra callback
+    whose failure is a warning), and costs a launch ~2.5 s of imports and drawing. The tests that are about it
+    say `wandb.analysis=true`; every other launch runs as the user's command otherwise would."""
+    if any(a.lstrip("+~").startswith("wandb.analysis") for a in args):
+        return list(args)
+    return [*args, "wandb.analysis=false"]
+
+
 def launch(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=cwd, env=e, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *_with_analysis_named(args)], cwd=cwd, env=e,
+                          text=True, capture_output=True, timeout=timeout)
 
 
 def summaries(sweep_dir: Path) -> dict[str, dict]:
@@ -37,8 +47,8 @@ def launch_fn():
 def start_launch(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.Popen:
     """`launch.py` in the background (to kill it, or to act on its jobs while it runs)."""
     e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *args], cwd=cwd, env=e, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen([sys.executable, str(ROOT / "launch.py"), *_with_analysis_named(args)], cwd=cwd, env=e,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 def wait_for_training(p: subprocess.Popen) -> None:

@@ -243,7 +243,8 @@ sys.exit(0)
 # ------------------------------------------------------------------------------------ the analysis run
 def test_sigterm_during_the_sweeps_analysis_run_is_one_line_and_exit_143(tmp_path):
     sweep = tmp_path / "S"
-    o = start("-m", *TINY, "wandb.mode=offline", "optim.steps=10", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    o = start("-m", *TINY, "wandb.mode=offline", "wandb.analysis=true", "optim.steps=10", "seed=0,1",
+              f"hydra.sweep.dir={sweep}")
     o.wait_for(lambda ln: ln.startswith(f"sweep {sweep}:"), "the sweep's line (its analysis run follows)")
     o.p.send_signal(signal.SIGTERM)
     code, out, err = o.finish()

@@ -131,7 +131,8 @@ def test_wandb_export_replays_finished_runs_skips_and_forces(tmp_path):
 @pytest.mark.e2e
 def test_a_finished_sweep_logs_one_analysis_run_with_a_stable_id(tmp_path):
     sweep = tmp_path / "S"
-    args = ["-m", "data.p=0.3,0.7", "seed=0,1", *TINY, "wandb.mode=offline", f"hydra.sweep.dir={sweep}"]
+    args = ["-m", "data.p=0.3,0.7", "seed=0,1", *TINY, "wandb.mode=offline", "wandb.analysis=true",
+            f"hydra.sweep.dir={sweep}"]
     r = launch(*args)
     assert r.returncode == 0, r.stderr
     info = read_run(sweep / "wandb_analysis")
@@ -379,7 +380,7 @@ def _would_sync(text: str, batches: int = 1) -> set[Path]:
 @pytest.mark.e2e
 def test_sync_hands_every_offline_run_of_a_sweep_to_wandb_sync_and_follows_no_link(tmp_path, monkeypatch, capfd):
     sweep = tmp_path / "S"
-    r = launch("-m", "model.normalize=none,whole", "seed=0,1", *TINY, "wandb.mode=offline",
+    r = launch("-m", "model.normalize=none,whole", "seed=0,1", *TINY, "wandb.mode=offline", "wandb.analysis=true",
                "wandb.per_run_limit=1", f"hydra.sweep.dir={sweep}")  # packed jobs, and the analysis run
     assert r.returncode == 0, r.stderr
     assert _export(sweep, "--workers", "1").returncode == 0  # and a wandb run per training run

@@ -4,8 +4,8 @@ An evaluation's metrics read few entries of each map S (R, B, H, Tq, T): its las
 snapshots), a parent's and an induction anchor's weight per row. Holding S whole costs R·B·H·T² numbers per
 layer (512 MiB at experiment=makkuva's 64 test sequences of 1,024 tokens in float64), and writing and reading
 it back costs more than the rest of the evaluation. `Rows` computes S from the queries and keys one block of
-rows at a time, each row's softmax exactly as the whole map's (`model._causal`), so what a metric reads is
-the same number; the merged attention (eq. 2.1), whose forward pass needs S anyway, hands its S over whole.
+rows at a time, each row's softmax as the whole map's (`model._causal`, over the keys a row can see), so
+what a metric reads is the same number to rounding (tests/test_gpt.py: 1e-12 against a plain nanoGPT's maps); the merged attention (eq. 2.1), whose forward pass needs S anyway, hands its S over whole.
 """
 from __future__ import annotations
 

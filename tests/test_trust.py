@@ -555,3 +555,31 @@ def test_a_sweep_subdir_that_maps_two_runs_to_one_folder_is_refused_before_anyth
                                                     r".*/x \(seed=0; seed=1\): one would overwrite the other"):
         placement.place(specs, tmp_path, default_subdir=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_hint_to_continue_a_folder_is_given_only_where_pasting_it_trains_the_runs_it_holds():
+    """`to continue it, add K=V`: one set of overrides for every conflicting folder, read back by Hydra's grammar
+    as the value the folder holds; none for a key the command sweeps, a group or preset choice, or a value the
+    grammar would read otherwise."""
+    from rw_sweeps.sweeps.placement import _continue
+
+    from .test_config import composed
+
+    def cfg(*overrides):
+        return composed(*overrides).to_dict()
+
+    old, new = cfg("model=gpt", "precision=float64"), cfg("model=gpt")
+    assert _continue([(old, new)], [new]) == "to continue it, add precision=float64; "
+    assert _continue([(cfg("optim.steps=5"), cfg()), (cfg("optim.steps=5", "seed=1"), cfg("seed=1"))],
+                     [cfg(), cfg("seed=1")]) == "to continue it, add optim.steps=5; "
+    # a swept key: pasting one value would collapse the sweep; two folders that need different values
+    assert _continue([(cfg("data.p=0.5"), cfg("data.p=0.7"))], [cfg("data.p=0.7"), cfg("data.p=0.8")]) == ""
+    assert _continue([(cfg("data.p=0.5"), cfg("data.p=0.7")), (cfg("data.p=1"), cfg("data.p=0.7", "seed=1"))],
+                     [cfg("data.p=0.7"), cfg("data.p=0.7", "seed=1")]) == ""
+    # a preset or group choice brings other keys with it
+    assert _continue([(cfg("experiment=fig5"), cfg("experiment=fig4"))], [cfg("experiment=fig4")]) == ""
+    assert _continue([(cfg("init=gaussian"), cfg())], [cfg()]) == ""
+    # text the grammar reads otherwise: a float, a non-ASCII letter
+    for text in ("1.10", "Π.txt", "null", "a b"):
+        assert _continue([({**cfg(), "device": text}, cfg())], [cfg()]) == ""
+    assert _continue([({**cfg(), "device": "cuda"}, cfg())], [cfg()]) == "to continue it, add device=cuda; "

@@ -183,8 +183,9 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
     if conflicts:
         folder, old, new = conflicts[0]
         more = f" (and {len(conflicts) - 1} more folder(s))" if len(conflicts) > 1 else ""
+        hint = _continue([(o, n) for _, o, n in conflicts], [s.cfg.to_dict() for s in specs])
         raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"{folder} holds a run of another config "
-                          f"({_difference(old, new)}){more}; {_continue(old, new)}add hydra.launcher.overwrite=true "
+                          f"({_difference(old, new)}){more}; {hint}add hydra.launcher.overwrite=true "
                           f"to train over it, or choose another hydra.sweep.dir")
     for i, s in enumerate(specs):
         if s.output_dir in found:  # only a folder that holds this run's config can hold its finished results
@@ -206,7 +207,7 @@ def check_run_folder(run_dir: Path, cfg: dict, overwrite: bool = False) -> None:
     if found is None or overwrite or _key(found) == _key(cfg):
         return
     raise FolderTaken("hydra.run.dir", str(run_dir), f"holds a run of another config ({_difference(found, cfg)}); "
-                      f"{_continue(found, cfg)}add hydra.launcher.overwrite=true to train over it, or choose another "
+                      f"{_continue([(found, cfg)], [cfg])}add hydra.launcher.overwrite=true to train over it, or choose another "
                       f"hydra.run.dir")
 
 
@@ -236,21 +237,44 @@ def _difference(there: dict, here: dict) -> str:
                      for k in results.differing_keys(there, here)[:3])
 
 
-def _continue(there: dict, here: dict) -> str:
-    """`to continue it, add precision=float64; ` where every key that differs (at most three) holds a plain value
-    there: the overrides that make this command that folder's run (a default that changed since it was trained,
-    such as model=gpt's precision), else nothing."""
-    there, here = results.identity(there), results.identity(here)
-    keys = results.differing_keys(there, here)
-    values = [_get(there, k) for k in keys]
-    if not keys or len(keys) > 3 or not all(type(v) in (bool, int, float, str) for v in values):
+def _continue(conflicts: list[tuple[dict, dict]], planned: list[dict]) -> str:
+    """`to continue it, add precision=float64; `: the overrides that make this command train the runs the
+    folders hold, where one set of them does so for every conflict — a default changed since those runs were
+    trained (model=gpt's precision) — else nothing. No hint for more than three keys, a key this command
+    sweeps (it would collapse the sweep), a choice of a group or preset (`model.name`, `experiment`: it brings
+    other keys with it), a key this command's option lacks, or a value that Hydra's override grammar would
+    not read back as itself (a list, `1.10`, `Π.txt`)."""
+    wanted = None
+    for there, here in conflicts:
+        there, here = results.identity(there), results.identity(here)
+        keys = results.differing_keys(there, here)
+        overrides = [(k, _get(there, k)) for k in keys]
+        if wanted is not None and overrides != wanted:
+            return ""
+        wanted = overrides
+        if not keys or len(keys) > 3 or any(k == "experiment" or k.endswith(".name") or
+                                            type(_get(here, k)) is not type(v) for k, v in overrides):
+            return ""
+    swept = {k for k, _ in wanted if len({json.dumps(_get(results.identity(c), k)) for c in planned}) > 1}
+    texts = [_override(k, v) for k, v in wanted]
+    if swept or None in texts:
         return ""
-    if any(k.endswith(".name") or type(_get(here, k)) is not type(_get(there, k)) for k in keys):
-        return ""  # another option (model=, data=…), or a key this command's option lacks: not one override away
-    text = lambda v: str(v).lower() if type(v) is bool else str(v)  # noqa: E731 - Hydra's override spelling
-    if any(type(v) is str and (not v or not all(c.isalnum() or c in "._-" for c in v)) for v in values):
-        return ""  # a value that would need quoting in a shell or the override grammar: no hint
-    return f"to continue it, add {' '.join(f'{k}={text(v)}' for k, v in zip(keys, values))}; "
+    return f"to continue it, add {' '.join(texts)}; "
+
+
+def _override(key: str, value) -> str | None:
+    """`key=value` as typed on a command line, if Hydra's override grammar reads it back as exactly value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    text = str(value).lower() if type(value) is bool else str(value)
+    if not text or any(c.isspace() or c in "'\"$`\\;&|<>(){}[],=*?!#~" for c in text):
+        return None
+    try:
+        back = OverridesParser.create().parse_override(f"{key}={text}").value()
+    except HydraException:  # the grammar refuses it (a parse or a lexer error): no hint
+        return None
+    return f"{key}={text}" if type(back) is type(value) and back == value else None
 
 
 def _get(cfg: dict, dotted: str):

@@ -24,6 +24,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
 from rw_sweeps.core import contract, results
 from rw_sweeps.core.config import ConfigError, RunConfig
 from rw_sweeps.core.errors import shown
@@ -264,9 +267,6 @@ def _continue(conflicts: list[tuple[dict, dict]], planned: list[dict]) -> str:
 
 def _override(key: str, value) -> str | None:
     """`key=value` as typed on a command line, if Hydra's override grammar reads it back as exactly value."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     text = str(value).lower() if type(value) is bool else str(value)
     if not text or any(c.isspace() or c in "'\"$`\\;&|<>(){}[],=*?!#~" for c in text):
         return None

@@ -171,6 +171,24 @@ def test_a_30_digit_integer_in_a_json_file_is_refused_as_outside_int64(tmp_path)
         readers.json_value(f'{{"wall_s": {H.HUGE_INT}}}'.encode(), tmp_path / "summary.json")
 
 
+@pytest.mark.parametrize("number", ["9223372036854775808", "-9223372036854775809", "18446744073709551615",
+                                    "-18446744073709551616", "99999999999999999999999"])
+@pytest.mark.parametrize("where", ["{{\"steps\": {}}}", "{{\"x\": [1, {}, 2], \"step\": 5}}", "{}"])
+def test_every_integer_just_outside_int64_is_refused_however_few_brackets_hold_it(tmp_path, number, where):
+    """A text of at most 64 brackets is not walked value by value (orjson's numbers are finite): each integer of 19
+    digits or more is checked exactly instead. 19 digits is where int64 ends on both sides; the rule once looked
+    at 20 and read −2**63 − 1 as a float, so a history row holding it was judged done."""
+    from rw_sweeps.core import readers
+
+    with pytest.raises(readers.Broken, match="outside int64"):
+        readers.json_value(where.format(number).encode(), tmp_path / "history.jsonl")
+    for inside in ("9223372036854775807", "-9223372036854775808", "1000000000000000000"):  # int64's ends: kept
+        assert readers.json_value(where.format(inside).encode(), tmp_path / "history.jsonl") is not None
+    deep = ("[" * 65 + "1" + "]" * 65).encode()  # more than 64 brackets: walked, and 65 levels is too deep
+    with pytest.raises(readers.Broken, match="nests deeper than 64"):
+        readers.json_value(deep, tmp_path / "history.jsonl")
+
+
 # ------------------------------------------------------------------------------ the launcher agrees
 GRID = ["data.p=0.5,1", "seed=0,1,2"]   # folders 0..5: (0.5, 0), (0.5, 1), (0.5, 2), (1, 0), (1, 1), (1, 2)
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import init_generator
-from .rows import Rows
+from .rows import Rows, causal
 from .schema import GptConfig
 
 LN_EPS = 1e-5  # torch.nn.LayerNorm's default
@@ -189,14 +189,6 @@ def _linear(x: torch.Tensor, params: dict, name: str) -> torch.Tensor:
     return y + b[:, None, None, :] if b is not None else y
 
 
-def _causal(logits: torch.Tensor, start: int) -> torch.Tensor:
-    """Softmax over keys j ≤ i for queries i = start … (logits (…, Tq, T))."""
-    Tq, T = logits.shape[-2:]
-    i = torch.arange(start, start + Tq, device=logits.device)[:, None]
-    j = torch.arange(T, device=logits.device)[None, :]
-    return torch.softmax(logits.masked_fill(j > i, float("-inf")), -1)
-
-
 def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, start: int, maps: bool = True):
     """One block's attention for the queries start … T − 1 over every key: (output to add to the stream, its
     weights S as `Rows`, or None without `maps`). The query/key/value attention runs in torch's fused
@@ -208,7 +200,7 @@ def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, sta
     if cfg.attention == "merged":
         an = a / a.norm(dim=-1, keepdim=True) if cfg.normalize == "whole" else a
         u = torch.einsum("rbid,rhed->rbhie", an[:, :, start:], params[h + "W"])  # W x̂_i
-        S = _causal(torch.einsum("rbjd,rbhid->rbhij", an, u), start)
+        S = causal(torch.einsum("rbjd,rbhid->rbhij", an, u), start)
         value = torch.einsum("rbjk,rhlk->rbhjl", a[..., :K], params[h + "V"])  # V x_j on the token part
         out = torch.einsum("rbhij,rbhjl->rbil", S, value)
         return F.pad(out, (0, D - K)), Rows(start, S=S) if maps else None
@@ -216,14 +208,12 @@ def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, sta
     q = _linear(a[:, :, start:], params, h + "q").view(R, B, T - start, Hn, dh)
     k = _linear(a, params, h + "k").view(R, B, T, Hn, dh)
     v = _linear(a, params, h + "v").view(R, B, T, Hn, dh)
-    rows = Rows(start, q=q, k=k) if maps else None
-    if start in (0, T - 1):  # causal from the first query, or the last query over every key
-        heads = lambda z: z.transpose(2, 3).reshape(R * B, Hn, z.shape[2], dh)  # noqa: E731 - (R·B, H, T, dh), contiguous
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=start == 0 and T > 1)
-        return _linear(y.view(R, B, Hn, T - start, dh).transpose(2, 3).reshape(R, B, T - start, D), params, h + "o"), rows
-    S = _causal(torch.einsum("rbihd,rbjhd->rbhij", q, k) / math.sqrt(dh), start)
-    y = torch.einsum("rbhij,rbjhd->rbihd", S, v).reshape(R, B, T - start, D)
-    return _linear(y, params, h + "o"), rows
+    if start not in (0, T - 1):  # what `forward` asks: causal from the first query, or the last over every key
+        raise ValueError(f"queries from position {start} of {T}: only 0 and the last are served")
+    heads = lambda z: z.transpose(2, 3).reshape(R * B, Hn, z.shape[2], dh)  # noqa: E731 - (R·B, H, T, dh), contiguous
+    y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=start == 0 and T > 1)
+    out = _linear(y.view(R, B, Hn, T - start, dh).transpose(2, 3).reshape(R, B, T - start, D), params, h + "o")
+    return out, Rows(start, q=q, k=k) if maps else None
 
 
 def forward(params: dict, tokens: torch.Tensor, cfg: GptConfig, K: int, read: str,

@@ -4,7 +4,7 @@ An evaluation's metrics read few entries of each map S (R, B, H, Tq, T): its las
 snapshots), a parent's and an induction anchor's weight per row. Holding S whole costs R·B·H·T² numbers per
 layer (512 MiB at experiment=makkuva's 64 test sequences of 1,024 tokens in float64), and writing and reading
 it back costs more than the rest of the evaluation. `Rows` computes S from the queries and keys one block of
-rows at a time, each row's softmax as the whole map's (`model._causal`, over the keys a row can see), so
+rows at a time, each row's softmax as the whole map's (`causal`, over the keys a row can see), so
 what a metric reads is the same number to rounding (tests/test_gpt.py: 1e-12 against a plain nanoGPT's maps); the merged attention (eq. 2.1), whose forward pass needs S anyway, hands its S over whole.
 """
 from __future__ import annotations
@@ -14,6 +14,15 @@ import math
 import torch
 
 BLOCK = 1 << 22  # numbers in one block of rows (32 MiB in float64): bounds an evaluation's memory per layer
+
+
+def causal(logits: torch.Tensor, start: int) -> torch.Tensor:
+    """Softmax over keys j ≤ i for queries i = start … (logits (…, Tq, T), a fresh tensor: masked in place, which
+    autograd allows, as the product that made it keeps its inputs, not its output)."""
+    Tq, T = logits.shape[-2:]
+    i = torch.arange(start, start + Tq, device=logits.device)[:, None]
+    j = torch.arange(T, device=logits.device)[None, :]
+    return torch.softmax(logits.masked_fill_(j > i, float("-inf")), -1)
 
 
 class Rows:
@@ -34,10 +43,7 @@ class Rows:
         if self._S is not None:
             return self._S[..., i0:i1, :]
         q, k = self._q[:, :, i0:i1], self._k[:, :, :self.start + i1]
-        logits = torch.einsum("rbihd,rbjhd->rbhij", q, k).div_(math.sqrt(q.shape[-1]))
-        i = torch.arange(self.start + i0, self.start + i1, device=q.device)[:, None]
-        j = torch.arange(k.shape[2], device=q.device)[None, :]
-        return torch.softmax(logits.masked_fill_(j > i, float("-inf")), -1)  # `model._causal`, in place
+        return causal(torch.einsum("rbihd,rbjhd->rbhij", q, k).div_(math.sqrt(q.shape[-1])), self.start + i0)
 
     def blocks(self):
         """(i0, S[..., i0:i0 + b, :k]) over every row, b rows at a time (at most BLOCK numbers a block), k the

@@ -76,9 +76,8 @@ class TestSet(Batch):
             base.append(u if pi is None else np.broadcast_to(pi, u.shape))
         as_t = lambda xs: torch.from_numpy(np.stack(xs)).to(device, dtype)  # noqa: E731
         self.P_true, self.unigram, self.bigram, self.baseline = as_t(law), as_t(uni), as_t(bi), as_t(base)
-        self.parent_mask = _parent_mask(cfgs, self.x.shape[-1], dtype, device)
-        # the same, as indices: (R, T, P) the parents' key positions of each row and 1 (0: padding)
-        self.parent_index, self.parent_weight = _as_indices(self.parent_mask)
+        # (R, T, P): the parents' key positions of each query row, and their weights (1; 0: padding)
+        self.parent_index, self.parent_weight = _as_indices(_parent_mask(cfgs, self.x.shape[-1], dtype, device))
         self.prev = _previous(self.x if cfgs[0].model.query == "none" else self.x[..., :-1])
         # (R, n, T): the key an induction head at position i attends to, prev(i) + 1, or −1 (none; the blank query)
         anchor = torch.where(self.prev >= 0, self.prev + 1, -1)
@@ -230,7 +229,9 @@ def _parent_and_induction(rows, test: TestSet, T: int, tokens_T: int, last_only:
         w, c = (w * hm).sum((1, 3)), hm.sum((1, 3))
         induction, count = (w, c) if induction is None else (induction + w, count + c)
     if last_only:
-        parent = (rows.last() * test.parent_mask[:, None, None, T - 1]).sum(-1).mean(1)
+        S = rows.last()  # (R, n, H, T)
+        idx = test.parent_index[:, None, None, T - 1].expand(*S.shape[:3], -1)
+        parent = (S.gather(-1, idx) * test.parent_weight[:, None, None, T - 1]).sum(-1).mean(1)
     else:
         parent = parent.mean(1) / rows.Tq
     if first >= tokens_T:  # the block reads the blank query only: no token position, no score

@@ -86,6 +86,13 @@ def _close(name, ref, got, rtol):
     assert err <= rtol * scale, f"{name}: max |Δ| = {err:.3e} > {rtol:.0e} × {scale:.3g}"
 
 
+def _same_pred(name, state, data, eps, geo):
+    """At one state, each sample's argmax is torch's wherever the kernel says it is sure (`Probe.pred_unsure`)."""
+    got, ref = fused.evaluate(state, data, eps, geo), engine.evaluate(state, data, eps, geo)
+    sure = ~got.pred_unsure
+    assert torch.equal(got.pred.long()[sure], ref.pred[sure]), f"{name}: pred"
+
+
 PROBE_FIELDS = ("loss", "acc", "kl", "pred_dist", "attention", "spread", "h_example", "h_var")
 
 
@@ -107,6 +114,7 @@ def _compare(cfgs, rtol, steps=T):
     for name in PROBE_FIELDS:  # evaluation at the initial point
         _close(f"eval@0 {name}", getattr(engine.evaluate(ref, test, eps, geo), name),
                getattr(fused.evaluate(got, test, eps, geo), name), rtol)
+    _same_pred("eval@0", got, test, eps, geo)
     loss_ref = torch.stack([engine.train_step(ref, train, lr, eps, w, geo) for _ in range(steps)], 1)
     loss_got = fused.train_step(got, train, lr, eps, w, geo, steps=steps)
     _close("train loss", loss_ref, loss_got, rtol)
@@ -118,6 +126,7 @@ def _compare(cfgs, rtol, steps=T):
         p_ref, p_got = engine.evaluate(ref, data_set, eps, geo), fused.evaluate(got, data_set, eps, geo)
         for name in PROBE_FIELDS:
             _close(f"eval {tag} {name}", getattr(p_ref, name), getattr(p_got, name), rtol)
+        _same_pred(f"eval {tag}", got, data_set, eps, geo)
         # a history row's evaluation (full=False): every field it sets, against torch too
         p_row = fused.evaluate(got, data_set, eps, geo, full=False)
         for name in ("loss", "acc", "kl", "pred_dist", "spread"):
@@ -337,6 +346,7 @@ def test_a_history_evaluation_equals_the_full_one(state, precision):
     for k in ("loss", "acc", "kl", "pred_dist", "spread"):
         same(getattr(whole, k), getattr(part, k))
     same(whole.attention[:, -2:], part.attention[:, -2:])
+    same(whole.pred, part.pred), same(whole.pred_unsure, part.pred_unsure)
     if state != "non-finite":
         ref = engine.evaluate(st, te, eps, geo)
         tol = 1e-12 if precision == "float64" else 1e-5

@@ -30,7 +30,9 @@ def test_the_default_run_prints_one_line(tmp_path):
 @pytest.mark.e2e
 def test_the_8_run_grid_writes_the_results_contract_and_wandb_files(tmp_path):
     sweep = tmp_path / "sweep"
-    r = launch("-m", "data.p=0,0.1,0.5,1", "init=zero,gaussian", *SMALL, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    # wandb.mode=offline is the default, named: the helper disables wandb in launches that do not name it
+    r = launch("-m", "data.p=0,0.1,0.5,1", "init=zero,gaussian", *SMALL, "wandb.mode=offline",
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"sweep {sweep}: 8 runs: 8 done, 0 skipped, 0 failed, 0 diverged" in r.stdout
     runs = summaries(sweep)

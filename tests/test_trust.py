@@ -477,16 +477,25 @@ def test_a_run_whose_predictions_left_the_symmetric_point_says_so_even_below_the
     assert z["trap"] is True and z["attention_spread"] == 0 and z["prediction_break_step"] is None
 
 
-@pytest.mark.parametrize("model_keys", [dict(normalize="whole"), dict(normalize="none"), dict(normalize="positional"),
-                                        dict(name="transformer_ffn", m=7, normalize="whole"),
-                                        dict(name="transformer_ffn", m=7, normalize="whole", ffn="before")],
-                         ids=["eq2.1-whole", "eq2.1-none", "eq2.1-positional", "ffn-after", "ffn-before"])
-def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forward_pass(model_keys):
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize("K,model_keys", [(4, dict(normalize="whole")), (4, dict(normalize="none")),
+                                          (4, dict(normalize="positional")), (11, dict(normalize="whole")),
+                                          (4, dict(name="transformer_ffn", m=7, normalize="whole")),
+                                          (4, dict(name="transformer_ffn", m=7, normalize="whole", ffn="before"))],
+                         ids=["eq2.1-whole", "eq2.1-none", "eq2.1-positional", "eq2.1-K11", "ffn-after", "ffn-before"])
+def test_the_prediction_check_from_an_evaluations_predictions_equals_the_exact_forward_pass(K, model_keys, precision):
+    """The prediction check reads the evaluation's own argmax (the compiled kernel's for eq. 2.1 on a CPU, K = 4
+    its AVX-512 path, K = 11 its plain C one; PyTorch's for the FFN) and gives engine's exact pass the runs a
+    kernel is unsure of: the flags equal the exact pass on runs from nearly flat to peaked attention, with
+    exact ties (two equal rows of V, or of A) and ties one ulp apart, which the kernel must leave to engine."""
     import torch
 
-    from rw_sweeps.core import data as data_mod, engine, model
-    K, N, R = 4, 17, 24
-    cfg = validate(RunConfig(data=data_config(K=K, N=N, p=0.7, n_train=8, n_test=50), model=option_config("model", M=32, **model_keys)))
+    from rw_sweeps.core import data as data_mod, engine, fused, model, training
+    from rw_sweeps.core.loop import Record
+    N, R, T = 17, 24, 10
+    dtype = getattr(torch, precision)
+    cfg = validate(RunConfig(precision=precision, data=data_config(K=K, N=N, p=0.7, n_train=8, n_test=50),
+                             model=option_config("model", M=32, **model_keys)))
     geo = model.geometry(cfg.model, N)
     _, test = data_mod.make(cfg.data, 0)
     g = torch.Generator().manual_seed(0)
@@ -495,16 +504,29 @@ def test_the_prediction_check_settled_by_its_margin_bound_equals_the_exact_forwa
     params = {"V": torch.randn(R, m, K, generator=g, dtype=torch.float64)}
     if cfg.model.is_ffn:
         params["A"] = torch.randn(R, K, m, generator=g, dtype=torch.float64)
-    state = engine.State(params, scale * torch.randn(R, K, generator=g, dtype=torch.float64),
-                         scale * torch.randn(R, N, generator=g, dtype=torch.float64))
+    top = params["A"] if cfg.model.is_ffn else params["V"]  # the matrix whose rows are f's
+    top[0:R:2, 0] = top.abs().amax() + 1  # f_0 the largest output of every sequence, …
+    top[0:R:4, 1] = top[0:R:4, 0]  # … tied exactly with f_1, or one ulp apart
+    top[2:R:4, 1] = torch.nextafter(top[2:R:4, 0].to(dtype), torch.tensor(0.0, dtype=dtype)).double()
+    params = {k: v.to(dtype) for k, v in params.items()}
+    state = engine.State(params, (scale * torch.randn(R, K, generator=g, dtype=torch.float64)).to(dtype),
+                         (scale * torch.randn(R, N, generator=g, dtype=torch.float64)).to(dtype))
     tokens = test.tokens[None].expand(R, *test.tokens.shape)
-    batch = engine.Batch(tokens, test.y[None].expand(R, -1), test.P_true[None].expand(R, -1, -1))
-    h_sym = engine.symmetric_h(batch, K, torch.float64)
-    at = model.attend(state.a, state.c, tokens, geo)
-    exact = (model.output(params, at.h, geo.ffn)[0].argmax(2) != model.output(params, h_sym, geo.ffn)[0].argmax(2)).any(1)
-    got = engine.off_symmetric(state, tokens, geo, h_sym)
-    assert got.tolist() == exact.tolist()
-    assert not exact[0] and exact[-1]  # both outcomes occur
+    batch = engine.Batch(tokens, test.y[None].expand(R, -1), test.P_true[None].expand(R, -1, -1).to(dtype))
+    eps = torch.full((R,), 1e-12, dtype=dtype)
+    probe = fused.evaluate(state, batch, eps, geo)
+    kernel = fused.available(cfg)
+    assert (probe.pred_unsure is not None) == kernel
+    if kernel:  # where the kernel is sure, its argmax is engine's; exact ties it never decides itself
+        sure = ~probe.pred_unsure
+        assert torch.equal(probe.pred.long()[sure], engine.evaluate(state, batch, eps, geo).pred[sure])
+        assert probe.pred_unsure[0:R:2].all() and sure.sum() >= R // 3
+    log = training._Log([Record(cfg, None) for _ in range(R)], "cpu", T)
+    log.predictions(3, state, batch, geo, probe)
+    h_sym = engine.symmetric_h(batch, K, dtype)
+    exact = engine.off_symmetric(state, tokens, geo, h_sym) & (probe.spread > 0)
+    assert log.off.tolist() == [3 if e else T + 1 for e in exact.tolist()]
+    assert not exact[2] and exact[-1]  # both outcomes occur
 
 
 @pytest.mark.e2e

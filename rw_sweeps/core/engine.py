@@ -165,6 +165,10 @@ class Probe:
     h_example: torch.Tensor  # (R, K) X·S of sequence 0
     h_var: torch.Tensor  # (R, K) variance of X·S across sequences
     v_pi_cosine: Optional[torch.Tensor] = None  # cos(V, Πᵀ) (Thm 3.1's limit), for eq. 2.1 on random walks
+    pred: Optional[torch.Tensor] = None  # (R, n) argmax f of each test sequence (ties → smallest label)
+    # (R,) bool: runs whose `pred` may differ from this module's argmax (a compiled kernel's rounding near a
+    # tie, `fused.evaluate`); None: `pred` is this module's own
+    pred_unsure: Optional[torch.Tensor] = None
 
     @property
     def parent_attention(self) -> torch.Tensor:
@@ -188,7 +192,8 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     F = f.gather(2, data.y[..., None])[..., 0]
     R, n, L = data.tokens.shape
     loss = -torch.log(F + eps[:, None]).mean(1)
-    acc = (f.argmax(2) == data.y).to(f.dtype).mean(1)
+    pred = f.argmax(2)
+    acc = (pred == data.y).to(f.dtype).mean(1)
     # KL(true ‖ q), q = f / Σ f clipped to a tiny positive value (the paper's §5 KL, as it reads); finite since terms with
     # P_true = 0 drop out.
     tiny = torch.finfo(f.dtype).tiny
@@ -204,7 +209,7 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     attention = torch.cat([S.mean(1), at.S_q.mean(1, keepdim=True)], 1)
     spread = (S.amax(2) - S.amin(2)).amax(1)
     return Probe(loss, acc, kl, pred_dist, attention, spread, at.h[:, 0].clone(), at.h.var(1, unbiased=False),
-                 v_pi_cosine(state.params["V"], PiT))
+                 v_pi_cosine(state.params["V"], PiT), pred)
 
 
 def symmetric_h(data: Batch, K: int, dtype) -> torch.Tensor:
@@ -217,48 +222,19 @@ def symmetric_h(data: Batch, K: int, dtype) -> torch.Tensor:
     return counts.reshape(R, n, K).to(dtype) / L
 
 
-def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torch.Tensor,
-                  settle: bool = True) -> torch.Tensor:
+def symmetric_pred(params: dict, h_sym: torch.Tensor, geo: Geometry) -> torch.Tensor:
+    """(R, n) the prediction (argmax f, ties → smallest label) each test sequence gets at the symmetric point
+    (`symmetric_h`) from these parameters."""
+    return model.output(params, h_sym, geo.ffn)[0].argmax(2)
+
+
+def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torch.Tensor) -> torch.Tensor:
     """(R,) bool: does any test prediction (argmax f, ties → smallest label) differ from the prediction the
     same parameters make at the symmetric point (`symmetric_h`)? The attention's departure from uniform has
-    then changed what the model predicts, however small its spread.
-
-    Most calls are settled without the attention pass. With w_j = S_j / Σ_{i<N} S_i the attention over the
-    real tokens, every w_j lies within a factor ρ = exp(spread of the token logits + spread of the
-    positional logits) of 1/(N − 1), so ‖X·w − h_sym‖₁ ≤ ρ − 1 =: δ, and f moves by at most Lip·δ in every
-    coordinate (Lip = max|V| for eq. 2.1, max|A·ReLU(V)| with the FFN before, max row-sum|A|·max|V| after;
-    f is positively homogeneous in X·S, so w may stand for S). A run whose every test sequence has a
-    symmetric-point margin (top f − second f) above 2·Lip·δ, with room for rounding, cannot have changed a
-    prediction; only the others get the exact forward pass. `settle=False`: the exact pass for every run,
-    reading nothing back (on a device, where a read waits for it)."""
-    params = state.params
-    f_sym, _ = model.output(params, h_sym, geo.ffn)
-    if not settle:
-        at = model.attend(state.a, state.c, _index(tokens), geo)
-        return (model.output(params, at.h, geo.ffn)[0].argmax(2) != f_sym.argmax(2)).any(1)
-    L = tokens.shape[2]
-    za, zc = state.a / geo.nu_tok, state.c[:, :L] / geo.nu_pos
-    delta = torch.expm1((za.amax(1) - za.amin(1)) + (zc.amax(1) - zc.amin(1)))
-    V = params["V"]
-    if "A" not in params:
-        lip = V.abs().flatten(1).amax(1)
-    elif geo.ffn == "before":
-        lip = model.value_before(params).abs().flatten(1).amax(1)
-    else:
-        lip = params["A"].abs().sum(2).amax(1) * V.abs().flatten(1).amax(1)
-    top2 = f_sym.topk(2, dim=2).values if f_sym.shape[2] > 1 else torch.cat([f_sym, f_sym - float("inf")], 2)
-    margin = (top2[..., 0] - top2[..., 1]).amin(1)
-    rounding = 64 * torch.finfo(f_sym.dtype).eps * f_sym.abs().flatten(1).amax(1).clamp_min(1e-300)
-    unsure = ~(margin > 2 * lip * delta * (1 + 1e-6) + rounding)
-    out = torch.zeros(V.shape[0], dtype=torch.bool, device=V.device)
-    if not bool(unsure.any()):
-        return out
-    idx = unsure.nonzero()[:, 0]
-    sub = {k: v[idx] for k, v in params.items()}
-    at = model.attend(state.a[idx], state.c[idx], _index(tokens[idx]), geo)
-    f, _ = model.output(sub, at.h, geo.ffn)
-    out[idx] = (f.argmax(2) != f_sym[idx].argmax(2)).any(1)
-    return out
+    then changed what the model predicts, however small its spread. One exact forward pass: what
+    `Probe.pred` holds already at an evaluation, so training asks this only where a kernel's `pred` is unsure."""
+    at = model.attend(state.a, state.c, _index(tokens), geo)
+    return (model.output(state.params, at.h, geo.ffn)[0].argmax(2) != symmetric_pred(state.params, h_sym, geo)).any(1)
 
 
 def init_state(params: list[dict], ac: list[tuple[torch.Tensor, torch.Tensor]]) -> State:

@@ -40,7 +40,7 @@
 #define RW_AVX512 0
 #endif
 
-#define RW_ABI 9 /* fused.py reads this number from here: the one definition */
+#define RW_ABI 10 /* fused.py reads this number from here: the one definition */
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
 
@@ -65,6 +65,7 @@
     X(double, nu_tok) X(double, nu_pos) X(double, nu_q)                                                       \
     X(void *, loss) X(void *, acc) X(void *, kl) X(void *, pred_dist) X(void *, attention) X(void *, spread)   \
     X(void *, h_example) X(void *, h_var)                                                                     \
+    X(uint8_t *, pred) X(void *, gap)   /* (R, n) argmax f per sample; (R) min over samples of top f − next f */ \
     X(const void *, masks) X(const uint8_t *, tokT) X(int32_t, full) X(const void *, PB) X(int32_t, S)        \
     X(int32_t, nthreads) X(int32_t, impl)
 #define RW_FIELD(type, name) type name;
@@ -319,6 +320,8 @@ typedef struct {
     const REAL *V, *a, *c, *eps;
     REAL nu_tok, nu_pos, nu_q;
     REAL *loss, *acc, *kl, *pred_dist, *attention, *spread, *h_example, *h_var; /* (R), …, (R, L+1), (R), (R, K) ×2 */
+    uint8_t *pred; /* (R, n): argmax f of each sample (ties → first, NaN the maximum) */
+    REAL *gap;     /* (R): min over samples of (top f − the next f), 0 where a tie or a non-finite f leaves it open */
     const void *masks;
     const uint8_t *tokT; /* tokens by block, position, lane (rw_sweeps.fused._by_block), or NULL */
     int full;            /* 0: of the attention only the parent and query columns (the rest NaN) */
@@ -445,7 +448,7 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
     REAL *az = fn + K, *Zb = az + n * K, *E = Zb + n, *hs = E + L;
     REAL bq;
     SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_pos, x->nu_q, alpha, beta, &bq);
-    REAL lsum = 0, asum = 0, klsum = 0, pdsum = 0, sqsum = 0;
+    REAL lsum = 0, asum = 0, klsum = 0, pdsum = 0, sqsum = 0, gmin = 0;
     for (int64_t b = 0; b < n; b++) {
         const uint8_t *s = tok + b * L;
         const REAL *P = Pr + b * K;
@@ -467,6 +470,13 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
         for (int64_t o = 1; o < K; o++)
             if (f[o] > f[best] || (f[o] != f[o] && f[best] == f[best])) best = o;
         asum += (best == yb) ? 1 : 0;
+        x->pred[r * n + b] = (uint8_t)best;
+        REAL next = -INFINITY;
+        for (int64_t o = 0; o < K; o++)
+            if (o != best) next = SFX(nanmax)(next, f[o]);
+        REAL g = (K == 1) ? (REAL)INFINITY : f[best] - next;
+        g = (isfinite(f[best]) && (K == 1 || isfinite(next)) && g > 0) ? g : 0;
+        gmin = (b == 0 || g < gmin) ? g : gmin;
         REAL qs = 0, fn2 = 0, P2 = 0;
         for (int64_t k = 0; k < K; k++) {
             q[k] = (f[k] > TINY || f[k] != f[k]) ? f[k] : TINY;
@@ -515,6 +525,7 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
     x->kl[r] = klsum / nn;
     x->pred_dist[r] = pdsum / nn;
     x->spread[r] = spread;
+    x->gap[r] = gmin;
     REAL *att = x->attention + r * (L + 1);
     for (int64_t j = 0; j < L; j++) att[j] = beta[j] * E[j] / nn;
     att[L] = sqsum / nn;
@@ -810,13 +821,13 @@ static size_t SFX(eval_avx_scratch)(int64_t n, int64_t L, int64_t K) {
 }
 
 typedef struct {
-    VEC L, A, KL, PD, SQ;
+    VEC L, A, KL, PD, SQ, G; /* G: the least top-2 gap of f per lane */
 } SFX(eacc);
 
 ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC *H, const uint8_t *yy,
                                    const REAL *Pr, const VEC *alphav, const REAL *V, VEC vbq, VEC veps,
                                    SFX(eacc) *acc, REAL *azT, REAL *hT, REAL *Zb, REAL *Zr, int full,
-                                   const REAL *PBr, int S) {
+                                   const REAL *PBr, int S, uint8_t *pred) {
     const MASK vm = SFX(valid)(b0, n);
     const __m512i yi = VIDX(yy + b0, vm);
     const VEC tiny = VSET1(TINY), one = VSET1((REAL)1), zero = VZERO();
@@ -853,6 +864,24 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
     }
     MASK hit = VIEQ(bi, yi) & vm;
     acc->A = VMASK_ADD(acc->A, hit, acc->A, one);
+    /* the gap to the next f (0 on a tie or a non-finite f): where it is small, rounding may decide the argmax */
+    {
+        VEC next = VSET1(-INFINITY);
+#pragma GCC unroll 8
+        for (int o = 0; o < K; o++) next = VMASK_MAX(next, (MASK)~VIEQ(bi, VISET1(o)), next, f[o]);
+        const VEC inf = VSET1(INFINITY), ninf = VSET1(-INFINITY), g = VSUB(best, next);
+        const MASK ok = VCMP(best, inf, _CMP_LT_OQ) & VCMP(best, ninf, _CMP_GT_OQ) & VCMP(next, inf, _CMP_LT_OQ) &
+                        VCMP(next, ninf, _CMP_GT_OQ) & VCMP(g, zero, _CMP_GT_OQ);
+        acc->G = VMASK_MIN(acc->G, vm, acc->G, VMASK_MOV(zero, ok, g));
+#if LANES == 8
+        int64_t bs[LANES];
+#else
+        int32_t bs[LANES];
+#endif
+        _mm512_storeu_si512((void *)bs, bi);
+        const int nb = (int)(n - b0 < LANES ? n - b0 : LANES);
+        for (int l = 0; l < nb; l++) pred[b0 + l] = (uint8_t)bs[l];
+    }
     /* true conditionals of the block's samples: P[k] lane l = Pr[(b0 + l)·K + k], from the blocked copy
        (rows P_0 … P_{K−1}, Σ_k P log P, 1/‖P‖ per block: data, so computed once per data set) or gathered */
     const REAL *pb = PBr ? PBr + (b0 / LANES) * (K + 2 + 2 * S) * LANES : NULL;
@@ -955,8 +984,8 @@ static __attribute__((noinline)) void SFX(eval_chain_rt)(int K, int64_t b0, int6
                                                          const uint8_t *yy, const REAL *Pr, const VEC *alphav,
                                                          const REAL *V, VEC vbq, VEC veps, SFX(eacc) *acc,
                                                          REAL *azT, REAL *hT, REAL *Zb, REAL *Zr, int full,
-                                                         const REAL *PBr, int S) {
-    SFX(eval_chain)(K, b0, n, H, yy, Pr, alphav, V, vbq, veps, acc, azT, hT, Zb, Zr, full, PBr, S);
+                                                         const REAL *PBr, int S, uint8_t *pred) {
+    SFX(eval_chain)(K, b0, n, H, yy, Pr, alphav, V, vbq, veps, acc, azT, hT, Zb, Zr, full, PBr, S, pred);
 }
 
 /* the eval gather pass: E_j = Σ_b (α/Z_b)[s_bj]; per sample the max and min over j of α[s_bj]·β_j */
@@ -1058,7 +1087,8 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
 #pragma GCC unroll 8
     for (int k = 0; k < K; k++) alphav[k] = VSET1(alpha[k]);
     const VEC vbq = VSET1(bq), veps = VSET1(x->eps[r]);
-    SFX(eacc) acc = {VZERO(), VZERO(), VZERO(), VZERO(), VZERO()};
+    SFX(eacc) acc = {VZERO(), VZERO(), VZERO(), VZERO(), VZERO(), VSET1(INFINITY)};
+    uint8_t *pred = x->pred + r * n;
     /* The spread's max_j and min_j of α[s_bj]·β_j per sample, exactly, at the least cost:
        - α uniform (Thm 4.1's trap, zero init on a constant histogram): α·max β and α·min β, for every sample;
        - else only positions that can win: j with α_max·β_j < α_min·β_max is beaten at argmax β by every
@@ -1111,9 +1141,9 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
         }
 #pragma GCC unroll 16
         for (int i = 0; i < 2 * KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S, pred);
         SFX(eval_chain_rt)(K, (blk + 1) * LANES, n, Hc + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT,
-                           Zb, Zr, full, PBr, S);
+                           Zb, Zr, full, PBr, S, pred);
     }
     if (blk < nblk) {
         if (mode == 2 && tT) {
@@ -1127,7 +1157,7 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
         }
 #pragma GCC unroll 16
         for (int i = 0; i < KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S, pred);
     }
     if (full) {
         SFX(eval_tiles)(K, n, L, tok, azT, alpha, beta, E, mx, mn);
@@ -1157,6 +1187,7 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
     x->kl[r] = VRED_ADD(acc.KL) / nn;
     x->pred_dist[r] = VRED_ADD(acc.PD) / nn;
     x->spread[r] = spread;
+    x->gap[r] = VRED_MIN(acc.G);
     REAL *att = x->attention + r * (L + 1);
     if (full) {
         for (int64_t j = 0; j < L; j++) att[j] = beta[j] * E[j] / nn;
@@ -1267,7 +1298,7 @@ int SFX(rw_eval)(const rw_eval_args *A) {
     SFX(ectx) x = {R, n, L, K, A->tok, A->y, (const REAL *)A->P, (const REAL *)A->V, (const REAL *)A->a,
                    (const REAL *)A->c, (const REAL *)A->eps, (REAL)A->nu_tok, (REAL)A->nu_pos, (REAL)A->nu_q,
                    (REAL *)A->loss, (REAL *)A->acc, (REAL *)A->kl, (REAL *)A->pred_dist, (REAL *)A->attention,
-                   (REAL *)A->spread, (REAL *)A->h_example, (REAL *)A->h_var, A->masks, A->tokT, A->full,
+                   (REAL *)A->spread, (REAL *)A->h_example, (REAL *)A->h_var, A->pred, (REAL *)A->gap, A->masks, A->tokT, A->full,
                    (const REAL *)A->PB, A->S};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)

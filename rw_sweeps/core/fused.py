@@ -184,7 +184,7 @@ class EvalArgs(ctypes.Structure):
                 *((k, _PTR) for k in ("tok", "y", "P", "V", "a", "c", "eps")),
                 *((k, _DBL) for k in ("nu_tok", "nu_pos", "nu_q")),
                 *((k, _PTR) for k in ("loss", "acc", "kl", "pred_dist", "attention", "spread", "h_example",
-                                      "h_var", "masks", "tokT")),
+                                      "h_var", "pred", "gap", "masks", "tokT")),
                 ("full", _I32), ("PB", _PTR), ("S", _I32), ("nthreads", _I32), ("impl", _I32)]
 
 
@@ -519,6 +519,7 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     out = {k: torch.empty(R, dtype=dtype) for k in ("loss", "acc", "kl", "pred_dist", "spread")}
     att = torch.empty(R, L + 1, dtype=dtype)
     hx, hv = torch.empty(R, K, dtype=dtype), torch.empty(R, K, dtype=dtype)
+    pred, gap = torch.empty(R, n, dtype=torch.uint8), torch.empty(R, dtype=dtype)
     fn = lib.rw_eval_f64 if dtype == torch.float64 else lib.rw_eval_f32
     masks = _masks(lib, data.tokens, tok, K, dtype)
     lanes = 8 if dtype == torch.float64 else 16
@@ -528,9 +529,20 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
         R=R, n=n, L=L, K=K, tok=_ptr(tok), y=_ptr(y), P=_ptr(P), V=_ptr(Vc), a=_ptr(a), c=_ptr(c), eps=_ptr(eps_),
         nu_tok=float(geo.nu_tok), nu_pos=float(geo.nu_pos), nu_q=float(geo.nu_q), loss=_ptr(out["loss"]),
         acc=_ptr(out["acc"]), kl=_ptr(out["kl"]), pred_dist=_ptr(out["pred_dist"]), attention=_ptr(att),
-        spread=_ptr(out["spread"]), h_example=_ptr(hx), h_var=_ptr(hv), masks=_ptr(masks), tokT=_ptr(blocks),
+        spread=_ptr(out["spread"]), h_example=_ptr(hx), h_var=_ptr(hv), pred=_ptr(pred), gap=_ptr(gap), masks=_ptr(masks), tokT=_ptr(blocks),
         full=int(full), PB=_ptr(PB), S=S, nthreads=_threads(R), impl=0)))
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
     return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv,
-                        engine.v_pi_cosine(V, PiT))
+                        engine.v_pi_cosine(V, PiT), pred, ~(gap > _argmax_tolerance(Vc, K, L)))
+
+
+def _argmax_tolerance(V: torch.Tensor, K: int, L: int) -> torch.Tensor:
+    """(R,) how far this kernel's f may lie from engine.evaluate's, doubled: a sample whose top-2 gap of f is
+    above it has the same argmax in both. Both compute α, β, β_q from the same stabilised logits (bit for bit
+    up to exp, ≤ 2 ulp each), H as a sum of L positive terms, Z of K + 1 more, h = α∘H/Z and f = V h in their
+    own orders: each f_o is within (2K + 2L + 16)·ε·Σ_i |V_oi| h_i of the real number, and Σ_i h_i ≤ 1.
+    Eight times the sum of both errors; where a sample is closer to a tie than this, the prediction
+    check asks engine's exact pass (`training._Log.predictions`)."""
+    eps = torch.finfo(V.dtype).eps
+    return 16 * (2 * K + 2 * L + 16) * eps * V.abs().sum(2).amax(1)

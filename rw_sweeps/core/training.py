@@ -244,7 +244,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             snapshot = t in snap_steps  # only a snapshot needs the attention at every position
             probe = fused.evaluate(state, test_set, eps, geo, PiT, full=snapshot)
             log.evaluation(t, probe, state if snapshot else None)
-            log.predictions(t, state, test_set, geo, probe.spread)
+            log.predictions(t, state, test_set, geo, probe)
             evaluated = t
             if t == T:
                 loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
@@ -322,39 +322,43 @@ class _Log:
         if self.bytes > self.FLUSH_BYTES:
             self._copy()
 
-    def predictions(self, t: int, state: engine.State, test: engine.Batch, geo, spread: torch.Tensor) -> None:
+    def predictions(self, t: int, state: engine.State, test: engine.Batch, geo, probe: engine.Probe) -> None:
         """Have the predictions of the runs still at the symmetric point's left it at step t? Only runs whose
-        attention is not exactly uniform can have (spread 0: X·S is the histogram's, so is every prediction),
-        so a trap run costs nothing and a run costs one extra forward pass per evaluation only until its
-        predictions have moved (`engine.off_symmetric`)."""
-        need = (self.off > self.T) & (self.dead > self.T) & (spread > 0)
+        attention is not exactly uniform can have (spread 0: X·S is the histogram's, so is every prediction).
+        The evaluation's own predictions (`Probe.pred`) are compared with the symmetric point's (one
+        (n, K)·(K, K) product a run); a run whose `pred` the compiled kernel left unsure (a sample within its
+        rounding of a tie, `Probe.pred_unsure`) gets engine's exact pass, so every step is engine's."""
+        need = (self.off > self.T) & (self.dead > self.T) & (probe.spread > 0)
+        reads = self.HOST_READS if self.HOST_READS is not None else state.a.device.type == "cpu"
+        if reads and not bool(need.any()):  # on a CPU a read costs nothing: skip what is settled
+            return
         if self.h_sym is None:  # the test histograms, once per batch (R·n·K values: ~1 % of its data)
             self.h_sym = engine.symmetric_h(test, state.a.shape[1], state.a.dtype)
-        if not (self.HOST_READS if self.HOST_READS is not None else state.a.device.type == "cpu"):
-            # on a device, nothing is read back: every run gets the exact pass, the mask keeps the ones asked
-            off = engine.off_symmetric(state, test.tokens, geo, self.h_sym, settle=False)
-            self.off = torch.where(need & off, torch.full_like(self.off, t), self.off)
-            return
-        if not bool(need.any()):  # on a CPU a read costs nothing: skip what is settled
-            return
         # one thread on a CPU: PyTorch's idle pool threads spin after a parallel op and slow the compiled
         # kernel's own threads in the next step (measured: 2.0× → 1.3× on the worst case, bench_trust.py)
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        if state.a.device.type == "cpu":
+            torch.set_num_threads(1)
         try:
-            self._predictions(t, state, test, geo, need)
+            off = (probe.pred != engine.symmetric_pred(state.params, self.h_sym, geo)).any(1)
+            if probe.pred_unsure is not None:
+                off = self._exact(off, need & probe.pred_unsure, state, test, geo, reads)
         finally:
             torch.set_num_threads(threads)
+        self.off = torch.where(need & off, torch.full_like(self.off, t), self.off)
 
-    def _predictions(self, t: int, state: engine.State, test: engine.Batch, geo, need: torch.Tensor) -> None:
-        if bool(need.all()):  # the whole batch: no copies
-            off = engine.off_symmetric(state, test.tokens, geo, self.h_sym)
-            self.off = torch.where(off, torch.full_like(self.off, t), self.off)
-            return
-        idx = need.nonzero()[:, 0]
+    def _exact(self, off: torch.Tensor, unsure: torch.Tensor, state: engine.State, test: engine.Batch, geo,
+               reads: bool) -> torch.Tensor:
+        """`off` with engine's exact pass where `unsure`: for those runs only where a read is free, else for
+        every run, kept where asked (nothing read back)."""
+        if not reads:
+            return torch.where(unsure, engine.off_symmetric(state, test.tokens, geo, self.h_sym), off)
+        if not bool(unsure.any()):
+            return off
+        idx = unsure.nonzero()[:, 0]
         sub = engine.State({k: v[idx] for k, v in state.params.items()}, state.a[idx], state.c[idx], state.step)
-        off = engine.off_symmetric(sub, test.tokens[idx], geo, self.h_sym[idx])
-        self.off[idx] = torch.where(off, torch.full_like(idx, t), self.off[idx])
+        off[idx] = engine.off_symmetric(sub, test.tokens[idx], geo, self.h_sym[idx])
+        return off
 
     def train_loss(self, loss: torch.Tensor, finite: torch.Tensor | None = None) -> None:
         """The training loss before the last evaluated step; with `finite` (the final step, where no step

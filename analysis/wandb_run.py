@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rw_sweeps.core.safefs import owned_dirs
 from rw_sweeps.core import contract, readers
-from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, runs_table
+from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, runs_table, table
 from rw_sweeps.core.wandb_io import wandb as _wandb
 
 
@@ -104,7 +104,7 @@ def log_analysis(sweep_dir: Path, w: dict) -> None:
         art = wandb.Artifact(f"runs-{run_id}", type="runs", metadata={"swept": swept, "runs": len(runs)})
         art.add_file(str(rep.path.parent / "runs.parquet"), policy="immutable")
         run.log_artifact(art)
-        run.log({**images, "runs": wandb.Table(columns=cols, data=data, allow_mixed_types=True)})
+        run.log({**images, "runs": table(cols, data)})
         run.summary.update({"runs": len(runs), **{f"runs_{k}": int(v) for k, v in counts.items()},
                             "success_rate": float(runs["success"].mean()), "figures": len(images)})
     finally:

@@ -83,7 +83,7 @@ def test_model_gpt_trains_on_a_bayes_net_through_the_front_door(tmp_path):
     from .conftest import launch
 
     r = launch("model=gpt", "data=bayes_net", "data.target=all", "optim=adamw", "optim.lr=0.01", "optim.steps=20",
-               "data.n_train=64", "data.n_test=64", "eval_every=10", f"hydra.run.dir={tmp_path}")
+               "data.n_train=64", "data.n_test=64", "eval_every=10", "wandb.mode=offline", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert "wandb logging failed" not in r.stdout + r.stderr and list(tmp_path.glob("wandb/*/*.wandb"))
     s = json.loads((tmp_path / "summary.json").read_text())

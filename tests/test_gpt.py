@@ -274,7 +274,7 @@ def test_a_model_option_refuses_what_it_cannot_train_in_one_line(overrides, line
 def test_launch_trains_the_peers_objective_and_prints_its_baselines(tmp_path):
     r = launch("model=gpt", "data=binary_chain", "data.p=0.8", "data.q=0.8", "data.target=all", "data.online=true",
                "optim=adamw", "data.N=32", "optim.steps=30", "data.n_test=64", "eval_every=10",
-               f"hydra.run.dir={tmp_path}")
+               "wandb.mode=offline", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     assert "wandb logging failed" not in r.stdout + r.stderr and list(tmp_path.glob("wandb/*/*.wandb"))
     line = next(x for x in (r.stdout + r.stderr).splitlines() if "done:" in x)

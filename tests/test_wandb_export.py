@@ -474,6 +474,28 @@ def test_a_runs_table_row_is_the_runs_config_yaml_but_for_a_matrix(tmp_path):
     assert wandb_io.CELL_CAP < K * K
 
 
+def test_the_runs_table_is_the_one_wandbs_constructor_makes_without_its_per_cell_inference(tmp_path):
+    """`wandb_io.table` (the runs tables of a packed job and of a sweep's analysis run) against
+    wandb.Table(columns, data, allow_mixed_types=True) on rows of every kind a runs table holds (strings,
+    numbers, null, bools, lists): the same columns, rows, column types and serialised table. It reads wandb's
+    private `_column_types` and `_to_table_json`: this is the adapter's test."""
+    from rw_sweeps.core import wandb_io
+
+    wandb = wandb_io.wandb()
+    entries = [{"cfg": {"seed": s, "data": {"name": "random_walk", "p": p}, "snapshot_steps": [0, 5],
+                        "init": {"name": "gaussian", "sigma": 0.01} if s else {"name": "zero"}},
+                "run_dir": tmp_path / str(s),
+                "summary": {"status": "done" if s else "diverged", "test_acc": 0.5 * s or None, "trap": bool(s),
+                            "break_step": s or None}}
+               for s, p in enumerate((0.1, 0.5, 1.0))]
+    cols, rows = wandb_io.runs_table(entries, tmp_path)
+    ours, theirs = wandb_io.table(cols, rows), wandb.Table(columns=cols, data=rows, allow_mixed_types=True)
+    assert ours.columns == theirs.columns and ours.data == theirs.data == [list(r) for r in rows]
+    assert ours._column_types.to_json() == theirs._column_types.to_json()
+    assert ours._to_table_json() == theirs._to_table_json()
+    assert ours.data is not rows  # its own rows: the caller's list is not wandb's
+
+
 @pytest.mark.e2e
 def test_sync_hands_a_sweep_whose_name_starts_with_a_dash_to_wandb_as_a_path(tmp_path):
     """A folder named `-x` (given after `--`, as for any command) is a path to `wandb sync`, never an

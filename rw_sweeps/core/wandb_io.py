@@ -22,6 +22,18 @@ def wandb():
     return wandb
 
 
+def table(columns: list[str], rows: list[list]):
+    """wandb.Table(columns=…, data=rows, allow_mixed_types=True), without its per-cell type inference. With
+    mixed types allowed every column starts as Optional[Any], and assigning any value to that type gives it
+    back: the inference (~1.5 s for 1,000 rows × 80 columns, in Python) cannot change it. So the table is made
+    empty and given its rows in `Table.data`, the list `add_data` appends to: the same columns, types and
+    rows (`tests/test_wandb_export.py` holds the two equal). Only plain values go here, no wandb media or
+    table links (which `add_data` casts)."""
+    t = wandb().Table(columns=columns, data=[], allow_mixed_types=True)
+    t.data = [list(r) for r in rows]
+    return t
+
+
 def drop_partial(wandb_dir: Path, run_id: str) -> None:
     """A run is logged whole when it ends, so an offline run left by a killed or concurrent attempt is
     replaced, never kept beside the new one (`wandb sync` would upload both under one id)."""
@@ -93,8 +105,8 @@ def runs_table(entries: list[dict], sweep_dir: Path) -> tuple[list[str], list[li
     every config key under its dotted config.yaml path with its value as config.yaml holds it (lists as
     lists; null where the run's options lack the key, as a zero-init run lacks `init.sigma`), then every
     summary field but its copies of config keys (`ECHOES`: the config's own column holds each). A key whose
-    value holds more than CELL_CAP numbers in some run (a transition matrix) has no column: wandb type-checks
-    every element of every cell, and a table of K² cells a row is no table to filter by. What
+    value holds more than CELL_CAP numbers in some run (a transition matrix) has no column: a table of K²
+    cells a row is no table to filter by. What
     wandb's table panel filters, groups and plots runs by: a packed job's (`rw_sweeps.sweeps.tracking`) and
     a whole sweep's (its analysis run, `analysis.wandb_run`). `entries`: cfg, run_dir and summary each."""
     flat = [leaves(e["cfg"]) for e in entries]

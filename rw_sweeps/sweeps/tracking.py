@@ -49,7 +49,7 @@ from rw_sweeps.core import readers, results
 from rw_sweeps.core.contract import CAPS, SUMMARY
 from rw_sweeps.core.safefs import PlantedLink, atomic_write, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
-from rw_sweeps.core.wandb_io import leaves, run_name, runs_table, shared  # noqa: F401 - run_name: the names' owner
+from rw_sweeps.core.wandb_io import leaves, run_name, runs_table, shared, table  # noqa: F401 - run_name: the names' owner
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
 
@@ -304,7 +304,7 @@ def _log_job(entries: list[dict]) -> None:
         art = wandb.Artifact(f"history-{job_id}", type="history", metadata={"swept": swept})
         art.add_file(str(folder / "history.parquet"), policy="immutable")  # referenced in place, not copied
         run.log_artifact(art)
-        run.log({"runs": wandb.Table(columns=cols, data=rows, allow_mixed_types=True)})
+        run.log({"runs": table(cols, rows)})
         done = [e["summary"] for e in entries if e["summary"].get("status") == "done"]
         run.summary.update({"runs": len(entries), "done": len(done),
                             "mean_test_acc": sum(s["test_acc"] for s in done) / len(done) if done else None})

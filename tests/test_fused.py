@@ -369,3 +369,44 @@ def test_the_kernel_arguments_travel_in_structs_checked_against_the_library(kern
         with pytest.raises(RuntimeError, match="layout"):
             fused._check_layout(lib, swapped, which)
     assert f"#define RW_ABI {fused.ABI} " in fused.SOURCE.read_text() and lib.rw_abi() == fused.ABI
+
+
+@pytest.mark.parametrize("case", ["subnormal attention (float64)", "subnormal V (float32)"])
+@pytest.mark.parametrize("isa", ["native", "generic"])
+def test_the_kernel_leaves_an_argmax_in_the_subnormal_range_to_torch(case, isa, monkeypatch, tmp_path):
+    """Below the normal range rounding is absolute, not relative to |V|: a token-logit spread of ~718 puts a
+    sequence's α (and its Z) among the subnormals, where glibc's exp and torch's differ by one step, and a
+    subnormal V rounds its products to that grid. Both give f an exact tie in torch that the kernel's own
+    rounding breaks; the kernel must not be sure of either (found by an attack on `_argmax_tolerance`)."""
+    if isa == "generic":
+        monkeypatch.setenv("RW_SWEEPS_FUSED_ISA", "generic")
+        monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path))
+        fused.reset()
+    try:
+        if not fused.available(K=3):
+            pytest.skip(f"no compiled kernel here: {fused.last_error()}")
+        if case.startswith("subnormal attention"):
+            dt, x = torch.float64, -717.656759
+            a = torch.tensor([[0.0, x, x + 1e-9]], dtype=dt)
+            alpha = torch.exp(torch.tensor([x, x + 1e-9], dtype=dt))
+            V = torch.zeros(1, 3, 3, dtype=dt)
+            V[0, 0, 1], V[0, 1, 2] = 1.0, (alpha[0] / alpha[1]).item()  # f_0 = f_1 in torch's rounding
+            tokens = [1, 2]
+        else:
+            dt, U = torch.float32, torch.tensor(1e-45, dtype=torch.float32)
+            a = torch.tensor([[0.0, -0.00301, -50.0]], dtype=dt)
+            V = torch.zeros(1, 3, 3, dtype=dt)
+            V[0, 0, 0], V[0, 1, 1] = 5961 * U, 5980 * U  # ~8e-42
+            tokens = [0, 1]
+        state = engine.State({"V": V}, a, torch.tensor([[0.0, 0.0, -1000.0]], dtype=dt))
+        n = 16
+        batch = engine.Batch(torch.tensor(tokens).expand(1, n, 2).contiguous(), torch.zeros(1, n, dtype=torch.int64),
+                             torch.full((1, n, 3), 1 / 3, dtype=dt))
+        geo = model.Geometry(1.0, 1.0, 1.0, 1.0, None, 1.0)
+        eps = torch.full((1,), 1e-12, dtype=dt)
+        got, ref = fused.evaluate(state, batch, eps, geo), engine.evaluate(state, batch, eps, geo)
+        assert got.pred_unsure.item() or torch.equal(got.pred.long(), ref.pred)
+        assert got.pred_unsure.item()  # the tie is torch's; the kernel leaves it to torch
+    finally:
+        monkeypatch.undo()
+        fused.reset()

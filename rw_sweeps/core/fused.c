@@ -40,7 +40,7 @@
 #define RW_AVX512 0
 #endif
 
-#define RW_ABI 10 /* fused.py reads this number from here: the one definition */
+#define RW_ABI 11 /* fused.py reads this number from here: the one definition */
 #define KMAX_FAST 8 /* the AVX-512 path keeps K ≤ 8 histogram accumulators per block in registers */
 #define TILE_V 8    /* position vectors per gather tile (accumulators + partial sums stay in registers) */
 
@@ -156,6 +156,7 @@ static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 #define LOG log
 #define SQRT sqrt
 #define TINY 2.2250738585072014e-308 /* torch.finfo(float64).tiny */
+#define ZSURE 0x1p-511 /* √TINY: below it a sample's normaliser Z leaves its argmax to torch (see `gap`) */
 #define GATHER_CHUNK (1 << 30)       /* samples per partial sum in the gather pass (f64: one chunk) */
 #if RW_AVX512
 #define LANES 8
@@ -253,6 +254,7 @@ __m512d _ZGVeN8v_log(__m512d);
 #define LOG logf
 #define SQRT sqrtf
 #define TINY 1.17549435082228750797e-38f /* torch.finfo(float32).tiny */
+#define ZSURE 0x1p-63f /* √TINY */
 #define GATHER_CHUNK 64                  /* f32: partial sums over 64 samples keep the rounding near torch's */
 #if RW_AVX512
 #define LANES 16
@@ -321,7 +323,9 @@ typedef struct {
     REAL nu_tok, nu_pos, nu_q;
     REAL *loss, *acc, *kl, *pred_dist, *attention, *spread, *h_example, *h_var; /* (R), …, (R, L+1), (R), (R, K) ×2 */
     uint8_t *pred; /* (R, n): argmax f of each sample (ties → first, NaN the maximum) */
-    REAL *gap;     /* (R): min over samples of (top f − the next f), 0 where a tie or a non-finite f leaves it open */
+    REAL *gap;     /* (R): min over samples of (top f − the next f); 0 where a tie, a non-finite f or Z < ZSURE
+                      leaves it open (there α, β, H may be subnormal, whose rounding is absolute, not relative:
+                      divided by Z ≥ √tiny it is below ε·√tiny of h) */
     const void *masks;
     const uint8_t *tokT; /* tokens by block, position, lane (rw_sweeps.fused._by_block), or NULL */
     int full;            /* 0: of the attention only the parent and query columns (the rest NaN) */
@@ -475,7 +479,7 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
         for (int64_t o = 0; o < K; o++)
             if (o != best) next = SFX(nanmax)(next, f[o]);
         REAL g = (K == 1) ? (REAL)INFINITY : f[best] - next;
-        g = (isfinite(f[best]) && (K == 1 || isfinite(next)) && g > 0) ? g : 0;
+        g = (isfinite(f[best]) && (K == 1 || isfinite(next)) && g > 0 && Z >= ZSURE) ? g : 0;
         gmin = (b == 0 || g < gmin) ? g : gmin;
         REAL qs = 0, fn2 = 0, P2 = 0;
         for (int64_t k = 0; k < K; k++) {
@@ -871,7 +875,7 @@ ALWAYS_INLINE void SFX(eval_chain)(const int K, int64_t b0, int64_t n, const VEC
         for (int o = 0; o < K; o++) next = VMASK_MAX(next, (MASK)~VIEQ(bi, VISET1(o)), next, f[o]);
         const VEC inf = VSET1(INFINITY), ninf = VSET1(-INFINITY), g = VSUB(best, next);
         const MASK ok = VCMP(best, inf, _CMP_LT_OQ) & VCMP(best, ninf, _CMP_GT_OQ) & VCMP(next, inf, _CMP_LT_OQ) &
-                        VCMP(next, ninf, _CMP_GT_OQ) & VCMP(g, zero, _CMP_GT_OQ);
+                        VCMP(next, ninf, _CMP_GT_OQ) & VCMP(g, zero, _CMP_GT_OQ) & VCMP(Z, VSET1(ZSURE), _CMP_GE_OQ);
         acc->G = VMASK_MIN(acc->G, vm, acc->G, VMASK_MOV(zero, ok, g));
 #if LANES == 8
         int64_t bs[LANES];

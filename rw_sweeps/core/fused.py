@@ -538,11 +538,15 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
 
 
 def _argmax_tolerance(V: torch.Tensor, K: int, L: int) -> torch.Tensor:
-    """(R,) how far this kernel's f may lie from engine.evaluate's, doubled: a sample whose top-2 gap of f is
+    """(R,) how far this kernel's f may lie from engine.evaluate's, with room: a sample whose top-2 gap of f is
     above it has the same argmax in both. Both compute α, β, β_q from the same stabilised logits (bit for bit
     up to exp, ≤ 2 ulp each), H as a sum of L positive terms, Z of K + 1 more, h = α∘H/Z and f = V h in their
-    own orders: each f_o is within (2K + 2L + 16)·ε·Σ_i |V_oi| h_i of the real number, and Σ_i h_i ≤ 1.
-    Eight times the sum of both errors; where a sample is closer to a tie than this, the prediction
-    check asks engine's exact pass (`training._Log.predictions`)."""
-    eps = torch.finfo(V.dtype).eps
-    return 16 * (2 * K + 2 * L + 16) * eps * V.abs().sum(2).amax(1)
+    own orders. In the normal range each f_o is within (2K + 2L + 16)·ε·Σ_i |V_oi| h_i of the real number
+    (Σ_i h_i ≤ 1); the kernel leaves a sample whose Z is below √tiny to engine (its `gap` is 0 there), so the
+    absolute roundings of subnormal α, β, H add at most ε·√tiny per term of h; and a product or sum in f that
+    underflows is off by at most half the least subnormal, K + 1 of them per f_o. Eight times the relative
+    bound of both, plus eight times the absolute one; where a sample is closer to a tie than this, the
+    prediction check asks engine's exact pass (`training._Log.predictions`)."""
+    fi = torch.finfo(V.dtype)
+    least = fi.tiny * fi.eps  # the least subnormal
+    return 16 * (2 * K + 2 * L + 16) * fi.eps * V.abs().sum(2).amax(1) + 8 * (K + 1) * least

@@ -184,10 +184,16 @@ def test_kernel_matches_torch_ragged_shapes(kernel, precision, rtol):
                    precision=precision) for s in range(2)], rtol)
 
 
-def test_portable_build_matches_torch(kernel, monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def generic_cache(tmp_path_factory):
+    """A cache of this module's own for the portable build: compiled once (~8 s of CPU), by its first test."""
+    return tmp_path_factory.mktemp("generic-build")
+
+
+def test_portable_build_matches_torch(kernel, monkeypatch, generic_cache):
     """The build for CPUs without AVX-512 (plain C) gives the same results."""
     monkeypatch.setenv("RW_SWEEPS_FUSED_ISA", "generic")
-    monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path))
+    monkeypatch.setenv("RW_SWEEPS_CACHE", str(generic_cache))
     fused.reset()
     try:
         assert fused.available(K=6) and not fused.info()["avx512"]
@@ -373,14 +379,14 @@ def test_the_kernel_arguments_travel_in_structs_checked_against_the_library(kern
 
 @pytest.mark.parametrize("case", ["subnormal attention (float64)", "subnormal V (float32)"])
 @pytest.mark.parametrize("isa", ["native", "generic"])
-def test_the_kernel_leaves_an_argmax_in_the_subnormal_range_to_torch(case, isa, monkeypatch, tmp_path):
+def test_the_kernel_leaves_an_argmax_in_the_subnormal_range_to_torch(case, isa, monkeypatch, generic_cache):
     """Below the normal range rounding is absolute, not relative to |V|: a token-logit spread of ~718 puts a
     sequence's α (and its Z) among the subnormals, where glibc's exp and torch's differ by one step, and a
     subnormal V rounds its products to that grid. Both give f an exact tie in torch that the kernel's own
     rounding breaks; the kernel must not be sure of either (found by an attack on `_argmax_tolerance`)."""
     if isa == "generic":
         monkeypatch.setenv("RW_SWEEPS_FUSED_ISA", "generic")
-        monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path))
+        monkeypatch.setenv("RW_SWEEPS_CACHE", str(generic_cache))
         fused.reset()
     try:
         if not fused.available(K=3):

@@ -115,7 +115,9 @@ def json_value(raw: bytes, path, what: str | None = None):
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise Broken(path, f"{what or Path(path).name} is not valid JSON ({_short(e)})") from None
-    if _LONG_DIGITS.search(raw):  # orjson reads an integer beyond 64 bits as a float: ask the standard parser
+    # orjson reads an integer beyond 64 bits as a float: ask the standard parser. The regex (~5 µs a history row)
+    # runs only where the text has a run of 19 digits at all (every digit as 0, then a substring test: ~0.5 µs)
+    if _NINETEEN in raw.translate(_DIGITS_AS_0) and _LONG_DIGITS.search(raw):
         _no_long_ints(raw, path, what)
     # What is left to check is the nesting: orjson's numbers are finite (it refuses NaN, Infinity and numbers
     # that overflow a double) and every integer of 19 digits or more was checked exactly above, so a text with
@@ -128,6 +130,7 @@ def json_value(raw: bytes, path, what: str | None = None):
 # a run of 19 digits or more not inside a fraction or exponent (it may be inside a string: checked exactly):
 # every integer outside int64 has 19 digits or more
 _LONG_DIGITS = re.compile(rb"(?<![\d.eE+])\d{19,}")
+_DIGITS_AS_0, _NINETEEN = bytes.maketrans(b"123456789", b"000000000"), b"0" * 19
 
 
 def _no_long_ints(raw: bytes, path, what) -> None:

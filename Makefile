@@ -9,11 +9,14 @@ JOBS  ?= 3   # pytest-xdist workers: on 2 cores, a third overlaps the time tests
 
 .PHONY: install demo test test-fast bench clean slurm-up slurm-down
 
+# --no-compile: pip byte-compiles every file it installs (most of the set-up's minute, torch's thousands of
+# modules included); Python compiles what a process imports, once, on first import, into the same __pycache__
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)   # first, so the range in pyproject does not pull a CUDA build
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-compile $(TORCH)   # first, so the range in pyproject does not pull a CUDA build
+	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) -c "import torch, wandb, pandas, matplotlib.pyplot, launch, analysis.__main__"   # compiled once, not by each first process
 	touch $@
 
 install: $(VENV)/.installed

@@ -9,14 +9,15 @@ JOBS  ?= 3   # pytest-xdist workers: on 2 cores, a third overlaps the time tests
 
 .PHONY: install demo test test-fast bench clean slurm-up slurm-down
 
-# --no-compile: pip byte-compiles every file it installs (most of the set-up's minute, torch's thousands of
-# modules included); Python compiles what a process imports, once, on first import, into the same __pycache__
+# pip byte-compiles what it installs one file at a time (most of the set-up's minute: torch alone has thousands
+# of modules); compileall does the same on every core. Every module is compiled at install, as pip would:
+# a process never compiles one itself (nor could it keep one where PYTHONDONTWRITEBYTECODE is set)
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile $(TORCH)   # first, so the range in pyproject does not pull a CUDA build
 	$(PY) -m pip install -q --no-compile -e '.[dev]'
-	$(PY) -c "import torch, wandb, pandas, matplotlib.pyplot, launch, analysis.__main__"   # compiled once, not by each first process
+	$(PY) -m compileall -q -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") > /dev/null
 	touch $@
 
 install: $(VENV)/.installed

@@ -1145,7 +1145,8 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
         }
 #pragma GCC unroll 16
         for (int i = 0; i < 2 * KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S, pred);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S,
+                           pred);
         SFX(eval_chain_rt)(K, (blk + 1) * LANES, n, Hc + KMAX_FAST, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT,
                            Zb, Zr, full, PBr, S, pred);
     }
@@ -1161,7 +1162,8 @@ ALWAYS_INLINE void SFX(eval_avx_body)(const int K, const SFX(ectx) *x, int64_t r
         }
 #pragma GCC unroll 16
         for (int i = 0; i < KMAX_FAST; i++) Hc[i] = H[i];
-        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S, pred);
+        SFX(eval_chain_rt)(K, blk * LANES, n, Hc, yy, Pr, alphav, V, vbq, veps, &acc, azT, hT, Zb, Zr, full, PBr, S,
+                           pred);
     }
     if (full) {
         SFX(eval_tiles)(K, n, L, tok, azT, alpha, beta, E, mx, mn);
@@ -1302,8 +1304,8 @@ int SFX(rw_eval)(const rw_eval_args *A) {
     SFX(ectx) x = {R, n, L, K, A->tok, A->y, (const REAL *)A->P, (const REAL *)A->V, (const REAL *)A->a,
                    (const REAL *)A->c, (const REAL *)A->eps, (REAL)A->nu_tok, (REAL)A->nu_pos, (REAL)A->nu_q,
                    (REAL *)A->loss, (REAL *)A->acc, (REAL *)A->kl, (REAL *)A->pred_dist, (REAL *)A->attention,
-                   (REAL *)A->spread, (REAL *)A->h_example, (REAL *)A->h_var, A->pred, (REAL *)A->gap, A->masks, A->tokT, A->full,
-                   (const REAL *)A->PB, A->S};
+                   (REAL *)A->spread, (REAL *)A->h_example, (REAL *)A->h_var, A->pred, (REAL *)A->gap, A->masks,
+                   A->tokT, A->full, (const REAL *)A->PB, A->S};
 #if RW_AVX512
     if (impl == 0 && K >= 3 && K <= KMAX_FAST)
         return parallel_runs(SFX(eval_avx_fns)[K], &x, R, SFX(eval_avx_scratch)(n, L, K), nthreads);

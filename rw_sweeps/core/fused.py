@@ -529,7 +529,8 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
         R=R, n=n, L=L, K=K, tok=_ptr(tok), y=_ptr(y), P=_ptr(P), V=_ptr(Vc), a=_ptr(a), c=_ptr(c), eps=_ptr(eps_),
         nu_tok=float(geo.nu_tok), nu_pos=float(geo.nu_pos), nu_q=float(geo.nu_q), loss=_ptr(out["loss"]),
         acc=_ptr(out["acc"]), kl=_ptr(out["kl"]), pred_dist=_ptr(out["pred_dist"]), attention=_ptr(att),
-        spread=_ptr(out["spread"]), h_example=_ptr(hx), h_var=_ptr(hv), pred=_ptr(pred), gap=_ptr(gap), masks=_ptr(masks), tokT=_ptr(blocks),
+        spread=_ptr(out["spread"]), h_example=_ptr(hx), h_var=_ptr(hv), pred=_ptr(pred), gap=_ptr(gap),
+        masks=_ptr(masks), tokT=_ptr(blocks),
         full=int(full), PB=_ptr(PB), S=S, nthreads=_threads(R), impl=0)))
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")

@@ -19,12 +19,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SMALL = ["data.n_test=200", "optim.steps=10"]  # n_train stays 1000: with fewer, p = 0.5 often locks on a wrong position
 
 
+def _names(args: tuple, key: str) -> bool:
+    """Does the command set `key` (as `key=…`, `+key=…`, `++key=…` or `~key`)?"""
+    return any(a.lstrip("+~").startswith(key) for a in args)
+
+
 def _with_analysis_named(args: tuple) -> list[str]:
     """The command a test runs, with the sweep-end wandb analysis run (`wandb.analysis`) off unless the test
     names the key: it is one report of the whole sweep, drawn after the last run is written (a Hydra callback
     whose failure is a warning), and costs a launch ~2.5 s of imports and drawing. The tests that are about it
     say `wandb.analysis=true`; every other launch runs as the user's command otherwise would."""
-    if any(a.lstrip("+~").startswith("wandb.analysis") for a in args):
+    if _names(args, "wandb.analysis"):
         return list(args)
     return [*args, "wandb.analysis=false"]
 
@@ -35,7 +40,7 @@ def _environment(args: tuple, env: dict | None) -> dict:
     service process, a run per job); the tests about wandb, its files and its behaviour under faults and signals
     say `wandb.mode=offline`, and every other launch is the user's command with `wandb.mode=disabled`."""
     e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    if not any(a.lstrip("+~").startswith("wandb.mode") for a in args):
+    if not _names(args, "wandb.mode"):
         e["WANDB_MODE"] = "disabled"
     return {**e, **(env or {})}
 

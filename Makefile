@@ -29,10 +29,10 @@ demo: install
 	@echo "report: $(SWEEP)/report/index.html"
 
 test: install
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup
+	$(PY) -m pytest -n $(JOBS) --dist loadfile
 
 test-fast: install
-	RW_UNIT_ONLY=1 $(PY) -m pytest -n $(JOBS) --dist loadgroup -m "not e2e and not slurm and not slow"
+	RW_UNIT_ONLY=1 $(PY) -m pytest -n $(JOBS) --dist loadfile -m "not e2e and not slurm and not slow"
 
 bench: install
 	$(PY) benchmarks/bench_hydra.py

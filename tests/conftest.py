@@ -97,6 +97,22 @@ def status_here(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["rw-status", *args], code, out.getvalue(), err.getvalue())
 
 
+def forget_version_base() -> None:
+    """Hydra's launcher test suite runs its apps without a version_base: forget the one earlier tests' compose()
+    set (Hydra keeps it in a process-wide singleton)."""
+    from hydra.core.singleton import Singleton
+    from hydra.version import VersionBase
+
+    Singleton._instances.pop(VersionBase, None)
+
+
+def one_error_line(r: subprocess.CompletedProcess) -> str:
+    """The refusal a launch printed: one line on stderr, no traceback anywhere."""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
+    return lines[0]
+
+
 def wait_until(predicate, timeout: float, what: str, poll: float = 0.05):
     """Poll `predicate` until it returns something truthy; fail the test after `timeout` s."""
     import time
@@ -181,10 +197,34 @@ def refuse_processes() -> None:
     subprocess.Popen.__init__ = unit_only
 
 
+# Parallel workers: `make test` runs `pytest -n N --dist loadfile`, which keeps a test module on one worker, so its
+# module- and session-scoped sweeps are built once. The SLURM tests share one module for the same reason: one
+# worker runs them one after another (the cluster is one node, and they read its queue).
+SLURM_MODULE = "test_slurm.py"
+
+
 def pytest_collection_modifyitems(config, items):
-    """Parallel workers (`pytest -n N --dist loadgroup`, as `make test` runs): a test module stays on one worker,
-    so its module- and session-scoped sweeps are built once; every test that needs the SLURM cluster runs on one
-    worker, one after another (the cluster is one node, and those tests read its queue)."""
-    for item in items:
-        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    stray = [i.nodeid for i in items if i.get_closest_marker("slurm") and i.path.name != SLURM_MODULE]
+    if stray:
+        raise pytest.UsageError(f"{stray[0]} is marked slurm: tests that need the SLURM cluster live in "
+                                f"tests/{SLURM_MODULE}, which one worker runs")
+
+
+def pytest_runtest_logreport(report):
+    """On the controller of a parallel run, which worker ran each module (`report.node`, xdist's public report
+    attribute): checked at the end, so a scheduler that stops keeping modules together fails the run."""
+    node = getattr(report, "node", None)
+    if node is not None:
+        _WORKERS.setdefault(report.nodeid.split("::", 1)[0], set()).add(node.gateway.id)
+
+
+_WORKERS: dict[str, set] = {}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    split = sorted(m for m, w in _WORKERS.items() if len(w) > 1)
+    if split and session.config.getoption("dist", "no") == "loadfile":
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"error: {len(split)} test module(s) ran on more than one worker ({split[0]}, …): their shared "
+            f"sweeps were built once per worker; see tests/conftest.py", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

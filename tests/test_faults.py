@@ -18,9 +18,8 @@ import pytest
 
 from rw_sweeps.core import fused
 from rw_sweeps.sweeps import lock
-from .conftest import launch, start_launch, wait_for_training, wait_for_work, wait_until
+from .conftest import launch, one_error_line, start_launch, wait_for_training, wait_for_work, wait_until
 from .test_config import checked
-from .test_slurm import cluster, record, sacct  # noqa: F401 - cluster: the SLURM fixture
 
 L = ["model.M=200", "data.n_train=200", "data.n_test=200", "optim.steps=20", "wandb.mode=disabled"]
 FIVE = ["seed=range(0,5)"]
@@ -33,12 +32,6 @@ def summaries(sweep: Path) -> dict[str, dict]:
 
 def sweep_line(r: subprocess.CompletedProcess) -> str:
     return r.stdout.strip().splitlines()[-1]
-
-
-def one_error_line(r: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "Traceback" not in r.stderr + r.stdout, r.stderr
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------------- isolation, resume
@@ -336,42 +329,3 @@ def test_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, mon
     assert got.read_bytes() != b"planted" and got.parent not in (shared, planted)
     st = os.stat(got.parent)
     assert st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
-# ------------------------------------------------------------------------------------- SLURM
-@pytest.mark.slurm
-@pytest.mark.usefixtures("cluster")
-def test_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path):
-    sweep = tmp_path / "S"
-    # submitted held (sbatch --hold), so the job trains only once this test has released it: what the test does
-    # before then takes no time from the runs, whatever the machine's load
-    args = ["-m", "hydra/launcher=packed_slurm", "hydra.launcher.detach=true", "data.n_test=100",
-            "+hydra.launcher.additional_parameters.hold=true", "optim.steps=60000", "eval_every=1000", "seed=0,1",
-            "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]
-    r = launch(*args)
-    assert r.returncode == 0, r.stderr
-    try:
-        # a detached sweep's lock belongs to its jobs, held ones too: a second launch names them
-        job = next(iter(record(sweep)["jobs"]))
-        r2 = launch(*args)
-        assert r2.returncode == 2 and f"SLURM job(s) {job.split('_')[0]}" in one_error_line(r2)
-
-        log = lambda: "\n".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.out"))  # noqa: E731
-        held = subprocess.run(["squeue", "-h", "-j", job.split("_")[0], "-o", "%T %r"], capture_output=True, text=True)
-        assert set(held.stdout.split("\n")) - {""} == {"PENDING JobHeldUser"}, held.stdout
-        subprocess.run(["scontrol", "release", job.split("_")[0]], check=True, capture_output=True)
-        wait_until(lambda: "training 2 run(s): step 0" in log(), 180, "the job's training to start")
-        # the signal (what SLURM sends before a preemption or the time limit) lands as the 60,000 steps start;
-        # SLURM forwards it to the job's step, where the training loop checkpoints and submitit requeues
-        assert not (sweep / "0" / "summary.json").exists()
-        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)
-        wait_until(lambda: "from its checkpoint at step" in log(), 300, "the requeued job to resume")
-        import re
-
-        step = int(re.search(r"from its checkpoint at step (\d+)", log()).group(1))
-        assert step > 0  # with checkpoint_every=0: the progress before the signal was kept
-        wait_until(lambda: len(summaries(sweep)) == 2, 600, "the runs to end")
-        assert all(s["status"] == "done" and s["steps"] == 60000 for s in summaries(sweep).values())
-        assert "REQUEUED" in sacct([job.split("_")[0]], "State", duplicates=True)[job]
-    finally:
-        subprocess.run(["scancel", *record(sweep).get("arrays", [])], capture_output=True)

@@ -10,8 +10,7 @@ import pytest
 import yaml
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
-from .conftest import ROOT, SMALL, launch, summaries
-from .test_slurm import cluster  # noqa: F401 - the SLURM fixture
+from .conftest import ROOT, SMALL, forget_version_base, launch, summaries
 
 QUIET = [*SMALL, "wandb.mode=disabled"]
 
@@ -19,12 +18,7 @@ QUIET = [*SMALL, "wandb.mode=disabled"]
 # -------------------------------------------------------------------- Hydra's own launcher test suite
 @pytest.fixture(autouse=True)
 def _unset_version_base():
-    """Hydra's suite runs its apps without a version_base: forget the one earlier tests' compose() set."""
-    from hydra.core.singleton import Singleton
-    from hydra.version import VersionBase
-
-    Singleton._instances.pop(VersionBase, None)
-    yield
+    forget_version_base()
 
 # Each preset is the `rw` launcher plus its deltas (conf/hydra/launcher/*.yaml); Hydra's suite apps have
 # their own config folders, so it is selected by its ConfigStore name with the preset's deltas.
@@ -38,15 +32,7 @@ def _unset_version_base():
 class TestRwLauncher(LauncherTestSuite):
     """Any task but the project's own runs through Hydra's run_job, job by job, as Hydra's launchers do."""
 
-
-@pytest.mark.slurm
-@pytest.mark.parametrize("launcher_name, overrides", [
-    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.pack=false", "hydra.launcher.timeout_min=5"]),
-    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.timeout_min=5"]),
-], ids=["slurm", "packed_slurm"])
-@pytest.mark.usefixtures("cluster")
-class TestRwLauncherOnSlurm(LauncherTestSuite):
-    """The SLURM backend on the test cluster (a SLURM job per job; see tests/test_slurm.py)."""
+# The same suite on the SLURM backend: tests/test_slurm.py::TestRwLauncherOnSlurm.
 
 
 # -------------------------------------------------------------------- packing is invisible

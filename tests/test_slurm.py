@@ -3,6 +3,8 @@ faults (`scontrol requeue`, a run that raises, `scancel`), real accounting.
 
 Without a reachable cluster the cluster tests skip and say why, unless RW_REQUIRE_SLURM=1 (set by
 `.ci/run`), which turns the skip into a failure. The sbatch-script and parsing tests need no cluster.
+Every test that needs the cluster lives in this module (tests/conftest.py holds to it): `make test` keeps a
+module on one worker, so they run one after another on the one-node cluster whose queue they read.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
 from rw_sweeps.sweeps import status
-from .conftest import SMALL, launch, start_launch, status_cmd, steps_lasting, summaries, wait_until
+from .conftest import SMALL, forget_version_base, launch, one_error_line, start_launch, status_cmd, steps_lasting, summaries, wait_until
 from .wandb_files import read_run
 
 QUIET = [*SMALL, "wandb.mode=disabled"]
@@ -373,3 +376,56 @@ def test_g_an_adaptive_sweep_through_slurm_asks_the_points_it_asks_here(sweep_di
     assert len(rec["arrays"]) == 2 and len(rec["runs"]) == 6  # one array a round
     st = status_cmd(str(sweep_dir))
     assert "6 done" in st.stdout, st.stdout + st.stderr
+
+
+# ------------------------------------------------------------------------------------------ usr2
+@pytest.mark.slurm
+@pytest.mark.usefixtures("cluster")
+def test_on_slurm_usr2_checkpoints_every_run_before_the_requeue(tmp_path):
+    sweep = tmp_path / "S"
+    # submitted held (sbatch --hold), so the job trains only once this test has released it: what the test does
+    # before then takes no time from the runs, whatever the machine's load
+    args = ["-m", "hydra/launcher=packed_slurm", "hydra.launcher.detach=true", "data.n_test=100",
+            "+hydra.launcher.additional_parameters.hold=true", "optim.steps=60000", "eval_every=1000", "seed=0,1",
+            "wandb.mode=disabled", f"hydra.sweep.dir={sweep}"]
+    r = launch(*args)
+    assert r.returncode == 0, r.stderr
+    try:
+        # a detached sweep's lock belongs to its jobs, held ones too: a second launch names them
+        job = next(iter(record(sweep)["jobs"]))
+        r2 = launch(*args)
+        assert r2.returncode == 2 and f"SLURM job(s) {job.split('_')[0]}" in one_error_line(r2)
+
+        log = lambda: "\n".join(p.read_text() for p in (sweep / ".submitit").glob("*/*_log.out"))  # noqa: E731
+        held = subprocess.run(["squeue", "-h", "-j", job.split("_")[0], "-o", "%T %r"], capture_output=True, text=True)
+        assert set(held.stdout.split("\n")) - {""} == {"PENDING JobHeldUser"}, held.stdout
+        subprocess.run(["scontrol", "release", job.split("_")[0]], check=True, capture_output=True)
+        wait_until(lambda: "training 2 run(s): step 0" in log(), 180, "the job's training to start")
+        # the signal (what SLURM sends before a preemption or the time limit) lands as the 60,000 steps start;
+        # SLURM forwards it to the job's step, where the training loop checkpoints and submitit requeues
+        assert not (sweep / "0" / "summary.json").exists()
+        subprocess.run(["scancel", "--signal=USR2", job], check=True, capture_output=True)
+        wait_until(lambda: "from its checkpoint at step" in log(), 300, "the requeued job to resume")
+        step = int(re.search(r"from its checkpoint at step (\d+)", log()).group(1))
+        assert step > 0  # with checkpoint_every=0: the progress before the signal was kept
+        wait_until(lambda: len(summaries(sweep)) == 2, 600, "the runs to end")
+        assert all(s["status"] == "done" and s["steps"] == 60000 for s in summaries(sweep).values())
+        assert "REQUEUED" in sacct([job.split("_")[0]], "State", duplicates=True)[job]
+    finally:
+        subprocess.run(["scancel", *record(sweep).get("arrays", [])], capture_output=True)
+
+
+# ------------------------------------------------------------------------------------------ Hydra's suite
+@pytest.mark.slurm
+@pytest.mark.parametrize("launcher_name, overrides", [
+    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.pack=false", "hydra.launcher.timeout_min=5"]),
+    ("rw", ["hydra.launcher.backend=slurm", "hydra.launcher.timeout_min=5"]),
+], ids=["slurm", "packed_slurm"])
+@pytest.mark.usefixtures("cluster")
+class TestRwLauncherOnSlurm(LauncherTestSuite):
+    """Hydra's own launcher test suite on the SLURM backend (a SLURM job per job); the other backends pass it in
+    tests/test_hydra_citizen.py."""
+
+    @pytest.fixture(autouse=True)
+    def _unset_version_base(self):
+        forget_version_base()

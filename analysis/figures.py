@@ -16,12 +16,12 @@ from functools import partial
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
+from .heatmap import heatmap
 from .load import load_history, load_snapshots
 from rw_sweeps.core.markov import Pi   # plain numpy: the one Π
 
-from .phase import axis_label, drawless, swept_keys
+from .phase import axis_label, swept_keys
 
 PER_RUN = ("fig4", "fig5", "fig8", "fig9")
 CURVES = ("fig6", "fig7", "fig10")
@@ -204,11 +204,9 @@ def _matrix(ax, M, title, vmin=None, vmax=None):
         return _empty(ax, "no snapshot")
     M = np.asarray(M)
     ticks = np.arange(1, M.shape[1] + 1)
-    with drawless(ax.figure):
-        # K = 6: the numbers are readable, and V ≈ Πᵀ is judged by them
-        sns.heatmap(M, ax=ax, cmap="Blues", vmin=vmin, vmax=vmax, square=True, cbar=True,
-                    xticklabels=ticks, yticklabels=np.arange(1, M.shape[0] + 1),
-                    annot=M.shape[0] <= 8, fmt=".2f", annot_kws={"fontsize": 6})
+    # K = 6: the numbers are readable, and V ≈ Πᵀ is judged by them
+    heatmap(ax, M, cmap="Blues", vmin=vmin, vmax=vmax, square=True, cbar=True, xticklabels=ticks,
+            yticklabels=np.arange(1, M.shape[0] + 1), annot=M.shape[0] <= 8, fmt=".2f", annot_kws={"fontsize": 6})
     ax.set_title(title, fontsize=9)
     ax.tick_params(labelsize=7)
 

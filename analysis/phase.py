@@ -10,14 +10,11 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
-from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.transforms import ScaledTranslation
@@ -25,6 +22,7 @@ from matplotlib.transforms import ScaledTranslation
 from rw_sweeps.core import contract, readers, results
 from rw_sweeps.core.metrics import SUCCESS_TOL
 
+from .heatmap import heatmap
 from .load import config_keys, has_key
 
 TOL = SUCCESS_TOL  # the one success rule's tolerance (rw_sweeps.core.metrics)
@@ -144,7 +142,7 @@ def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "s
 def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "success",
                   row: str | None = None, col: str | None = None, title: str | None = None,
                   agg: str = "mean", theory: str | None = None, ax=None):
-    """Seaborn heatmaps of `metric` over (x, y), one panel per (row, col) value, or into `ax` (one
+    """Heatmaps (seaborn's, `analysis.heatmap`) of `metric` over (x, y), one panel per (row, col) value, or into `ax` (one
     panel: no row or col). `agg`: how a cell's runs are summed up (mean or median). `theory`: a
     per-run column predicting `metric`, printed beside the measured value in every cell ("measured /
     predicted"; cells no run of which is predicted to get there are outlined). Step metrics are coloured
@@ -184,18 +182,17 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
             len(rows), len(cols), squeeze=False,
             figsize=(len(cols) * (cell_w * len(xs) + 1.8) + 1.5, len(rows) * (cell_h * len(ys) + 1.9)))
     y_names = [axis_label(y, v) for v in ys] if y else [_only_row_label(df)]
-    with drawless(fig):   # seaborn renders the whole figure in every heatmap call
-        for (i, rv), (j, cv) in itertools.product(enumerate(rows), enumerate(cols)):
-            sub = table
-            if row:
-                sub = sub[_match(sub[row], rv)]
-            if col:
-                sub = sub[_match(sub[col], cv)]
-            ax = axes[i, j]
-            _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory)
-            facet = ", ".join(f"{LABELS.get(k, k)} = {axis_label(k, v)}"
-                              for k, v in ((row, rv), (col, cv)) if k)
-            ax.set_title(facet, fontsize=10)
+    for (i, rv), (j, cv) in itertools.product(enumerate(rows), enumerate(cols)):
+        sub = table
+        if row:
+            sub = sub[_match(sub[row], rv)]
+        if col:
+            sub = sub[_match(sub[col], cv)]
+        ax = axes[i, j]
+        _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory)
+        facet = ", ".join(f"{LABELS.get(k, k)} = {axis_label(k, v)}"
+                          for k, v in ((row, rv), (col, cv)) if k)
+        ax.set_title(facet, fontsize=10)
     if into is None:
         fig.set_layout_engine("constrained")
     # with ax=, the colour bar's own axes are carved out of the caller's (it shrinks to make room), never
@@ -306,9 +303,9 @@ def _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory=None):
     texts = [[_annot(c, metric, theory) for c in line] for line in cells]
     with warnings.catch_warnings():       # a panel with no value at all (every cell "never")
         warnings.simplefilter("ignore", RuntimeWarning)
-        sns.heatmap(pd.DataFrame(values, index=y_names, columns=[axis_label(x, v) for v in xs]), ax=ax,
-                    norm=norm, cmap=cmap, cbar=False, linewidths=0.5, linecolor="white",
-                    annot=np.array(texts), fmt="", annot_kws={"fontsize": 7 if theory else 8})
+        heatmap(ax, values, index=y_names, columns=[axis_label(x, v) for v in xs], norm=norm, cmap=cmap,
+                cbar=False, linewidths=0.5, linecolor="white", annot=np.array(texts), fmt="",
+                annot_kws={"fontsize": 7 if theory else 8})
     for (yi, xi), c in np.ndenumerate(np.array(cells, dtype=object)):
         if c and c["n_valid"] == 0:       # runs, but no value (e.g. never broke): grey, say so
             ax.add_patch(Rectangle((xi, yi), 1, 1, color="0.88"))
@@ -346,18 +343,6 @@ def _p_plus_q_line(ax, x, xs, ys):
     if x != "data.p":   # the x axis is q: swap which value each axis reads
         px, py = np.interp(1 - t, xv, np.arange(len(xv))) + 0.5, np.interp(t, yv[order], np.arange(len(yv))[order]) + 0.5
     ax.plot(px, py, color="black", lw=1.5, ls="-.", label="p + q = 1")
-
-
-@contextmanager
-def drawless(fig):
-    """Give `fig` a canvas that does not render while it is being built: sns.heatmap draws the
-    whole figure to check tick-label overlap, which is quadratic in the number of facets."""
-    canvas = fig.canvas
-    FigureCanvasBase(fig)                  # its draw() does nothing
-    try:
-        yield fig
-    finally:
-        fig.set_canvas(canvas)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -203,16 +203,16 @@ def refuse_processes() -> None:
 SLURM_MODULE = "test_slurm.py"
 
 
-def pytest_collection_modifyitems(config, items):
-    stray = [i.nodeid for i in items if i.get_closest_marker("slurm") and i.path.name != SLURM_MODULE]
-    if stray:
-        raise pytest.UsageError(f"{stray[0]} is marked slurm: tests that need the SLURM cluster live in "
-                                f"tests/{SLURM_MODULE}, which one worker runs")
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slurm") and item.path.name != SLURM_MODULE:
+        pytest.fail(f"{item.nodeid} is marked slurm: tests that need the SLURM cluster live in tests/{SLURM_MODULE}, "
+                    f"which one worker runs", pytrace=False)
 
 
 def pytest_runtest_logreport(report):
     """On the controller of a parallel run, which worker ran each module (`report.node`, xdist's public report
-    attribute): checked at the end, so a scheduler that stops keeping modules together fails the run."""
+    attribute): checked at the end, so a scheduler that stops keeping modules together under `--dist loadfile`
+    (`make test`) fails the run. Other modes spread a module on purpose and are not checked."""
     node = getattr(report, "node", None)
     if node is not None:
         _WORKERS.setdefault(report.nodeid.split("::", 1)[0], set()).add(node.gateway.id)

@@ -93,6 +93,29 @@ def test_a_matrix_is_seaborns(K, limits):
     assert a.shape == b.shape and np.array_equal(a, b)
 
 
+_V = np.random.default_rng(1).uniform(0, 1, (4, 5))
+_FRAME = pd.DataFrame(_V, index=pd.Index(list("abcd"), name="rows"), columns=pd.Index([1, 2.5, 3, 4, 5], name="cols"))
+_W = _V.copy()
+_W[0, 0], _W[1, 1], _W[2, 2] = np.inf, -np.inf, np.nan
+
+
+@pytest.mark.parametrize("values, kw", [
+    (_V, dict(xticklabels=False)), (_V, dict(yticklabels=False)), (_V, dict(xticklabels=2)),
+    (np.random.default_rng(2).uniform(size=(10, 3)), dict(yticklabels=3)),
+    (np.arange(12).reshape(3, 4), dict(annot=True, fmt="d")), ([[1, 2], [3, 4]], dict(annot=True, fmt="d")),
+    (_FRAME, {}), (_FRAME, dict(annot=True)), (_W, {}), (np.full((3, 3), np.nan), dict(norm=Normalize(0, 1))),
+    (np.random.default_rng(3).uniform(size=(3, 300)), {}), (np.ones((3, 3)), {}),
+    (pd.DataFrame(_V, columns=[None, 1, 2, 3, 4]), {}),
+], ids=["x-false", "y-false", "x-every-2", "y-every-3", "ints-fmt-d", "list-fmt-d", "frame", "frame-annot",
+        "inf-and-nan", "all-nan", "300-columns", "constant", "none-and-int-names"])
+def test_every_option_seaborn_takes_draws_as_seaborn_draws_it(values, kw):
+    """Beyond what the report passes: the same pixels for seaborn's other tick options, integer values, a
+    DataFrame's names (a pandas Index shows [None, 1] as nan and 1.0) and ±inf."""
+    a, b = both(lambda ax: sns.heatmap(values, ax=ax, cmap="viridis", **kw),
+                lambda ax: heatmap(ax, values, cmap="viridis", **kw), (4, 3))
+    assert a.shape == b.shape and np.array_equal(a, b)
+
+
 def test_the_mesh_holds_the_values_row_0_on_top():
     fig, ax = plt.subplots()
     values = np.arange(6.0).reshape(2, 3)

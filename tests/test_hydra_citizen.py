@@ -182,6 +182,18 @@ def test_an_experiment_from_config_dir_runs(tmp_path):
 
 
 @pytest.mark.e2e
+def test_an_optuna_search_without_an_objective_is_refused_before_any_trial(tmp_path):
+    """Without `objective` the task returns the run's summary, a dict, which Optuna would reject trial after trial
+    and the study end with no value: the launcher refuses it in one line before any job starts."""
+    sweep = tmp_path / "s"
+    r = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=choice(0.5,1.0)", *QUIET,
+               f"hydra.sweep.dir={sweep}")
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and last.startswith("error: invalid config: objective=None: OptunaSweeper optimises"), r.stderr
+    assert "test_acc" in last and "Traceback" not in r.stderr and not list(sweep.glob("*/summary.json"))
+
+
+@pytest.mark.e2e
 def test_optuna_searches_two_parameters_under_the_packed_launcher(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     sweep = tmp_path / "s"

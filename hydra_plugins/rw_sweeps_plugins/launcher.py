@@ -32,7 +32,8 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra.plugins.launcher import Launcher
 
 from rw_sweeps.core import signals
-from rw_sweeps.core.errors import Interrupted, one_line
+from rw_sweeps.core.errors import ConfigError, Interrupted, one_line
+from rw_sweeps.core.metrics import OBJECTIVES
 from rw_sweeps.core.safefs import remove_stale_temps
 from rw_sweeps.sweeps import app, lock, packing, placement, status
 from rw_sweeps.sweeps.hydra_adapter import observes_jobs
@@ -50,6 +51,20 @@ __all__ = ["RwLauncher", "InProcessLauncher", "LocalGpusLauncher", "SlurmLaunche
 log = logging.getLogger(__name__)
 register()  # at each plugin scan, as before the split (a scan after Hydra's singletons are restored stores it again)
 
+
+
+# Hydra's sweepers that optimise the number a job returns: with `objective` null the task returns the run's summary
+# (a dict), which each of them rejects trial after trial ("Return value must be float-castable").
+OPTIMISERS = ("OptunaSweeper", "NevergradSweeper", "AxSweeper")
+
+
+def _objective_given(config, specs: list) -> None:
+    """Refused before any job starts: an optimising sweeper with a job whose `objective` is null."""
+    target = str(OmegaConf.select(config, "hydra.sweeper._target_", default="") or "")
+    sweeper = target.rsplit(".", 1)[-1]
+    if sweeper in OPTIMISERS and any(s.cfg.objective is None for s in specs):
+        raise ConfigError("objective", None, f"{sweeper} optimises the number each job returns: name the summary "
+                          f"field it optimises, objective=<{' | '.join(OBJECTIVES)}>")
 
 class RwLauncher(Launcher):
     """plan → place → record → dispatch → collect, for every backend. A subclass declares what is its
@@ -115,7 +130,9 @@ class RwLauncher(Launcher):
             return self._launch_jobs(job_overrides, initial_job_idx)
         if self.planner is None:
             self.planner = Planner(self.hydra_context.config_loader, self.config)
-        return self.launch_specs(self.planner.plan(job_overrides, initial_job_idx), twin, self.planner)
+        specs = self.planner.plan(job_overrides, initial_job_idx)
+        _objective_given(self.config, specs)
+        return self.launch_specs(specs, twin, self.planner)
 
     def _reset_logging(self) -> None:
         """As Hydra's basic launcher: the sweep's own logging, not the last job's (its log file may be gone)."""

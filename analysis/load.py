@@ -215,15 +215,16 @@ def _run_entries(sweep: Path):
                 yield e
 
 
-_FILES = ((contract.CONFIG, contract.CAPS[contract.CONFIG]), (contract.SUMMARY, contract.CAPS[contract.SUMMARY]),
-          (contract.HISTORY, contract.FILE_CAPS[contract.HISTORY]),
-          (contract.SNAPSHOTS, contract.FILE_CAPS[contract.SNAPSHOTS]))
+_FILES = ((contract.CONFIG, contract.CAPS[contract.CONFIG], None),
+          (contract.SUMMARY, contract.CAPS[contract.SUMMARY], None),
+          (contract.HISTORY, contract.FILE_CAPS[contract.HISTORY], contract.LINE_CAPS[contract.HISTORY]),
+          (contract.SNAPSHOTS, contract.FILE_CAPS[contract.SNAPSHOTS], contract.LINE_CAPS[contract.SNAPSHOTS]))
 
 
 def _digest(path) -> str | None:
     """One digest of the contract files a run's row and its judgement come from (a missing file counts as
     such); None when the folder has neither a config nor a summary. Broken for a file that is not one."""
-    parts = [readers.digest(os.path.join(path, name), cap, name) for name, cap in _FILES]
+    parts = [readers.digest(os.path.join(path, name), cap, name, line_cap) for name, cap, line_cap in _FILES]
     if parts[0] is None and parts[1] is None:
         return None
     return b"".join(p if p is not None else b"-" * 16 for p in parts).hex()

@@ -25,7 +25,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from analysis.load import load_runs
@@ -187,6 +187,38 @@ def test_every_integer_just_outside_int64_is_refused_however_few_brackets_hold_i
     deep = ("[" * 65 + "1" + "]" * 65).encode()  # more than 64 brackets: walked, and 65 levels is too deep
     with pytest.raises(readers.Broken, match="nests deeper than 64"):
         readers.json_value(deep, tmp_path / "history.jsonl")
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(parts=st.lists(st.one_of(st.binary(max_size=9), st.just(b"\n"), st.just(b"\n\n")), max_size=12),
+       line_cap=st.integers(1, 8), cap=st.integers(0, 40), block=st.sampled_from([1, 2, 3, 5, 1 << 20]))
+@example(parts=[b"abc"], line_cap=2, cap=3, block=1)           # the overlong line ends at the file's cap
+@example(parts=[b"ab\n", b"cdef"], line_cap=3, cap=7, block=2)  # … and past it
+def test_the_digest_of_a_file_of_lines_stops_where_its_reader_stops_and_says_what_it_says(
+        tmp_path, parts, line_cap, cap, block):
+    """analysis' cache key (`readers.digest` with a line cap) hashes a file of lines as far as `readers.lines`
+    reads it: the same Broken, word for word, at the same line (the file's cap where `lines` meets it first),
+    else the digest of every byte; at any block boundary. A 2 GiB sparse snapshots.jsonl was hashed whole
+    (10 s of analysis per run) where the judge stops after 32 MiB."""
+    import hashlib
+
+    from rw_sweeps.core import readers
+
+    f = tmp_path / "history.jsonl"
+    f.write_bytes(b"".join(parts))
+    try:
+        for _ in readers.lines(f, line_cap, cap):   # read to its end, or to its refusal
+            pass
+        said = None
+    except readers.Broken as e:
+        said = e.why
+    try:
+        got, why = readers.digest(f, cap, line_cap=line_cap, block=block), None
+    except readers.Broken as e:
+        got, why = None, e.why
+    assert why == said, (why, said)
+    if said is None:
+        assert got == hashlib.blake2b(f.read_bytes(), digest_size=16).digest()
 
 
 # ------------------------------------------------------------------------------ the launcher agrees

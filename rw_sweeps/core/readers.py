@@ -297,9 +297,12 @@ def _short(e: BaseException) -> str:
     return " ".join(str(e).split())[:160]
 
 
-def digest(path, cap: int, what: str | None = None) -> bytes | None:
+def digest(path, cap: int, what: str | None = None, line_cap: int | None = None,
+           block: int = 1 << 20) -> bytes | None:
     """The BLAKE2b digest of a regular file's bytes, read in blocks (memory bounded), at most `cap` of them;
-    None if there is no file. Broken for a link, a FIFO, a device or a file over its cap."""
+    None if there is no file. Broken for a link, a FIFO, a device or a file over its cap, and, for a file of
+    lines (`line_cap`), at its first line longer than `lines` allows, with `lines`' words: what a reader of
+    its lines stops at is where hashing stops too (a 2 GiB sparse file is 32 MiB of reading, not 2 GiB)."""
     what = what or Path(path).name
     try:
         fh, st = open_regular(path, what)
@@ -309,10 +312,29 @@ def digest(path, cap: int, what: str | None = None) -> bytes | None:
     with fh:
         if st.st_size > cap:
             raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {cap:,}")
-        total = 0
-        while block := fh.read(1 << 20):
-            total += len(block)
+        total, n, run = 0, 1, 0  # bytes read; the line being read (1-based) and its bytes so far
+        while data := fh.read(block):
+            if line_cap is not None:
+                n, run = _line_ends(data, n, run, line_cap, total, cap, path, what)
+            total += len(data)
             if total > cap:
                 raise Broken(path, f"{what} holds more than its cap of {cap:,} bytes")
-            h.update(block)
+            h.update(data)
     return h.digest()
+
+
+def _line_ends(block: bytes, n: int, run: int, line_cap: int, before: int, cap: int, path, what: str):
+    """(line number, its bytes so far) after `block`; Broken at the first line over `line_cap`, unless the
+    file's cap is passed first, as `lines` would say it (it reads line_cap + 1 bytes of that line)."""
+    pos = 0
+    while True:
+        end = block.find(b"\n", pos)
+        start = before + pos - run  # where the line began in the file
+        run += (end if end >= 0 else len(block)) - pos
+        if run > line_cap:
+            if start + line_cap + 1 > cap:
+                raise Broken(path, f"{what} holds more than its cap of {cap:,} bytes")
+            raise Broken(path, f"{what}: line {n} is longer than its cap of {line_cap:,} bytes")
+        if end < 0:
+            return n, run
+        n, run, pos = n + 1, 0, end + 1

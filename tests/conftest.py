@@ -46,8 +46,16 @@ def _environment(args: tuple, env: dict | None) -> dict:
 
 
 def launch(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *_with_analysis_named(args)], cwd=cwd,
-                          env=_environment(args, env), text=True, capture_output=True, timeout=timeout)
+    """`python launch.py ARGS` run to its end, as `subprocess.run` runs it: in a process forked from this worker's
+    launch server, which has imported torch and the other libraries once (`tests/_forked.py`: ~1 s of CPU less a
+    launch), or a fresh interpreter where the environment changes what a library read as the server loaded it."""
+    from . import _forked
+
+    argv, e = _with_analysis_named(args), _environment(args, env)
+    if _forked.serves(e):
+        return _forked.run(argv, cwd, e, timeout)
+    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *argv], cwd=cwd, env=e, text=True,
+                          capture_output=True, timeout=timeout)
 
 
 def summaries(sweep_dir: Path) -> dict[str, dict]:

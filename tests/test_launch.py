@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import yaml
 
-from .conftest import SMALL, launch, summaries
+from .conftest import ROOT, SMALL, launch, summaries
 from .wandb_files import read_run
 
 SUMMARY_KEYS = {"status", "error", "test_acc", "opt_acc", "test_kl", "parent_attention", "v_pi_cosine",
@@ -199,3 +203,59 @@ def test_hydra_full_error_gives_the_whole_trace_as_hydra_does(tmp_path, args, ca
     plain = launch(*args, *where, cwd=tmp_path, env={"HYDRA_FULL_ERROR": ""})
     assert plain.returncode == 2 and plain.stderr == "error: " + last.split(": ", 1)[1] + "\n"
     assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+# ------------------------------------------------------------------------------ the suite's launches
+def _seen(r: subprocess.CompletedProcess, folder, files) -> tuple:
+    """What a launch shows: its status, its lines and files, but for the times they name, the seconds a run took
+    and its folder (`run_id` is a digest of the folder's path)."""
+    def text(t: str) -> str:
+        return re.sub(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]", "[time]", t).replace(str(folder), "FOLDER")
+
+    def read(f):
+        if f.name == "summary.json":
+            return {k: v for k, v in json.loads(f.read_text()).items() if k not in ("wall_s", "run_id")}
+        return text(f.read_text())
+
+    made = {str(f.relative_to(folder)): read(f) for f in sorted(folder.rglob("*")) if f.is_file() and f.name in files}
+    return r.returncode, text(r.stdout), text(r.stderr), made
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("args, env, status", [
+    (["-m", "data.p=0.5,1", *SMALL], {}, 0),                        # a sweep: its lines, its folders' files
+    (["data.p=1.5"], {}, 2),                                        # a refusal: one line
+    (["init=uniform"], {"HYDRA_FULL_ERROR": "1"}, 1),               # Python's whole trace, from launch.py's frame
+    (["-m", "data.p=0.5", *SMALL], {"RW_SWEEPS_PROGRESS_S": "0"}, 0),   # read by a module as it is imported
+], ids=["sweep", "refusal", "trace", "import-time-variable"])
+def test_the_suites_forked_launch_is_what_a_fresh_interpreter_gives(tmp_path, args, env, status):
+    """The suite's `launch` forks from a server that imported torch and the other libraries once
+    (tests/_forked.py): the exit status, stdout, stderr and files of `subprocess.run([python, launch.py, …])`."""
+    from . import _forked
+
+    seen = []
+    for how in ("fresh", "forked"):
+        folder = tmp_path / how / "launch"   # the same last two parts: a sweep's wandb group
+        argv = [*args, f"hydra.run.dir={folder / 'run'}", f"hydra.sweep.dir={folder / 'sweep'}",
+                "wandb.mode=disabled", "wandb.analysis=false"]
+        e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **env}
+        folder.mkdir(parents=True)
+        if how == "forked":
+            assert _forked.serves(e)
+            r = _forked.run(argv, folder, e, timeout=600)
+        else:
+            r = subprocess.run([sys.executable, str(ROOT / "launch.py"), *argv], cwd=folder, env=e, text=True,
+                               capture_output=True, timeout=600)
+        seen.append(_seen(r, folder, {"summary.json", "history.jsonl", "config.yaml", "rw.log"}))
+    assert seen[0] == seen[1] and seen[0][0] == status
+
+
+@pytest.mark.e2e
+def test_a_launch_whose_environment_changes_what_a_library_read_at_load_is_not_forked():
+    from . import _forked
+
+    e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    assert _forked.serves(e) and _forked.serves({**e, "RW_SWEEPS_PROGRESS_S": "1", "HYDRA_FULL_ERROR": "1"})
+    for name, value in (("OMP_NUM_THREADS", "2"), ("PYTHONHASHSEED", "1"), ("MKL_NUM_THREADS", "7"),
+                        ("LD_PRELOAD", "x.so"), ("PYTHONUNBUFFERED", "")):
+        assert not _forked.serves({**e, name: value}), name

@@ -1,20 +1,25 @@
-"""`python launch.py ARGS` for the test suite, in a process forked from a server that has imported the libraries
-every launch imports (torch alone is ~1.4 s of CPU a process; the suite starts ~300 launches on 2 cores).
+"""`python ARGS` for the test suite (`launch.py …`, `-m analysis …`), in a process forked from a server that has
+imported the libraries these commands import (torch alone is ~1.4 s of CPU a process; the suite starts ~300
+launches on 2 cores).
 
-What the forked process is given is what `subprocess.run([python, launch.py, *ARGS], cwd=…, env=…)` gives: its
-own pid, the environment (replaced whole), the folder, `sys.argv` and `sys.path[0]`, stdin from /dev/null,
-stdout and stderr to their own files, and the interpreter's own end (atexit functions, flushed streams, the
-exit status or the signal that ended it, as `os.waitpid` reports it). Not one module of this repository is
-imported by the server: `launch.py` imports the project as a fresh process does, so no state of an earlier
-launch, and no environment variable a module reads when it is imported, carries over. What the server cannot
-give is an environment that changes what a library read when the server imported it (its thread pools, the
-interpreter's own settings): `serves(env)` says so, and `tests/conftest.py` starts a fresh interpreter then.
+What the forked process is given is what `subprocess.run([python, *ARGS], cwd=…, env=…)` gives: its own pid,
+the environment (replaced whole), the folder, `sys.argv` and `sys.path[0]` as the interpreter sets them for a
+script or a `-m` module, stdin from /dev/null, stdout and stderr to their own files, an exception's trace as the
+interpreter prints it, and the interpreter's own end (atexit functions, flushed streams, the exit status or the
+signal that ended it, as `os.waitpid` reports it). Not one module of this repository is imported by the server:
+the command imports the project as a fresh process does, so no state of an earlier command, and no environment
+variable a module reads when it is imported, carries over. What the server cannot give is an environment that
+changes what a library read when the server imported it (its thread pools, the interpreter's own settings):
+`serves(env)` says so, and `tests/conftest.py` starts a fresh interpreter then.
 
 The server is single-threaded (a fork copies one thread), runs no torch operation (its thread pools are not
-started), and answers each request in a waiter process of its own, so that launches may overlap:
+started), and answers each request in a waiter process of its own, so that commands may overlap:
 
-    server ──fork──> waiter ──fork──> launch.py
-                       └── reports the launch's pid, then its exit status, on the request's socket
+    server ──fork──> waiter ──fork──> the command
+                       └── reports the command's pid, then its exit status, on the request's socket
+
+`-m` runs through `runpy._run_module_as_main`, the function the interpreter itself calls for `python -m` (so
+the trace of an exception has the frames a fresh `python -m` prints); this module is its one user.
 """
 from __future__ import annotations
 
@@ -30,10 +35,11 @@ import tempfile
 import traceback
 from pathlib import Path
 
-LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch.py")
-# Imported once by the server: the libraries, none of this repository's modules
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Imported once by the server: the libraries, none of this repository's modules (nor matplotlib, which reads
+# MPLBACKEND as it is imported)
 PRELOAD = ("numpy", "torch", "yaml", "omegaconf", "hydra", "hydra.main", "hydra.core.config_store",
-           "hydra.core.plugins", "hydra._internal.utils", "hydra._internal.hydra")
+           "hydra.core.plugins", "hydra._internal.utils", "hydra._internal.hydra", "pandas", "pyarrow.parquet")
 # What a library or the interpreter reads when it loads (thread pools, allocators, encodings, hash seed):
 # a launch whose environment differs from the server's in one of these is not forked
 AT_LOAD = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "TORCH_", "CUDA_", "LC_",
@@ -56,7 +62,7 @@ def serve(path: str) -> None:
         _reap()
         if os.fork() == 0:
             server.close()
-            _wait_on_a_launch(conn)  # returns only in the launch's own process, to end as an interpreter does
+            _wait_on_a_command(conn)  # returns only in the command's own process, to end as an interpreter does
             return
         conn.close()
 
@@ -70,12 +76,12 @@ def _reap() -> None:
         pass
 
 
-def _wait_on_a_launch(conn: socket.socket) -> None:
+def _wait_on_a_command(conn: socket.socket) -> None:
     request = json.loads(conn.makefile("rb").readline())
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _become_the_launch(request)
+        _become_the_command(request)
         return
     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     _, status = os.waitpid(pid, 0)
@@ -85,9 +91,13 @@ def _wait_on_a_launch(conn: socket.socket) -> None:
         os._exit(0)
 
 
-def _become_the_launch(request: dict) -> None:
-    """This process becomes `python launch.py ARGS`: its files, environment, folder and argv, then the script;
-    an exception is reported as the interpreter reports one raised by the script, from the script's frame."""
+def _become_the_command(request: dict) -> None:
+    """This process becomes `python ARGS`: its files, environment, folder, argv and sys.path[0], then the script
+    or module; an exception is reported as the interpreter reports one, from the same first frame."""
+    import runpy
+    import signal
+    import traceback
+
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -98,25 +108,32 @@ def _become_the_launch(request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    sys.argv = [LAUNCH, *request["args"]]
-    sys.path[0] = os.path.dirname(LAUNCH)
-    import runpy
-
+    argv = request["argv"]
     try:
-        runpy.run_path(LAUNCH, run_name="__main__")
+        if argv[0] == "-m":   # as `python -m`: the folder first on the path, argv[0] the module's file
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            first = "_run_module_as_main"
+            runpy._run_module_as_main(argv[1], alter_argv=True)
+        else:                 # as `python script`: the script's folder first on the path
+            script = os.path.abspath(argv[0])
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(script)
+            first = "<module>"
+            runpy.run_path(script, run_name="__main__")
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - as the interpreter reports an exception the script raised
+    except BaseException as exc:  # noqa: BLE001 - as the interpreter reports an exception the command raised
         tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != LAUNCH:
+        while tb is not None and tb.tb_frame.f_code.co_name != first:
             tb = tb.tb_next
         traceback.print_exception(type(exc), exc, tb)
         sys.stderr.flush()
         if isinstance(exc, KeyboardInterrupt):  # the interpreter ends by the signal itself
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        raise SystemExit(1)
-    # the script ended without raising: the interpreter's exit, status 0
+        raise SystemExit(1) from None
+    # the command ended without raising: the interpreter's exit, status 0
 
 
 # ------------------------------------------------------------------------------------------ the client
@@ -133,7 +150,7 @@ def _server() -> type[_Server]:
         folder = tempfile.mkdtemp(prefix="rw-forked-")
         path = os.path.join(folder, "socket")
         env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "tests._forked", path], cwd=os.path.dirname(LAUNCH), env=env,
+        proc = subprocess.Popen([sys.executable, "-c", f"from tests._forked import serve; serve({path!r})"], cwd=ROOT, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         line = proc.stdout.readline()
         if not line:
@@ -154,16 +171,17 @@ def serves(env: dict) -> bool:
     return at_load(env) == _server().at_load
 
 
-def run(args: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """`subprocess.run([python, launch.py, *args], cwd=cwd, env=env, text=True, capture_output=True,
-    timeout=timeout)`, forked from the server (`serves(env)` must hold)."""
+def run(argv: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, *argv], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)`,
+    forked from the server (`serves(env)` must hold); argv: a script and its arguments, or `-m` and a module's."""
     server = _server()
-    cmd = [sys.executable, LAUNCH, *args]
+    argv = [os.fspath(a) for a in argv]
+    cmd = [sys.executable, *argv]
     with tempfile.TemporaryDirectory(prefix="rw-launch-") as folder:
         out, err = Path(folder, "stdout"), Path(folder, "stderr")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(server.path)
-            request = {"args": list(map(str, args)), "cwd": str(cwd), "env": env, "stdout": str(out),
+            request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out),
                        "stderr": str(err)}
             conn.sendall(json.dumps(request).encode() + b"\n")
             replies = _Lines(conn)
@@ -193,7 +211,3 @@ class _Lines:
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line)
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1])

@@ -45,17 +45,24 @@ def _environment(args: tuple, env: dict | None) -> dict:
     return {**e, **(env or {})}
 
 
-def launch(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python launch.py ARGS` run to its end, as `subprocess.run` runs it: in a process forked from this worker's
-    launch server, which has imported torch and the other libraries once (`tests/_forked.py`: ~1 s of CPU less a
-    launch), or a fresh interpreter where the environment changes what a library read as the server loaded it."""
+def python(*argv, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python ARGV` run to its end, as `subprocess.run(…, text=True, capture_output=True)` runs it, unbuffered:
+    in a process forked from this worker's server, which has imported torch and the other libraries once
+    (`tests/_forked.py`: ~1 s of CPU less a launch), or in a fresh interpreter where the environment changes what
+    a library read as the server loaded it. `env`: the whole environment (default: this process's)."""
     from . import _forked
 
-    argv, e = _with_analysis_named(args), _environment(args, env)
+    e = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     if _forked.serves(e):
-        return _forked.run(argv, cwd, e, timeout)
-    return subprocess.run([sys.executable, str(ROOT / "launch.py"), *argv], cwd=cwd, env=e, text=True,
-                          capture_output=True, timeout=timeout)
+        return _forked.run(list(argv), cwd, e, timeout)
+    return subprocess.run([sys.executable, *map(os.fspath, argv)], cwd=cwd, env=e, text=True, capture_output=True,
+                          timeout=timeout)
+
+
+def launch(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python launch.py ARGS` (`python`), with the suite's wandb defaults (`_environment`)."""
+    return python(ROOT / "launch.py", *_with_analysis_named(args), cwd=cwd, env=_environment(args, env),
+                  timeout=timeout)
 
 
 def summaries(sweep_dir: Path) -> dict[str, dict]:

@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -23,7 +22,7 @@ from analysis import figures, load_runs
 from rw_sweeps.core.readers import block_yaml as _block_yaml
 from analysis.phase import add_success, phase_diagram
 
-from .conftest import ROOT, launch
+from .conftest import ROOT, launch, python
 from .wandb_files import read_run
 
 pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
@@ -45,10 +44,9 @@ def sweep(tmp_path_factory, name, *overrides):
 
 
 def analyse(*args, env=None):
-    """The CLI as users run it: a real process."""
+    """The CLI as users run it: `python -m analysis ARGS`, a process of its own (`conftest.python`)."""
     e = {**os.environ, "WANDB_SILENT": "true", "MPLBACKEND": "Agg", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "analysis", *map(str, args)], cwd=ROOT, env=e,
-                          text=True, capture_output=True, timeout=600)
+    return python("-m", "analysis", *map(str, args), cwd=ROOT, env=e)
 
 
 def run_files(sweep_dir):

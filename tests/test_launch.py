@@ -231,8 +231,6 @@ def _seen(r: subprocess.CompletedProcess, folder, files) -> tuple:
 def test_the_suites_forked_launch_is_what_a_fresh_interpreter_gives(tmp_path, args, env, status):
     """The suite's `launch` forks from a server that imported torch and the other libraries once
     (tests/_forked.py): the exit status, stdout, stderr and files of `subprocess.run([python, launch.py, …])`."""
-    from . import _forked
-
     seen = []
     for how in ("fresh", "forked"):
         folder = tmp_path / how / "launch"   # the same last two parts: a sweep's wandb group
@@ -240,14 +238,38 @@ def test_the_suites_forked_launch_is_what_a_fresh_interpreter_gives(tmp_path, ar
                 "wandb.mode=disabled", "wandb.analysis=false"]
         e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **env}
         folder.mkdir(parents=True)
-        if how == "forked":
-            assert _forked.serves(e)
-            r = _forked.run(argv, folder, e, timeout=600)
-        else:
-            r = subprocess.run([sys.executable, str(ROOT / "launch.py"), *argv], cwd=folder, env=e, text=True,
-                               capture_output=True, timeout=600)
-        seen.append(_seen(r, folder, {"summary.json", "history.jsonl", "config.yaml", "rw.log"}))
+        seen.append(_seen(_both(how, [ROOT / "launch.py", *argv], folder, e), folder,
+                          {"summary.json", "history.jsonl", "config.yaml", "rw.log"}))
     assert seen[0] == seen[1] and seen[0][0] == status
+
+
+def _both(how: str, argv: list, cwd, env: dict) -> subprocess.CompletedProcess:
+    from . import _forked
+
+    if how == "forked":
+        assert _forked.serves(env)
+        return _forked.run(argv, cwd, env, timeout=600)
+    return subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, env=env, text=True, capture_output=True,
+                          timeout=600)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("args, status", [(["--out", "report"], 0), (["--metric", "speed", "--out", "report"], 2),
+                                          (["--no-such-flag"], 2)], ids=["report", "refusal", "usage"])
+def test_a_forked_python_dash_m_is_what_a_fresh_interpreter_gives(tmp_path, args, status):
+    """`python -m analysis`, which the suite forks too: the same status, lines and report files (`-m` runs as the
+    interpreter runs it: argv[0] the module's file, the folder first on sys.path)."""
+    sweep = tmp_path / "S"
+    r = launch("-m", "data.p=0.5,1", *SMALL, f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    seen = []
+    for how in ("fresh", "forked"):
+        folder = tmp_path / how / "analysis"
+        folder.mkdir(parents=True)
+        e = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+        got = _both(how, ["-m", "analysis", sweep, *args], folder, e)
+        seen.append(_seen(got, folder, {"index.html"}))
+    assert seen[0] == seen[1] and seen[0][0] == status, seen[1][2]
 
 
 @pytest.mark.e2e

@@ -4,8 +4,6 @@ ends in one line and exit 2, its runs kept."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -14,7 +12,7 @@ from omegaconf import OmegaConf
 from rw_sweeps.core import resources
 from rw_sweeps.core.config import ConfigError, from_dict
 
-from .conftest import ROOT, launch, summaries
+from .conftest import ROOT, launch, python, summaries
 
 
 def composed(*overrides: str):
@@ -79,8 +77,7 @@ def test_analysis_of_sweeps_with_no_finished_run_is_an_error_line_and_exit_2(tmp
     sweep = tmp_path / "S"
     (sweep / "0").mkdir(parents=True)
     (sweep / "0" / "config.yaml").write_text("seed: 0\n")  # a run that never finished
-    r = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--out", str(tmp_path / "out")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    r = python("-m", "analysis", sweep, "--out", tmp_path / "out")
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().splitlines() == [f"error: no finished runs in {sweep} (1 folders skipped); see "
                                              f"{tmp_path / 'out' / 'index.html'}"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from rw_sweeps.core.inits.zero import ZeroInit
 from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.core.optimisers.adam import Adam
 
-from .conftest import ROOT
+from .conftest import python
 
 SEEDS = (10, 11, 12, 13)
 LADDER = (1e-5, 1e-6, 1e-7, 1e-8)  # one trajectory per seed predicts them all
@@ -213,8 +212,7 @@ SMALL = ["data.K=4", "data.N=13", "model.M=40", "data.n_train=64", "data.n_test=
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.predict", "escape", *args], cwd=ROOT, text=True,
-                          capture_output=True, timeout=300)
+    return python("-m", "rw_sweeps.sweeps.predict", "escape", *args, timeout=300)
 
 
 @pytest.mark.e2e

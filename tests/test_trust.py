@@ -25,7 +25,7 @@ from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.core.optimisers.adam import Adam
 
-from .conftest import launch, one_error_line, start_launch, wait_until
+from .conftest import launch, one_error_line, python, start_launch, wait_until
 
 S = ["data.n_train=64", "data.n_test=64", "model.M=200", "optim.steps=5", "wandb.mode=disabled"]
 
@@ -413,8 +413,7 @@ def test_analysis_counts_ill_typed_and_unknown_status_summaries_as_corrupt_and_r
     for n, change in (("1", {"test_acc": "high"}), ("2", {"status": "pending-review"})):
         f = sweep / n / "summary.json"
         f.write_text(json.dumps({**json.loads(f.read_text()), **change}))
-    r = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--out", str(tmp_path / "R")],
-                       capture_output=True, text=True, timeout=600)
+    r = python("-m", "analysis", sweep, "--out", tmp_path / "R")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     runs = load_runs(sweep, progress=False)
     assert sorted(runs["run"]) == ["0", "3"] and runs["test_acc"].dtype == float

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from analysis.load import load_runs
 from rw_sweeps.core import contract
 
 from . import _hostile as H
-from .conftest import ROOT, launch
+from .conftest import launch, python
 
 pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
 
@@ -54,8 +53,7 @@ def relaunch(sweep: Path, *extra: str, grid=GRID, timeout: float = HANG_S) -> su
 
 def analysis_cli(sweep: Path, out: Path) -> tuple[subprocess.CompletedProcess, dict[str, int]]:
     """`python -m analysis SWEEP --out OUT` and its counts line (runs, done, …, corrupt)."""
-    r = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--out", str(out)], cwd=ROOT, text=True,
-                       capture_output=True, timeout=HANG_S)
+    r = python("-m", "analysis", sweep, "--out", out, timeout=HANG_S)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr[-3000:]
     return r, _counts(r.stdout)
 

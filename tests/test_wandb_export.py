@@ -5,6 +5,7 @@ Real offline wandb files throughout (read back with tests/wandb_files.py), no mo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -17,15 +18,14 @@ from analysis import wandb_run
 from rw_sweeps.core import results
 from rw_sweeps.sweeps import tracking
 
-from .conftest import ROOT, launch, summaries
+from .conftest import ROOT, launch, python, summaries
 from .wandb_files import read_run, read_table
 
 TINY = ["optim.steps=2", "data.n_train=64", "data.n_test=64", "model.M=200"]
 
 
 def _export(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.wandb_export", *map(str, args)], cwd=ROOT, text=True,
-                          capture_output=True, timeout=600, env={**__import__("os").environ, "WANDB_SILENT": "true"})
+    return python("-m", "rw_sweeps.sweeps.wandb_export", *map(str, args), env={**os.environ, "WANDB_SILENT": "true"})
 
 
 def _entries(root: Path, n: int, granularity: str = "run") -> list[dict]:
@@ -359,8 +359,7 @@ def test_above_the_per_run_limit_a_packed_runs_table_holds_each_runs_config_and_
 
 # ---------------------------------------------------------------------------------------------------- sync
 def _sync(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.sync", *map(str, args)], cwd=ROOT, text=True,
-                          capture_output=True, timeout=600, env={**__import__("os").environ, "WANDB_SILENT": "true"})
+    return python("-m", "rw_sweeps.sweeps.sync", *map(str, args), env={**os.environ, "WANDB_SILENT": "true"})
 
 
 def _would_sync(text: str, batches: int = 1) -> set[Path]:

@@ -159,14 +159,15 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
             continue
         try:
             digest = _digest(entry.path)
-        except readers.Broken as e:
-            skipped.append(_skip(entry.path, "corrupt", e.why))
-            continue
+        except readers.Broken:
+            # a file the key cannot hash within its caps (one the judge may never read: a failed run's
+            # snapshots): the judge alone decides, every time, and the row is never taken from the cache
+            digest = ""
         if digest is None:                 # a numbered job folder with nothing in it yet
             skipped.append(_skip(entry.path, "unfinished", "no config.yaml or summary.json"))
             continue
         i, old = known.get(entry.name, (None, None))
-        if old is not None and old == digest:
+        if digest and old == digest:
             keep.append(i)
         else:
             todo.append((entry, digest))

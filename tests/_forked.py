@@ -2,18 +2,26 @@
 imported the libraries these commands import (torch alone is ~1.4 s of CPU a process; the suite starts ~300
 launches on 2 cores).
 
-What the forked process is given is what `subprocess.run([python, *ARGS], cwd=…, env=…)` gives: its own pid,
-the environment (replaced whole), the folder, `sys.argv` and `sys.path[0]` as the interpreter sets them for a
-script or a `-m` module, stdin from /dev/null, stdout and stderr to their own files, an exception's trace as the
-interpreter prints it, and the interpreter's own end (atexit functions, flushed streams, the exit status or the
-signal that ended it, as `os.waitpid` reports it). Not one module of this repository is imported by the server:
-the command imports the project as a fresh process does, so no state of an earlier command, and no environment
-variable a module reads when it is imported, carries over. What the server cannot give is an environment that
-changes what a library read when the server imported it (its thread pools, the interpreter's own settings):
-`serves(env)` says so, and `tests/conftest.py` starts a fresh interpreter then.
+What the forked process is given is what `subprocess.run([python, *ARGS], cwd=…, env=…, text=True,
+capture_output=True, timeout=…)` gives: its own pid; the environment (replaced whole), the folder, `sys.argv` and
+`sys.path[0]` as the interpreter sets them for a script or a `-m` module; the caller's stdin; stdout and stderr as
+pipes the caller reads to their end (a grandchild's late lines included); the random state of a fresh process;
+an uncaught exception through `sys.excepthook`, then the interpreter's own end (atexit functions, flushed
+streams, the exit status or the signal that ended it, as `os.waitpid` reports it); at a timeout or any other
+exception in the caller, the process killed, and `TimeoutExpired` with the bytes read so far. No module of the
+project (`rw_sweeps`, `analysis`, `hydra_plugins`) is imported by the server: the command imports it as a fresh
+process does, so no state of an earlier command, and no environment variable a module reads when it is
+imported, carries over.
 
-The server is single-threaded (a fork copies one thread), runs no torch operation (its thread pools are not
-started), and answers each request in a waiter process of its own, so that commands may overlap:
+What the server cannot give a command: an environment that changes what the interpreter or a preloaded library
+read as it loaded (thread pools, allocators, locale, time zone, …): `serves(env, argv)` accepts only a difference
+in the variables listed in RUNTIME, read when the project runs, and `tests/conftest.py` starts a fresh
+interpreter otherwise (also for a script that is not a file); the hash seed, which is the server's; and the
+command line in /proc, which is the server's (`sys.argv` is the command's).
+
+The server is single-threaded (it refuses to serve otherwise: a fork copies one thread), runs no torch operation
+(its thread pools are not started), ends when its parent does, and answers each request in a waiter process of
+its own, so that commands may overlap:
 
     server ──fork──> waiter ──fork──> the command
                        └── reports the command's pid, then its exit status, on the request's socket
@@ -26,45 +34,51 @@ from __future__ import annotations
 import atexit
 import importlib
 import json
+import locale
 import os
+import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import traceback
-from pathlib import Path
+import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Imported once by the server: the libraries, none of this repository's modules (nor matplotlib, which reads
-# MPLBACKEND as it is imported)
+# Imported once by the server: libraries that start no thread as they load (pandas does: pyarrow's allocator),
+# none of the project's modules, nor matplotlib (it reads MPLBACKEND as it is imported)
 PRELOAD = ("numpy", "torch", "yaml", "omegaconf", "hydra", "hydra.main", "hydra.core.config_store",
-           "hydra.core.plugins", "hydra._internal.utils", "hydra._internal.hydra", "pandas", "pyarrow.parquet")
-# What a library or the interpreter reads when it loads (thread pools, allocators, encodings, hash seed):
-# a launch whose environment differs from the server's in one of these is not forked
-AT_LOAD = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "LD_", "MALLOC_", "TORCH_", "CUDA_", "LC_",
-           "LANG")
+           "hydra.core.plugins", "hydra._internal.utils", "hydra._internal.hydra")
+# The variables a command's environment may change from the server's: read by the project (or by libraries
+# the server has not imported) when it runs, never by the interpreter or a preloaded library as it loads
+RUNTIME = ("WANDB_", "RW_", "HYDRA_FULL_ERROR", "COMP_LINE", "COMP_POINT", "MPLBACKEND", "SUBMITIT_", "SLURM_",
+           "CI", "COLUMNS", "LINES", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES", "CC", "PYTEST_")
+_REQUEST_CAP = 1 << 24
 
 
-def at_load(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k.startswith(AT_LOAD)}
-
-
+# ------------------------------------------------------------------------------------------ the server
 def serve(path: str) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    threads = len(os.listdir("/proc/self/task"))
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(16)
-    print(json.dumps({"ready": os.getpid(), "at_load": at_load(dict(os.environ))}), flush=True)
+    print(json.dumps({"ready": os.getpid(), "env": dict(os.environ), "threads": threads}), flush=True)
     while True:
-        conn, _ = server.accept()
+        ready, _, _ = select.select([server, sys.stdin], [], [], 1.0)
         _reap()
-        if os.fork() == 0:
-            server.close()
-            _wait_on_a_command(conn)  # returns only in the command's own process, to end as an interpreter does
-            return
-        conn.close()
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
+            return  # the parent has ended (its end of the pipe is closed): so does the server
+        if server in ready:
+            conn, _ = server.accept()
+            if os.fork() == 0:
+                server.close()
+                _wait_on_a_command(conn)  # returns only in the command's own process, to end as an interpreter does
+                return
+            conn.close()
 
 
 def _reap() -> None:
@@ -77,37 +91,50 @@ def _reap() -> None:
 
 
 def _wait_on_a_command(conn: socket.socket) -> None:
-    request = json.loads(conn.makefile("rb").readline())
+    raw, fds, _, _ = socket.recv_fds(conn, _REQUEST_CAP, 3)
+    while not raw.endswith(b"\n"):
+        raw += conn.recv(_REQUEST_CAP)
+    request = json.loads(raw)
     pid = os.fork()
     if pid == 0:
         conn.close()
-        _become_the_command(request)
+        _become_the_command(request, fds)
         return
-    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-    _, status = os.waitpid(pid, 0)
     try:
+        for fd in fds:  # the command's ends only: the caller sees the end of its output when the command's is closed
+            os.close(fd)
+        try:
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:   # the caller is gone (its timeout came first): so goes the command
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
         conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    except OSError:
+        pass
     finally:
         os._exit(0)
 
 
-def _become_the_command(request: dict) -> None:
+def _become_the_command(request: dict, fds: list[int]) -> None:
     """This process becomes `python ARGS`: its files, environment, folder, argv and sys.path[0], then the script
-    or module; an exception is reported as the interpreter reports one, from the same first frame."""
+    or module; an uncaught exception goes to sys.excepthook, then the interpreter's end."""
+    import builtins
+    import importlib.machinery
+    import io
+    import random
     import runpy
-    import signal
-    import traceback
+    import types
 
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        out = os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(out, fd)
-        os.close(out)
-    os.close(null)
+    import numpy
+
+    for fd, to in zip(fds, (0, 1, 2)):
+        os.dup2(fd, to)
+        os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
+    random.seed()           # a fresh process's: drawn from the system, not the server's
+    numpy.random.seed()
     argv = request["argv"]
     try:
         if argv[0] == "-m":   # as `python -m`: the folder first on the path, argv[0] the module's file
@@ -115,99 +142,169 @@ def _become_the_command(request: dict) -> None:
             sys.path[0] = os.getcwd()
             first = "_run_module_as_main"
             runpy._run_module_as_main(argv[1], alter_argv=True)
-        else:                 # as `python script`: the script's folder first on the path
-            script = os.path.abspath(argv[0])
-            sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(script)
+        else:                 # as `python script`: argv as given, the script's real folder first on the path,
+            sys.argv = list(argv)  # and the script run in a `__main__` of its own, named by its absolute path
+            path = os.path.abspath(argv[0])
+            sys.path[0] = os.path.dirname(os.path.realpath(path))
             first = "<module>"
-            runpy.run_path(script, run_name="__main__")
+            with io.open_code(path) as f:
+                code = compile(f.read(), path, "exec")
+            main = types.ModuleType("__main__")
+            main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins, __package__=None,
+                                 __spec__=None, __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+            sys.modules["__main__"] = main
+            exec(code, main.__dict__)
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - as the interpreter reports an exception the command raised
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_name != first:
             tb = tb.tb_next
-        traceback.print_exception(type(exc), exc, tb)
-        sys.stderr.flush()
-        if isinstance(exc, KeyboardInterrupt):  # the interpreter ends by the signal itself
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
+        exc.__traceback__ = tb   # the interpreter's hook prints the exception's own traceback
+        sys.excepthook(type(exc), exc, tb)
+        if isinstance(exc, KeyboardInterrupt):
+            # raised on, said once: the interpreter then ends as for any uncaught Ctrl-C (atexit, then SIGINT)
+            sys.excepthook = lambda *_: None
+            raise
         raise SystemExit(1) from None
     # the command ended without raising: the interpreter's exit, status 0
 
 
 # ------------------------------------------------------------------------------------------ the client
 class _Server:
+    lock = threading.Lock()
     proc: subprocess.Popen | None = None
-    path = ""
-    at_load: dict = {}
+    folder = ""
+    env: dict = {}
+    threads = 0
 
 
 def _server() -> type[_Server]:
-    """This process's server, started at its first launch, with this process's environment (as each launch
-    gets it from `tests/conftest.py`: unbuffered, wandb silent); ended with this process."""
-    if _Server.proc is None or _Server.proc.poll() is not None:
-        folder = tempfile.mkdtemp(prefix="rw-forked-")
-        path = os.path.join(folder, "socket")
-        env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-c", f"from tests._forked import serve; serve({path!r})"], cwd=ROOT, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the launch server ended at start-up with status {proc.wait()}")
-        _Server.proc, _Server.path, _Server.at_load = proc, path, json.loads(line)["at_load"]
-        atexit.register(_stop, proc)
+    """This process's server, started at its first command, with this process's environment (unbuffered, as
+    `tests/conftest.py` runs every command); it reads EOF on its stdin, and ends, when this process ends."""
+    with _Server.lock:
+        if _Server.proc is None or _Server.proc.poll() is not None:
+            folder = tempfile.mkdtemp(prefix="rw-forked-")
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            proc = subprocess.Popen([sys.executable, "-c", f"from tests._forked import serve; "
+                                     f"serve({os.path.join(folder, 'socket')!r})"], cwd=ROOT, env=env,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the command server ended at start-up with status {proc.wait()}")
+            ready = json.loads(line)
+            _Server.proc, _Server.folder, _Server.env, _Server.threads = proc, folder, ready["env"], ready["threads"]
+            atexit.register(_stop, proc, folder)
     return _Server
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, folder: str) -> None:
     proc.kill()
     proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-def serves(env: dict) -> bool:
-    """Can a forked process have this environment? Not where it differs from the server's in what a library
-    read as the server imported it."""
-    return at_load(env) == _server().at_load
-
-
-def run(argv: list[str], cwd, env: dict, timeout: float) -> subprocess.CompletedProcess:
-    """`subprocess.run([python, *argv], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)`,
-    forked from the server (`serves(env)` must hold); argv: a script and its arguments, or `-m` and a module's."""
+def serves(env: dict, argv: list | None = None) -> bool:
+    """Can a forked process be this command? Its environment differs from the server's only in RUNTIME
+    variables, its script is a file (or it is `-m`), and the server is single-threaded."""
     server = _server()
+    if server.threads != 1:
+        return False
+    if argv and str(argv[0]) != "-m" and not os.path.isfile(argv[0]):
+        return False   # the interpreter's own refusal (`can't open file`, a folder, …): a fresh one says it
+    changed = {k for k in set(env) | set(server.env) if env.get(k) != server.env.get(k)}
+    return all(k.startswith(RUNTIME) for k in changed)
+
+
+def run(argv: list, cwd, env: dict, timeout: float | None) -> subprocess.CompletedProcess:
+    """`subprocess.run([python, *argv], cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)`,
+    forked from the server (`serves(env, argv)` must hold); argv: a script and its arguments, or `-m` and a
+    module's."""
     argv = [os.fspath(a) for a in argv]
     cmd = [sys.executable, *argv]
-    with tempfile.TemporaryDirectory(prefix="rw-launch-") as folder:
-        out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.connect(server.path)
-            request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out),
-                       "stderr": str(err)}
-            conn.sendall(json.dumps(request).encode() + b"\n")
+    if not os.path.isdir(cwd):   # what subprocess raises, before any process
+        raise FileNotFoundError(2, "No such file or directory", os.fspath(cwd))
+    if any("=" in k or not k for k in env):
+        raise ValueError("illegal environment variable name")
+    server = _server()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(os.path.join(server.folder, "socket"))
+            request = {"argv": argv, "cwd": os.fspath(cwd), "env": env}
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [_stdin(), out_w, err_w])
+            os.close(out_w)
+            os.close(err_w)
+            out_w = err_w = None
+            streams = {out_r: bytearray(), err_r: bytearray()}
             replies = _Lines(conn)
-            pid = replies.next()["pid"]
-            conn.settimeout(timeout)
-            try:
-                code = replies.next()["returncode"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)   # as subprocess.run kills its process at the timeout
-                conn.settimeout(None)
-                replies.next()
-                raise subprocess.TimeoutExpired(cmd, timeout, out.read_text(), err.read_text()) from None
-        return subprocess.CompletedProcess(cmd, code, out.read_text(), err.read_text())
+            open_fds = [out_r, err_r, conn]
+            while open_fds:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(cmd, timeout, bytes(streams[out_r]), bytes(streams[err_r]))
+                ready, _, _ = select.select(open_fds, [], [], left)
+                for r in ready:
+                    if r is conn:
+                        replies.read()
+                        while (reply := replies.next()) is not None:
+                            if "pid" in reply:
+                                pid = reply["pid"]
+                            else:
+                                code = reply["returncode"]
+                                open_fds.remove(conn)
+                        if replies.closed and conn in open_fds:
+                            raise RuntimeError("the command server's waiter ended without the command's status")
+                    else:
+                        chunk = os.read(r, 1 << 16)
+                        if chunk:
+                            streams[r] += chunk
+                        else:
+                            open_fds.remove(r)
+        except BaseException:
+            if pid is not None:   # as subprocess.run: the process is killed on a timeout or any other exception
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise
+        finally:
+            for fd in (out_r, err_r, out_w, err_w):
+                if fd is not None:
+                    os.close(fd)
+    return subprocess.CompletedProcess(cmd, code, _text(streams[out_r]), _text(streams[err_r]))
+
+
+def _stdin() -> int:
+    """The caller's stdin, which a command inherits (/dev/null where it has none)."""
+    try:
+        os.fstat(0)
+        return 0
+    except OSError:
+        return os.open(os.devnull, os.O_RDONLY)
+
+
+def _text(data: bytes) -> str:
+    """As `subprocess.run(text=True)` decodes: the locale's encoding, universal newlines."""
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
 class _Lines:
-    """The waiter's JSON lines, read from the socket itself (a file over it refuses to read after a timeout)."""
+    """The waiter's JSON lines, as they arrive on the socket."""
 
     def __init__(self, conn: socket.socket):
-        self.conn, self.buf = conn, b""
+        self.conn, self.buf, self.closed = conn, b"", False
 
-    def next(self) -> dict:
-        while b"\n" not in self.buf:
-            chunk = self.conn.recv(1 << 12)
-            if not chunk:
-                raise RuntimeError("the launch server's waiter ended without the launch's status")
-            self.buf += chunk
+    def read(self) -> None:
+        chunk = self.conn.recv(1 << 12)
+        self.closed = not chunk
+        self.buf += chunk
+
+    def next(self) -> dict | None:
+        if b"\n" not in self.buf:
+            return None
         line, self.buf = self.buf.split(b"\n", 1)
         return json.loads(line)

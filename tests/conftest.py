@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # Parallel workers share the cores: one thread each, inherited by the processes they start (launch.py, …).
-    # With every worker's torch spinning threads for all cores, a 25 s sweep was seen to take over 600 s.
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(var, "1")
+# One thread each, inherited by the processes the tests start (launch.py, …): parallel workers share the cores
+# (with every worker's torch spinning threads for all cores, a 25 s sweep was seen to take over 600 s), and the
+# server the suite's commands fork from (tests/_forked.py) must be single-threaded, which OpenBLAS's pool is not.
+for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
 # Small but real runs: every test sweep uses these unless it needs the paper's shape.
 SMALL = ["data.n_test=200", "optim.steps=10"]  # n_train stays 1000: with fewer, p = 0.5 often locks on a wrong position
 
@@ -53,7 +53,7 @@ def python(*argv, cwd: Path = ROOT, env: dict | None = None, timeout: float = 60
     from . import _forked
 
     e = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    if _forked.serves(e):
+    if _forked.serves(e, list(argv)):
         return _forked.run(list(argv), cwd, e, timeout)
     return subprocess.run([sys.executable, *map(os.fspath, argv)], cwd=cwd, env=e, text=True, capture_output=True,
                           timeout=timeout)

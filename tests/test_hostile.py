@@ -221,6 +221,33 @@ def test_the_digest_of_a_file_of_lines_stops_where_its_reader_stops_and_says_wha
         assert got == hashlib.blake2b(f.read_bytes(), digest_size=16).digest()
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("summary", ["failed", "absent", "done"])
+def test_a_file_the_cache_key_cannot_hash_leaves_the_verdict_to_the_judge(sweep, tmp_path, summary):
+    """A 2 GiB sparse snapshots.jsonl (its first line over its cap) in a failed run, whose snapshots the judge does
+    not read, or in a run without a summary: the cache key stops at that line, and analysis says what the judge
+    says (a failed row; unfinished), not "corrupt" for a file the judge never reached."""
+    s = H.copy_sweep(sweep, tmp_path / "S")
+    run = s / "0"
+    if summary == "failed":
+        done = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**done, "status": "failed", "error": "RuntimeError: planted"}))
+    elif summary == "absent":
+        (run / "summary.json").unlink()
+    os.truncate(run / "snapshots.jsonl", 2 * H.GiB)
+    verdict = contract.judge(run)
+    assert verdict.state == {"failed": "failed", "absent": "unfinished", "done": "corrupt"}[summary], verdict
+    df = load_runs(s, cache=True, progress=False)
+    rows = dict(zip(df["run"], df["status"]))
+    skipped = {Path(x["path"]).name: x for x in df.attrs["skipped"]}
+    if verdict.state in contract.STATUSES:
+        assert rows["0"] == verdict.state and "0" not in skipped
+    else:
+        assert "0" not in rows and (skipped["0"]["status"], skipped["0"]["reason"]) == (verdict.state, verdict.why)
+    again = load_runs(s, progress=False)   # through the cache: the same
+    assert dict(zip(again["run"], again["status"])) == rows
+
+
 # ------------------------------------------------------------------------------ the launcher agrees
 GRID = ["data.p=0.5,1", "seed=0,1,2"]   # folders 0..5: (0.5, 0), (0.5, 1), (0.5, 2), (1, 0), (1, 1), (1, 2)
 

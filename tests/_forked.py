@@ -56,6 +56,9 @@ PRELOAD = ("numpy", "torch", "yaml", "omegaconf", "hydra", "hydra.main", "hydra.
 RUNTIME = ("WANDB_", "RW_", "HYDRA_FULL_ERROR", "COMP_LINE", "COMP_POINT", "MPLBACKEND", "SUBMITIT_", "SLURM_",
            "CI", "COLUMNS", "LINES", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES", "CC", "PYTEST_")
 _REQUEST_CAP = 1 << 24
+# The environment the server is started with: this process's when the module is first imported (by
+# tests/conftest.py, before any test runs), not whatever a test has set when the first command comes
+BASE = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 # ------------------------------------------------------------------------------------------ the server
@@ -180,12 +183,12 @@ class _Server:
 
 
 def _server() -> type[_Server]:
-    """This process's server, started at its first command, with this process's environment (unbuffered, as
-    `tests/conftest.py` runs every command); it reads EOF on its stdin, and ends, when this process ends."""
+    """This process's server, started at its first command, with BASE (unbuffered, as `tests/conftest.py` runs
+    every command); it reads EOF on its stdin, and ends, when this process ends."""
     with _Server.lock:
         if _Server.proc is None or _Server.proc.poll() is not None:
             folder = tempfile.mkdtemp(prefix="rw-forked-")
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            env = BASE
             proc = subprocess.Popen([sys.executable, "-c", f"from tests._forked import serve; "
                                      f"serve({os.path.join(folder, 'socket')!r})"], cwd=ROOT, env=env,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # server the suite's commands fork from (tests/_forked.py) must be single-threaded, which OpenBLAS's pool is not.
 for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
+from . import _forked  # noqa: E402 - after the thread settings above: the environment its server is started with
+
 # Small but real runs: every test sweep uses these unless it needs the paper's shape.
 SMALL = ["data.n_test=200", "optim.steps=10"]  # n_train stays 1000: with fewer, p = 0.5 often locks on a wrong position
 
@@ -50,8 +52,6 @@ def python(*argv, cwd: Path = ROOT, env: dict | None = None, timeout: float = 60
     in a process forked from this worker's server, which has imported torch and the other libraries once
     (`tests/_forked.py`: ~1 s of CPU less a launch), or in a fresh interpreter where the environment changes what
     a library read as the server loaded it. `env`: the whole environment (default: this process's)."""
-    from . import _forked
-
     e = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     if _forked.serves(e, list(argv)):
         return _forked.run(list(argv), cwd, e, timeout)

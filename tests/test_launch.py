@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 
+from . import _forked
 from .conftest import ROOT, SMALL, launch, summaries
 from .wandb_files import read_run
 
@@ -236,7 +237,7 @@ def test_the_suites_forked_launch_is_what_a_fresh_interpreter_gives(tmp_path, ar
         folder = tmp_path / how / "launch"   # the same last two parts: a sweep's wandb group
         argv = [*args, f"hydra.run.dir={folder / 'run'}", f"hydra.sweep.dir={folder / 'sweep'}",
                 "wandb.mode=disabled", "wandb.analysis=false"]
-        e = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **env}
+        e = {**_forked.BASE, "WANDB_SILENT": "true", **env}   # the server's own, and what the case changes
         folder.mkdir(parents=True)
         seen.append(_seen(_both(how, [ROOT / "launch.py", *argv], folder, e), folder,
                           {"summary.json", "history.jsonl", "config.yaml", "rw.log"}))
@@ -244,8 +245,6 @@ def test_the_suites_forked_launch_is_what_a_fresh_interpreter_gives(tmp_path, ar
 
 
 def _both(how: str, argv: list, cwd, env: dict) -> subprocess.CompletedProcess:
-    from . import _forked
-
     if how == "forked":
         assert _forked.serves(env)
         return _forked.run(argv, cwd, env, timeout=600)
@@ -266,7 +265,7 @@ def test_a_forked_python_dash_m_is_what_a_fresh_interpreter_gives(tmp_path, args
     for how in ("fresh", "forked"):
         folder = tmp_path / how / "analysis"
         folder.mkdir(parents=True)
-        e = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+        e = {**_forked.BASE, "MPLBACKEND": "Agg"}
         got = _both(how, ["-m", "analysis", sweep, *args], folder, e)
         seen.append(_seen(got, folder, {"index.html"}))
     assert seen[0] == seen[1] and seen[0][0] == status, seen[1][2]
@@ -277,9 +276,7 @@ def test_a_launch_whose_environment_changes_what_a_library_read_at_load_is_not_f
     """Only variables the project reads as it runs may differ from the server's; anything else (the interpreter's,
     a thread pool's, an allocator's, the time zone, torch's) gets a fresh interpreter, as does a script that is
     not a file (the interpreter's own refusal)."""
-    from . import _forked
-
-    e = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    e = dict(_forked.BASE)
     script = [ROOT / "launch.py"]
     assert _forked.serves(e, script) and _forked.serves(e, ["-m", "analysis"])
     assert _forked.serves({**e, "RW_SWEEPS_PROGRESS_S": "1", "HYDRA_FULL_ERROR": "1", "WANDB_MODE": "offline"}, script)

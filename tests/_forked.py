@@ -54,7 +54,8 @@ PRELOAD = ("numpy", "torch", "yaml", "omegaconf", "hydra", "hydra.main", "hydra.
 # The variables a command's environment may change from the server's: read by the project (or by libraries
 # the server has not imported) when it runs, never by the interpreter or a preloaded library as it loads
 RUNTIME = ("WANDB_", "RW_", "HYDRA_FULL_ERROR", "COMP_LINE", "COMP_POINT", "MPLBACKEND", "SUBMITIT_", "SLURM_",
-           "CI", "COLUMNS", "LINES", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES", "CC", "PYTEST_")
+           "CI", "COLUMNS", "LINES", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES", "CC", "PYTEST_",
+           "TORCHINDUCTOR_CACHE_DIR")  # read when inductor compiles (which sets it in a worker that has compiled)
 _REQUEST_CAP = 1 << 24
 # The environment the server is started with: this process's when the module is first imported (by
 # tests/conftest.py, before any test runs), not whatever a test has set when the first command comes

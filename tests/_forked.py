@@ -32,6 +32,7 @@ the trace of an exception has the frames a fresh `python -m` prints); this modul
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib
 import json
 import locale
@@ -56,7 +57,7 @@ PRELOAD = ("numpy", "torch", "yaml", "omegaconf", "hydra", "hydra.main", "hydra.
 RUNTIME = ("WANDB_", "RW_", "HYDRA_FULL_ERROR", "COMP_LINE", "COMP_POINT", "MPLBACKEND", "SUBMITIT_", "SLURM_",
            "CI", "COLUMNS", "LINES", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES", "CC", "PYTEST_",
            "TORCHINDUCTOR_CACHE_DIR")  # read when inductor compiles (which sets it in a worker that has compiled)
-_REQUEST_CAP = 1 << 24
+_CHUNK = 1 << 16  # bytes read from a request at a time (a request is a few KiB: its environment, argv, folder)
 # The environment the server is started with: this process's when the module is first imported (by
 # tests/conftest.py, before any test runs), not whatever a test has set when the first command comes
 BASE = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -66,6 +67,10 @@ BASE = {**os.environ, "PYTHONUNBUFFERED": "1"}
 def serve(path: str) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    # the preloaded libraries' objects are never garbage: out of every collection in the commands (as the
+    # front door does in a fresh process, `rw_sweeps.sweeps.app.run_front_door`), and out of the pages a
+    # collection would write to, which a fork would then copy
+    gc.freeze()
     threads = len(os.listdir("/proc/self/task"))
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -95,9 +100,12 @@ def _reap() -> None:
 
 
 def _wait_on_a_command(conn: socket.socket) -> None:
-    raw, fds, _, _ = socket.recv_fds(conn, _REQUEST_CAP, 3)
+    raw, fds, _, _ = socket.recv_fds(conn, _CHUNK, 3)
     while not raw.endswith(b"\n"):
-        raw += conn.recv(_REQUEST_CAP)
+        chunk = conn.recv(_CHUNK)
+        if not chunk:   # the caller went away mid-request: nothing to run
+            os._exit(0)
+        raw += chunk
     request = json.loads(raw)
     pid = os.fork()
     if pid == 0:

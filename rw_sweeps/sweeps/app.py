@@ -9,6 +9,7 @@ its jobs run one by one through `run_job`, with the edit. The launcher's first l
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -271,6 +272,9 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
     before any job starts) is one line and exit 2. Ctrl-C, SIGTERM and SIGHUP take one path
     (`rw_sweeps.sweeps.signals`): what is in flight is checkpointed or written, one line, the lock released,
     exit 130, 143 or 129."""
+    # The modules imported so far (torch, Hydra, …: ~10⁵ objects) live as long as the process: kept out of
+    # every later collection, which would otherwise walk them all each time (~0.2 CPU s of a small launch)
+    gc.freeze()
     signals.install()
     _register_resolvers()
     try:

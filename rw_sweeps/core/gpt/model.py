@@ -189,6 +189,14 @@ def _linear(x: torch.Tensor, params: dict, name: str) -> torch.Tensor:
     return y + b[:, None, None, :] if b is not None else y
 
 
+def _linear_many(x: torch.Tensor, params: dict, names: list[str]) -> torch.Tensor:
+    """The linear maps `names` of the same input, side by side in the last dimension, in one product."""
+    y = torch.einsum("rbtd,rde->rbte", x, torch.cat([params[n] for n in names], -1))
+    if params.get(names[0] + ".b") is None:
+        return y
+    return y + torch.cat([params[n + ".b"] for n in names], -1)[:, None, None, :]
+
+
 def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, start: int, maps: bool = True):
     """One block's attention for the queries start … T − 1 over every key: (output to add to the stream, its
     weights S as `Rows`, or None without `maps`). The query/key/value attention runs in torch's fused
@@ -205,9 +213,13 @@ def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, sta
         out = torch.einsum("rbhij,rbhjl->rbil", S, value)
         return F.pad(out, (0, D - K)), Rows(start, S=S) if maps else None
     dh = D // Hn
-    q = _linear(a[:, :, start:], params, h + "q").view(R, B, T - start, Hn, dh)
-    k = _linear(a, params, h + "k").view(R, B, T, Hn, dh)
-    v = _linear(a, params, h + "v").view(R, B, T, Hn, dh)
+    if start == 0:  # q, k and v of every position: one pass over the stream, as nanoGPT's c_attn (~2× faster)
+        qkv = _linear_many(a, params, [h + m for m in "qkv"])
+        q, k, v = (z.view(R, B, T, Hn, dh) for z in qkv.split(D, -1))
+    else:
+        q = _linear(a[:, :, start:], params, h + "q").view(R, B, T - start, Hn, dh)
+        k = _linear(a, params, h + "k").view(R, B, T, Hn, dh)
+        v = _linear(a, params, h + "v").view(R, B, T, Hn, dh)
     if start not in (0, T - 1):  # what `forward` asks: causal from the first query, or the last over every key
         raise ValueError(f"queries from position {start} of {T}: only 0 and the last are served")
     heads = lambda z: z.transpose(2, 3).reshape(R * B, Hn, z.shape[2], dh)  # noqa: E731 - (R·B, H, T, dh), contiguous

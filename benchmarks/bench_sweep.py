@@ -3,7 +3,7 @@
     python benchmarks/bench_sweep.py            # everything (~5–8 min on a 2-core laptop)
     python benchmarks/bench_sweep.py --quick    # one baseline run, no 10,000-run grid
     python benchmarks/bench_sweep.py --streaming    # first training line and memory: 100,000 vs 1,000 runs
-    python benchmarks/bench_sweep.py --against ../old-checkout   # the 10,000-run grid, side by side
+    python benchmarks/bench_sweep.py --against ../old-checkout   # the 1,000-run grid's CPU and the 10,000-run grid, side by side
     python benchmarks/bench_sweep.py --write-behind   # results written behind against in turn, 1 and all threads
 
 Baseline: `python -m rw_sweeps.core.oracle` in a fresh process per run: the literal dense eq. 2.1 with autograd
@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -247,6 +248,35 @@ def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[float, f
     return statistics.median(ours), statistics.median(theirs)
 
 
+def cpu_against(tree: Path, seeds: int = 100, reps: int = 2) -> dict:
+    """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` alternating, with wandb offline and
+    disabled, and here also offline without the sweep's analysis run (`wandb.analysis=false`, a key `tree` may
+    not have): {(where, what): (median wall seconds, median CPU seconds of the launch and the processes it
+    waited for)}."""
+    cases = [("offline", ["wandb.mode=offline"]), ("offline, no analysis run", ["wandb.mode=offline", "wandb.analysis=false"]),
+             ("disabled", ["wandb.mode=disabled"])]
+    out: dict = {}
+    for _ in range(reps):
+        for what, extra in cases:
+            for where, root in (("here", ROOT), ("there", tree)):
+                if where == "there" and "wandb.analysis=false" in extra:
+                    continue
+                sweep = Path(tempfile.mkdtemp(prefix="rw-cpu-")) / "s"
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t = time.perf_counter()
+                r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})", *extra,
+                                    f"hydra.sweep.dir={sweep}"], cwd=root, capture_output=True, text=True,
+                                   env={**os.environ, "CI": "1"})
+                wall = time.perf_counter() - t
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                if r.returncode != 0:
+                    raise SystemExit(f"{root}/launch.py failed:\n{r.stderr[-2000:]}")
+                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                out.setdefault((where, what), []).append((wall, cpu))
+                shutil.rmtree(sweep.parent, ignore_errors=True)
+    return {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in out.items()}
+
+
 def write_behind(seeds: int = 200, reps: int = 2) -> dict:
     """The §5 grid of 10 × `seeds` runs (wandb disabled) end to end, with each chunk's results written in
     turn and written behind (`hydra.launcher.write_behind`), with one training thread and with torch's
@@ -273,7 +303,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one baseline run, no 10,000-run grid")
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--streaming", action="store_true", help="only the streaming ratios (100,000 against 1,000 runs)")
-    ap.add_argument("--against", type=Path, help="another checkout: the 10,000-run grid end to end, side by side")
+    ap.add_argument("--against", type=Path, help="another checkout: the 1,000-run grid's wall and CPU (wandb offline and "
+                    "disabled) and the 10,000-run grid end to end, side by side")
     ap.add_argument("--write-behind", action="store_true", help="only results written behind against in turn")
     args = ap.parse_args()
     if args.write_behind:
@@ -290,6 +321,15 @@ def main() -> None:
                   f"→ {s['t_100k']:.1f} s (100,000 runs) = {s['t_100k'] / s['t_1k']:.2f}× (bound 3×); launcher peak "
                   f"RSS {s['mb_1k']:.0f} MB → {s['mb_100k']:.0f} MB = {s['mb_100k'] / s['mb_1k']:.2f}× (bound 2×)")
         if args.against:
+            c = cpu_against(args.against)
+            print(f"1,000-run §5 grid end to end, here and in {args.against} alternating (medians of 2; CPU: the "
+                  f"launch and the processes it waited for):")
+            for what in ("offline", "offline, no analysis run", "disabled"):
+                here = c[("here", what)]
+                there = c.get(("there", what))
+                side = (f"; there {there[0]:.1f} s, CPU {there[1]:.1f} s → CPU {here[1] / there[1]:.2f}× theirs"
+                        if there else "")
+                print(f"  wandb {what:<26} here {here[0]:.1f} s, CPU {here[1]:.1f} s{side}")
             ours, theirs = grid_against(args.against)
             print(f"10,000-run §5 grid end to end: {ours:.1f} s here, {theirs:.1f} s in {args.against} "
                   f"= {ours / theirs:.2f}× its time")

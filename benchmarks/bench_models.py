@@ -10,8 +10,10 @@ script) runs it, timed for --processes runs; the loop trains --loop runs one at 
 trainer; both are scaled to 256 runs by their median per-run time, in model=gpt's default precision (float32,
 `precision=auto`) as the packed path they are compared with. The ensemble is a plain torch.nn model trained on the packed path's own initial parameters and batches, in both
 precisions, alternating with the packed path (medians of 2); its last training losses are checked against the
-packed path's, so both trained the same runs. The last line is the ratios; on a GPU it also prints runs per
-second.
+packed path's, so both trained the same runs. Every way trains under the same C allocator settings: the
+first training call of a process on a CPU has glibc keep large freed blocks (`rw_sweeps.core.allocator`,
+process-wide), so the loop, the ensemble and each `launch.py` process get them as the packed path does. The
+last line is the ratios; on a GPU it also prints runs per second.
 
     python benchmarks/bench_models.py [--N 65] [--steps 100] [--processes 3] [--loop 8]
 """

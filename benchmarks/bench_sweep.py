@@ -251,8 +251,8 @@ def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[float, f
 def cpu_against(tree: Path, seeds: int = 100, reps: int = 2) -> dict:
     """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` alternating, with wandb offline and
     disabled, and here also offline without the sweep's analysis run (`wandb.analysis=false`, a key `tree` may
-    not have): {(where, what): (median wall seconds, median CPU seconds of the launch and the processes it
-    waited for)}."""
+    not have): {(where, what): (wall seconds, CPU seconds of the launch and the processes it waited for), each
+    the median of `reps` runs (with 2, their mean)}."""
     cases = [("offline", ["wandb.mode=offline"]), ("offline, no analysis run", ["wandb.mode=offline", "wandb.analysis=false"]),
              ("disabled", ["wandb.mode=disabled"])]
     out: dict = {}
@@ -322,7 +322,7 @@ def main() -> None:
                   f"RSS {s['mb_1k']:.0f} MB → {s['mb_100k']:.0f} MB = {s['mb_100k'] / s['mb_1k']:.2f}× (bound 2×)")
         if args.against:
             c = cpu_against(args.against)
-            print(f"1,000-run §5 grid end to end, here and in {args.against} alternating (medians of 2; CPU: the "
+            print(f"1,000-run §5 grid end to end, here and in {args.against} alternating (means of 2 runs each; CPU: the "
                   f"launch and the processes it waited for):")
             for what in ("offline", "offline, no analysis run", "disabled"):
                 here = c[("here", what)]

@@ -230,21 +230,30 @@ def streaming(reps: int = 3) -> dict:
     return {"t_1k": med(small, 0), "t_100k": med(big, 0), "mb_1k": med(small, 1), "mb_100k": med(big, 1)}
 
 
+def grid_once(root: Path, seeds: int, *extra: str, env: dict | None = None) -> tuple[float, float]:
+    """`python launch.py -m` on the §5 grid (10 values of p × `seeds` seeds) from the checkout `root`, in a folder
+    deleted after: (wall seconds, CPU seconds of the launch and the processes it waited for)."""
+    sweep = Path(tempfile.mkdtemp(prefix="rw-grid-")) / "s"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})", *extra,
+                        f"hydra.sweep.dir={sweep}"], cwd=root, capture_output=True, text=True,
+                       env={**os.environ, "CI": "1", **(env or {})})
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        raise SystemExit(f"{root}/launch.py failed:\n{r.stderr[-2000:]}")
+    shutil.rmtree(sweep.parent, ignore_errors=True)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[float, float]:
     """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` (another checkout of the project,
     e.g. the commit before a change) side by side: (this tree's seconds, the other's)."""
     ours, theirs = [], []
     for _ in range(reps):
         for root, out in ((ROOT, ours), (tree, theirs)):
-            sweep = Path(tempfile.mkdtemp(prefix="rw-grid-")) / "s"
-            t = time.perf_counter()
-            r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})",
-                                f"hydra.sweep.dir={sweep}"], cwd=root, capture_output=True, text=True,
-                               env={**os.environ, "CI": "1"})
-            out.append(time.perf_counter() - t)
-            if r.returncode != 0:
-                raise SystemExit(f"{root}/launch.py failed:\n{r.stderr[-2000:]}")
-            shutil.rmtree(sweep.parent, ignore_errors=True)
+            out.append(grid_once(root, seeds)[0])
     return statistics.median(ours), statistics.median(theirs)
 
 
@@ -261,19 +270,7 @@ def cpu_against(tree: Path, seeds: int = 100, reps: int = 2) -> dict:
             for where, root in (("here", ROOT), ("there", tree)):
                 if where == "there" and "wandb.analysis=false" in extra:
                     continue
-                sweep = Path(tempfile.mkdtemp(prefix="rw-cpu-")) / "s"
-                before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                t = time.perf_counter()
-                r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})", *extra,
-                                    f"hydra.sweep.dir={sweep}"], cwd=root, capture_output=True, text=True,
-                                   env={**os.environ, "CI": "1"})
-                wall = time.perf_counter() - t
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                if r.returncode != 0:
-                    raise SystemExit(f"{root}/launch.py failed:\n{r.stderr[-2000:]}")
-                cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-                out.setdefault((where, what), []).append((wall, cpu))
-                shutil.rmtree(sweep.parent, ignore_errors=True)
+                out.setdefault((where, what), []).append(grid_once(root, seeds, *extra))
     return {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in out.items()}
 
 
@@ -285,16 +282,9 @@ def write_behind(seeds: int = 200, reps: int = 2) -> dict:
     for _ in range(reps):
         for threads in ("1", ""):
             for behind in ("false", "true"):
-                sweep = Path(tempfile.mkdtemp(prefix="rw-behind-")) / "s"
-                t = time.perf_counter()
-                r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})",
-                                    "wandb.mode=disabled", f"hydra.launcher.write_behind={behind}",
-                                    f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True, text=True,
-                                   env={**os.environ, "CI": "1", "RW_SWEEPS_THREADS": threads})
-                out.setdefault((threads or "default", behind), []).append(time.perf_counter() - t)
-                if r.returncode != 0:
-                    raise SystemExit(f"launch.py failed:\n{r.stderr[-2000:]}")
-                shutil.rmtree(sweep.parent, ignore_errors=True)
+                wall, _ = grid_once(ROOT, seeds, "wandb.mode=disabled", f"hydra.launcher.write_behind={behind}",
+                                    env={"RW_SWEEPS_THREADS": threads})
+                out.setdefault((threads or "default", behind), []).append(wall)
     return {k: statistics.median(v) for k, v in out.items()}
 
 

@@ -197,9 +197,8 @@ def _server() -> type[_Server]:
     with _Server.lock:
         if _Server.proc is None or _Server.proc.poll() is not None:
             folder = tempfile.mkdtemp(prefix="rw-forked-")
-            env = BASE
             proc = subprocess.Popen([sys.executable, "-c", f"from tests._forked import serve; "
-                                     f"serve({os.path.join(folder, 'socket')!r})"], cwd=ROOT, env=env,
+                                     f"serve({os.path.join(folder, 'socket')!r})"], cwd=ROOT, env=BASE,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             line = proc.stdout.readline()
             if not line:
@@ -247,7 +246,12 @@ def run(argv: list, cwd, env: dict, timeout: float | None) -> subprocess.Complet
         try:
             conn.connect(os.path.join(server.folder, "socket"))
             request = {"argv": argv, "cwd": os.fspath(cwd), "env": env}
-            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [_stdin(), out_w, err_w])
+            stdin = _stdin()
+            try:
+                socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [stdin, out_w, err_w])
+            finally:
+                if stdin != 0:   # our own /dev/null: the command has its copy
+                    os.close(stdin)
             os.close(out_w)
             os.close(err_w)
             out_w = err_w = None

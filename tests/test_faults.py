@@ -305,7 +305,7 @@ def test_the_kernel_is_never_loaded_from_a_folder_others_can_write(tmp_path, mon
         pytest.skip(f"no compiled kernel here: {fused.last_error()}")
     cc = shutil.which(fused.CC)
     version = fused._compiler_version(cc)
-    flags = fused.VARIANTS[fused._variant()][0]
+    flags = fused.VARIANTS[fused.isa_variant()][0]
     own = tmp_path / "own"
     monkeypatch.setenv("RW_SWEEPS_CACHE", str(own))
     name = fused._build(cc, flags, version).name  # the file name the kernel would be loaded from

@@ -61,7 +61,7 @@ def backend() -> str:
     return b
 
 
-def _variant() -> str:
+def isa_variant() -> str:
     v = os.environ.get("RW_SWEEPS_FUSED_ISA", "native").strip().lower() or "native"
     if v not in VARIANTS:
         raise ValueError(f"RW_SWEEPS_FUSED_ISA={v!r}: must be one of {', '.join(VARIANTS)}")
@@ -100,11 +100,12 @@ def _compiler_version(cc: str) -> Optional[str]:
     return out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else None
 
 
-def _build(cc: str, flags: list[str], version: str) -> Path:
-    """Compile (once per key) and return the shared object; raises on failure. Concurrent processes (SLURM
-    array jobs) each compile to a private temp file and rename it into place, so nobody ever loads a
-    half-written file."""
-    src = SOURCE.read_bytes()
+def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE) -> Path:
+    """Compile `source` (this kernel's, or another C kernel written the same way: RW_ONLY=64/32 compiles one
+    dtype) once per key and return the shared object; raises on failure. Concurrent processes (SLURM array
+    jobs) each compile to a private temp file and rename it into place, so nobody ever loads a half-written
+    file."""
+    src = source.read_bytes()
     libs = ["-lm"] + (["-lmvec"] if "-DRW_MVEC" in flags else [])
     cmd_flags = BASE_FLAGS + flags + ["-shared"] + libs
     key = hashlib.sha256(b"\0".join([src, " ".join(cmd_flags).encode(), version.encode(),
@@ -125,16 +126,16 @@ def _build(cc: str, flags: list[str], version: str) -> Path:
             pass
         if not _private(out_dir):  # someone else made it, or opened it up: build in a fresh private folder
             out_dir = Path(tempfile.mkdtemp(prefix="rw_sweeps-"))
-    target = out_dir / f"fused-{key}.so"
+    target = out_dir / f"{source.stem}-{key}.so"
     if target.exists() and _private(target):
         return target
-    print(f"rw_sweeps: compiling the training kernel into {out_dir} (once per install, ~10 s)", file=sys.stderr,
-          flush=True)
-    tmpdir = tempfile.mkdtemp(prefix=f".fused-{key}-", dir=out_dir)
+    print(f"rw_sweeps: compiling the {source.stem} kernel into {out_dir} (once per install, ~10 s)",
+          file=sys.stderr, flush=True)
+    tmpdir = tempfile.mkdtemp(prefix=f".{source.stem}-{key}-", dir=out_dir)
     tmp = os.path.join(tmpdir, "fused.so")
     try:
         # one translation unit per dtype, compiled side by side (the file includes itself once per dtype)
-        cmds = [[cc, *BASE_FLAGS, *flags, f"-DRW_ONLY={bits}", "-c", str(SOURCE), "-o", os.path.join(tmpdir, f"{bits}.o")]
+        cmds = [[cc, *BASE_FLAGS, *flags, f"-DRW_ONLY={bits}", "-c", str(source), "-o", os.path.join(tmpdir, f"{bits}.o")]
                 for bits in (64, 32)]
         procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
         errs = [p.communicate(timeout=600)[1] for p in procs]
@@ -219,28 +220,11 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def library(variant: Optional[str] = None) -> Optional[ctypes.CDLL]:
     """The loaded kernel, compiling it on first use; None when no build works (reason: `last_error()`)."""
-    variant = variant or _variant()
+    variant = variant or isa_variant()
     with _lock:
         if variant in _libs:
             return _libs[variant]
-        lib, errors = None, []
-        cc = shutil.which(CC) if CC else None
-        version = _compiler_version(cc) if cc else None
-        if cc is None or version is None:
-            errors.append(f"no working C compiler {CC!r} (set CC)")
-        else:
-            for flags in VARIANTS[variant]:
-                try:
-                    lib = ctypes.CDLL(str(_build(cc, flags, version)))
-                    _declare(lib)
-                    if lib.rw_abi() != ABI:
-                        raise RuntimeError(f"ABI {lib.rw_abi()} != {ABI}")
-                    _check_layout(lib, TrainArgs, "train")
-                    _check_layout(lib, EvalArgs, "eval")
-                    break
-                except Exception as exc:  # noqa: BLE001 - try the next, more portable build
-                    errors.append(f"{flags}: {exc}")
-                    lib = None
+        lib, errors = compiled(SOURCE, variant, _accept)
         _libs[variant] = lib
         _errors[variant] = "\n".join(errors)
         if lib is None and backend() != "torch":
@@ -249,8 +233,35 @@ def library(variant: Optional[str] = None) -> Optional[ctypes.CDLL]:
         return lib
 
 
+def _accept(lib: ctypes.CDLL) -> None:
+    _declare(lib)
+    if lib.rw_abi() != ABI:
+        raise RuntimeError(f"ABI {lib.rw_abi()} != {ABI}")
+    _check_layout(lib, TrainArgs, "train")
+    _check_layout(lib, EvalArgs, "eval")
+
+
+def compiled(source: Path, variant: str, accept) -> tuple[Optional[ctypes.CDLL], list[str]]:
+    """`source` built with the variant's flags, best first, loaded, and accepted (`accept(lib)` declares its
+    functions and raises if it is not the library the caller expects): (the library or None, why each build
+    that was tried failed)."""
+    errors: list[str] = []
+    cc = shutil.which(CC) if CC else None
+    version = _compiler_version(cc) if cc else None
+    if cc is None or version is None:
+        return None, [f"no working C compiler {CC!r} (set CC)"]
+    for flags in VARIANTS[variant]:
+        try:
+            lib = ctypes.CDLL(str(_build(cc, flags, version, source)))
+            accept(lib)
+            return lib, errors
+        except Exception as exc:  # noqa: BLE001 - try the next, more portable build
+            errors.append(f"{flags}: {exc}")
+    return None, errors
+
+
 def last_error(variant: Optional[str] = None) -> str:
-    return _errors.get(variant or _variant(), "")
+    return _errors.get(variant or isa_variant(), "")
 
 
 def reset() -> None:
@@ -262,8 +273,8 @@ def reset() -> None:
 
 def info() -> dict:
     lib = library()
-    return {"available": lib is not None, "variant": _variant(), "avx512": bool(lib and lib.rw_isa()),
-            "vector_log": bool(lib and lib.rw_mvec()), "threads": _threads(1 << 30), "error": last_error()}
+    return {"available": lib is not None, "variant": isa_variant(), "avx512": bool(lib and lib.rw_isa()),
+            "vector_log": bool(lib and lib.rw_mvec()), "threads": threads(1 << 30), "error": last_error()}
 
 
 # ------------------------------------------------------------------------------------------- dispatching
@@ -326,7 +337,7 @@ def _shapes_agree(state: engine.State, data: engine.Batch) -> bool:
             and tuple(data.y.shape) == (R, n) and tuple(data.P_true.shape) == (R, n, K))
 
 
-def _threads(R: int) -> int:
+def threads(R: int) -> int:
     n = int(os.environ.get("RW_SWEEPS_THREADS", "0") or 0) or torch.get_num_threads()
     return max(1, min(n, R))
 
@@ -385,7 +396,7 @@ def _masks(lib, tokens: torch.Tensor, tok8: torch.Tensor, K: int, dtype) -> Opti
 
     def build() -> Optional[torch.Tensor]:
         out = torch.empty(R * per_run, dtype=torch.uint8)
-        return out if getattr(lib, f"rw_masks_{sfx}")(R, n, L, K, _ptr(tok8), _ptr(out), _threads(R)) == 0 else None
+        return out if getattr(lib, f"rw_masks_{sfx}")(R, n, L, K, _ptr(tok8), _ptr(out), threads(R)) == 0 else None
 
     return _per_tensor(_masks_cache, (id(tokens), sfx, K), tokens, build)
 
@@ -471,7 +482,7 @@ def train_steps(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: 
             R=R, n=n, L=L, K=K, T=steps, tok=_ptr(tok), y=_ptr(y), V=_ptr(V), a=_ptr(a), c=_ptr(c), lr=_ptr(lr_),
             eps=_ptr(eps_), w=_ptr(w_), kappa=float(geo.kappa), pp=float(geo.pp), nu_tok=float(geo.nu_tok),
             nu_pos=float(geo.nu_pos), nu_q=float(geo.nu_q), loss=_ptr(loss), bad_step=_ptr(bad), masks=_ptr(masks),
-            nthreads=_threads(R), impl=0)))
+            nthreads=threads(R), impl=0)))
         if rc != 0:
             raise RuntimeError(f"fused kernel rw_train failed (code {rc})")
         if a is not state.a:
@@ -531,7 +542,7 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
         acc=_ptr(out["acc"]), kl=_ptr(out["kl"]), pred_dist=_ptr(out["pred_dist"]), attention=_ptr(att),
         spread=_ptr(out["spread"]), h_example=_ptr(hx), h_var=_ptr(hv), pred=_ptr(pred), gap=_ptr(gap),
         masks=_ptr(masks), tokT=_ptr(blocks),
-        full=int(full), PB=_ptr(PB), S=S, nthreads=_threads(R), impl=0)))
+        full=int(full), PB=_ptr(PB), S=S, nthreads=threads(R), impl=0)))
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
     return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv,

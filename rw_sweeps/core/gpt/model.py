@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model import init_generator
+from .attention import causal as causal_attention
 from .rows import Rows, causal
 from .schema import GptConfig
 
@@ -199,9 +200,10 @@ def _linear_many(x: torch.Tensor, params: dict, names: list[str]) -> torch.Tenso
 
 def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, start: int, maps: bool = True):
     """One block's attention for the queries start … T − 1 over every key: (output to add to the stream, its
-    weights S as `Rows`, or None without `maps`). The query/key/value attention runs in torch's fused
-    scaled_dot_product_attention (the same softmax, to rounding, ~4× faster with its backward, and no T×T map
-    held), its `Rows` computed from the queries and keys when read; the merged attention computes S whole."""
+    weights S as `Rows`, or None without `maps`). The query/key/value attention runs fused, with no T×T map
+    held (causal: `attention.causal`, this package's CPU kernel or torch's scaled_dot_product_attention; the
+    same softmax to rounding), its `Rows` computed from the queries and keys when read; the merged attention
+    computes S whole."""
     h = f"h{l}."
     R, B, T, D = a.shape
     Hn = cfg.n_head
@@ -223,7 +225,10 @@ def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, sta
     if start not in (0, T - 1):  # what `forward` asks: causal from the first query, or the last over every key
         raise ValueError(f"queries from position {start} of {T}: only 0 and the last are served")
     heads = lambda z: z.transpose(2, 3).reshape(R * B, Hn, z.shape[2], dh)  # noqa: E731 - (R·B, H, T, dh), contiguous
-    y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=start == 0 and T > 1)
+    if start == 0 and T > 1:  # every query over the keys up to it: the CPU kernel where it runs (attention.py)
+        y = causal_attention(heads(q), heads(k), heads(v))
+    else:  # the last query over every key (or one position): no mask
+        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v))
     out = _linear(y.view(R, B, Hn, T - start, dh).transpose(2, 3).reshape(R, B, T - start, D), params, h + "o")
     return out, Rows(start, q=q, k=k) if maps else None
 

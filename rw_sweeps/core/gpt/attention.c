@@ -1,0 +1,230 @@
+/* Causal softmax attention, forward and backward, for model=gpt on a CPU (attention.py is its Python side).
+ *
+ *   S_ij = scale·q_i·k_j (j <= i),  P_i = softmax_j(S_i),  y_i = Σ_j P_ij v_j,  lse_i = log Σ_j exp(S_ij)
+ *
+ * over n independent (T, dh) sequences (a run's batch × heads). The forward keeps only lse (T a sequence); the
+ * backward recomputes P from it, as flash attention does, so no T×T map is ever held, whatever T:
+ *
+ *   D_i = dy_i·y_i,  G_ij = P_ij (dy_i·v_j − D_i)·scale,  dq_i = Σ_j G_ij k_j,  dk_j = Σ_i G_ij q_i,
+ *   dv_j = Σ_i P_ij dy_i.
+ *
+ * Why it is fast at the sizes model=gpt trains (T ~ 64, heads 8 wide): LANES sequences run side by side, one
+ * per vector lane, laid out [position][feature][lane]. Every loop has the same trip count in every lane
+ * (causal masks are the same), so the innermost loop — over the lanes — vectorises fully whatever T and dh,
+ * with no horizontal sums; torch's fused kernel vectorises along dh = 8 and spends its time in overhead.
+ * exp is a polynomial in plain arithmetic (vexp) so that it vectorises too. Lanes never mix: a non-finite
+ * sequence leaves every other one as it was. Sequences are split over threads in groups of LANES.
+ *
+ * RW_ONLY=64 or 32 compiles one dtype (the build compiles both side by side and links them, as fused.c). */
+#ifndef ATT_REAL
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LANES 16
+#define MAX_THREADS 256
+
+/* exp(x) for x <= 0 (shifted logits): x = n·ln2 + r, |r| <= ln2/2, e^r by its Taylor series (truncation below
+ * the dtype's rounding: degree 13 for double, 7 for float), 2^n from the exponent bits. Below the smallest
+ * normal exponent the result is clamped there (e^-708, e^-87), nothing next to a softmax sum, which is >= 1. */
+static inline double vexp_f64(double x) {
+  x = x < -708.0 ? -708.0 : x;
+  const double shift = 0x1.8p52;
+  double t = x * 1.4426950408889634 + shift, n = t - shift;
+  double r = (x - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10;
+  double p = 1.0 / 6227020800.0;
+  p = p * r + 1.0 / 479001600.0; p = p * r + 1.0 / 39916800.0; p = p * r + 1.0 / 3628800.0;
+  p = p * r + 1.0 / 362880.0; p = p * r + 1.0 / 40320.0; p = p * r + 1.0 / 5040.0; p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0; p = p * r + 1.0 / 24.0; p = p * r + 1.0 / 6.0; p = p * r + 0.5; p = p * r + 1.0;
+  p = p * r + 1.0;
+  union { double d; int64_t i; } u = {t}, s;
+  s.i = (u.i + 1023) << 52; /* the low bits of t hold n */
+  return p * s.d;
+}
+static inline float vexp_f32(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float shift = 0x1.8p23f;
+  float t = x * 1.44269504f + shift, n = t - shift;
+  float r = (x - n * 0.693145752f) - n * 1.42860677e-06f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f; p = p * r + 1.0f / 120.0f; p = p * r + 1.0f / 24.0f; p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f; p = p * r + 1.0f; p = p * r + 1.0f;
+  union { float d; int32_t i; } u = {t}, s;
+  s.i = (u.i + 127) << 23;
+  return p * s.d;
+}
+
+#if !defined(RW_ONLY) || RW_ONLY == 64
+int rw_attention_lanes(void) { return LANES; }
+#define ATT_REAL double
+#define ATT_SFX(name) name##_f64
+#define VEXP vexp_f64
+#include "attention.c" /* itself, once per dtype */
+#undef ATT_REAL
+#undef ATT_SFX
+#undef VEXP
+#endif
+#if !defined(RW_ONLY) || RW_ONLY == 32
+#define ATT_REAL float
+#define ATT_SFX(name) name##_f32
+#define VEXP vexp_f32
+#include "attention.c"
+#endif
+
+#else /* ------------------------------------------------------------------------------ one dtype: ATT_REAL */
+#define L LANES
+typedef ATT_REAL ATT_SFX(real);
+#define real ATT_SFX(real)
+
+static void ATT_SFX(fwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
+                               const real *restrict V, real *restrict Y, real *restrict lse, real scale,
+                               real *restrict s, real *restrict acc) {
+  for (int i = 0; i < T; i++) {
+    const real *qi = Q + (size_t)i * dh * L;
+    real m[L], sum[L];
+    for (int l = 0; l < L; l++) { m[l] = -INFINITY; sum[l] = 0; }
+    for (int j = 0; j <= i; j++) {
+      const real *kj = K + (size_t)j * dh * L;
+      real a[L];
+      for (int l = 0; l < L; l++) a[l] = 0;
+      for (int d = 0; d < dh; d++)
+        for (int l = 0; l < L; l++) a[l] += qi[d * L + l] * kj[d * L + l];
+      for (int l = 0; l < L; l++) { real x = a[l] * scale; s[j * L + l] = x; m[l] = x > m[l] ? x : m[l]; }
+    }
+    for (int e = 0; e < dh * L; e++) acc[e] = 0;
+    for (int j = 0; j <= i; j++) {
+      const real *vj = V + (size_t)j * dh * L;
+      real p[L];
+      for (int l = 0; l < L; l++) { p[l] = VEXP(s[j * L + l] - m[l]); sum[l] += p[l]; }
+      for (int d = 0; d < dh; d++)
+        for (int l = 0; l < L; l++) acc[d * L + l] += p[l] * vj[d * L + l];
+    }
+    real *yi = Y + (size_t)i * dh * L;
+    for (int d = 0; d < dh; d++)
+      for (int l = 0; l < L; l++) yi[d * L + l] = acc[d * L + l] / sum[l];
+    for (int l = 0; l < L; l++) lse[i * L + l] = m[l] + log(sum[l]);
+  }
+}
+
+static void ATT_SFX(bwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
+                               const real *restrict V, const real *restrict Y, const real *restrict dY,
+                               const real *restrict lse, real *restrict dQ, real *restrict dK,
+                               real *restrict dV, real scale) {
+  memset(dK, 0, sizeof(real) * T * dh * L);
+  memset(dV, 0, sizeof(real) * T * dh * L);
+  for (int i = 0; i < T; i++) {
+    const real *qi = Q + (size_t)i * dh * L, *dyi = dY + (size_t)i * dh * L, *yi = Y + (size_t)i * dh * L;
+    const real *li = lse + i * L;
+    real *dqi = dQ + (size_t)i * dh * L;
+    real D[L];
+    for (int l = 0; l < L; l++) D[l] = 0;
+    for (int d = 0; d < dh; d++)
+      for (int l = 0; l < L; l++) D[l] += dyi[d * L + l] * yi[d * L + l];
+    for (int e = 0; e < dh * L; e++) dqi[e] = 0;
+    for (int j = 0; j <= i; j++) {
+      const real *kj = K + (size_t)j * dh * L, *vj = V + (size_t)j * dh * L;
+      real *dkj = dK + (size_t)j * dh * L, *dvj = dV + (size_t)j * dh * L;
+      real a[L], b[L], p[L], g[L];
+      for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
+      for (int d = 0; d < dh; d++)
+        for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
+      for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - D[l]) * scale; }
+      for (int d = 0; d < dh; d++)
+        for (int l = 0; l < L; l++) {
+          dqi[d * L + l] += g[l] * kj[d * L + l];
+          dkj[d * L + l] += g[l] * qi[d * L + l];
+          dvj[d * L + l] += p[l] * dyi[d * L + l];
+        }
+    }
+  }
+}
+
+/* sequences s0 … s0 + L − 1 of an (n, T·w) array into [t·w][lane] (lanes past n: 0), and back */
+static void ATT_SFX(pack)(real *restrict dst, const real *restrict src, int64_t s0, int64_t n, size_t row) {
+  for (int l = 0; l < L; l++) {
+    const real *x = s0 + l < n ? src + (size_t)(s0 + l) * row : NULL;
+    for (size_t e = 0; e < row; e++) dst[e * L + l] = x ? x[e] : 0;
+  }
+}
+static void ATT_SFX(unpack)(real *restrict dst, const real *restrict src, int64_t s0, int64_t n, size_t row) {
+  for (int l = 0; l < L && s0 + l < n; l++)
+    for (size_t e = 0; e < row; e++) dst[(size_t)(s0 + l) * row + e] = src[e * L + l];
+}
+
+typedef struct {
+  int64_t lo, hi, n;
+  int T, dh, backward;
+  const real *q, *k, *v, *y, *dy, *lse_in;
+  real *y_out, *lse, *dq, *dk, *dv;
+  real scale;
+  int failed;
+} ATT_SFX(job);
+
+static void *ATT_SFX(work)(void *arg) {
+  ATT_SFX(job) *J = arg;
+  int T = J->T, dh = J->dh;
+  size_t row = (size_t)T * dh, st = row * L;
+  real *buf = malloc(sizeof(real) * (9 * st + 2 * (size_t)T * L));
+  if (!buf) { J->failed = 1; return NULL; }
+  real *Q = buf, *K = Q + st, *V = K + st, *Y = V + st, *dY = Y + st, *dQ = dY + st, *dK = dQ + st,
+       *dV = dK + st, *acc = dV + st, *ls = acc + st, *s = ls + (size_t)T * L;
+  for (int64_t g = J->lo; g < J->hi; g++) {
+    int64_t s0 = g * L;
+    ATT_SFX(pack)(Q, J->q, s0, J->n, row); ATT_SFX(pack)(K, J->k, s0, J->n, row); ATT_SFX(pack)(V, J->v, s0, J->n, row);
+    if (!J->backward) {
+      ATT_SFX(fwd_group)(T, dh, Q, K, V, Y, ls, J->scale, s, acc);
+      ATT_SFX(unpack)(J->y_out, Y, s0, J->n, row);
+      ATT_SFX(unpack)(J->lse, ls, s0, J->n, T);
+    } else {
+      ATT_SFX(pack)(Y, J->y, s0, J->n, row); ATT_SFX(pack)(dY, J->dy, s0, J->n, row);
+      ATT_SFX(pack)(ls, J->lse_in, s0, J->n, T);
+      ATT_SFX(bwd_group)(T, dh, Q, K, V, Y, dY, ls, dQ, dK, dV, J->scale);
+      ATT_SFX(unpack)(J->dq, dQ, s0, J->n, row); ATT_SFX(unpack)(J->dk, dK, s0, J->n, row);
+      ATT_SFX(unpack)(J->dv, dV, s0, J->n, row);
+    }
+  }
+  free(buf);
+  return NULL;
+}
+
+/* groups of L sequences split evenly over the threads; 0 on success, 1 if a thread's scratch was refused */
+static int ATT_SFX(run)(ATT_SFX(job) base, int threads) {
+  int64_t groups = (base.n + L - 1) / L;
+  if (threads > MAX_THREADS) threads = MAX_THREADS;
+  if (threads > groups) threads = (int)groups;
+  if (threads < 1) threads = 1;
+  pthread_t th[MAX_THREADS];
+  ATT_SFX(job) js[MAX_THREADS];
+  int started[MAX_THREADS] = {0}, failed = 0;
+  for (int t = 0; t < threads; t++) {
+    js[t] = base;
+    js[t].lo = groups * t / threads;
+    js[t].hi = groups * (t + 1) / threads;
+  }
+  for (int t = 1; t < threads; t++) started[t] = pthread_create(&th[t], NULL, ATT_SFX(work), &js[t]) == 0;
+  for (int t = 1; t < threads; t++)
+    if (!started[t]) ATT_SFX(work)(&js[t]); /* no thread to be had: this one does its share */
+  ATT_SFX(work)(&js[0]);
+  for (int t = 1; t < threads; t++) if (started[t]) pthread_join(th[t], NULL);
+  for (int t = 0; t < threads; t++) failed |= js[t].failed;
+  return failed;
+}
+
+int ATT_SFX(rw_attention_forward)(int64_t n, int T, int dh, const real *q, const real *k, const real *v,
+                                  real *y, real *lse, double scale, int threads) {
+  ATT_SFX(job) j = {.n = n, .T = T, .dh = dh, .q = q, .k = k, .v = v, .y_out = y, .lse = lse, .scale = (real)scale};
+  return ATT_SFX(run)(j, threads);
+}
+
+int ATT_SFX(rw_attention_backward)(int64_t n, int T, int dh, const real *q, const real *k, const real *v,
+                                   const real *y, const real *dy, const real *lse, real *dq, real *dk, real *dv,
+                                   double scale, int threads) {
+  ATT_SFX(job) j = {.n = n, .T = T, .dh = dh, .backward = 1, .q = q, .k = k, .v = v, .y = y, .dy = dy,
+                    .lse_in = lse, .dq = dq, .dk = dk, .dv = dv, .scale = (real)scale};
+  return ATT_SFX(run)(j, threads);
+}
+#undef real
+#undef L
+#endif

@@ -1,0 +1,132 @@
+"""Causal attention for model=gpt's training on a CPU: `attention.c`'s forward and backward as an autograd
+Function, where torch's fused scaled_dot_product_attention is the reference and the fallback.
+
+The same softmax to rounding (float64: ~1e-15 of the outputs' and gradients' scale, tests/test_gpt_attention.py),
+no T×T map held (the backward recomputes the weights from the rows' log-sum-exp, as torch's does), and ~3×
+faster forward and backward at model=gpt's sizes on this project's 2-core VM (docs/deeper-models.md), because
+it vectorises across sequences rather than along a head's 8 features. Each sequence is computed alone, so a
+packed run is the same run alone, bit for bit, and a non-finite one touches no other.
+
+Which path runs is declared, as for eq. 2.1's kernel (`rw_sweeps.core.fused`): RW_SWEEPS_BACKEND=auto (the
+default) takes the kernel for float64 and float32 CPU tensors with heads at most MAX_AUTO_WIDTH wide when it
+builds, torch otherwise; `torch` always torch; `fused` the kernel (any head width) or a RuntimeError saying why
+not. Built, cached and checked as `fused.c` is
+(RW_SWEEPS_CACHE, CC, RW_SWEEPS_FUSED_ISA), threads as RW_SWEEPS_THREADS or torch's.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from .. import fused
+
+SOURCE = Path(__file__).with_name("attention.c")
+# Heads up to this wide take the kernel under RW_SWEEPS_BACKEND=auto: measured here, it is 1.4-2.1× torch's at
+# width 8 (T 64 and 1,024) and no faster at 16, where torch's kernel vectorises along the head's features.
+MAX_AUTO_WIDTH = 8
+_SFX = {torch.float64: "f64", torch.float32: "f32"}
+
+_lock = threading.Lock()
+_libs: dict[str, Optional[ctypes.CDLL]] = {}
+_errors: dict[str, str] = {}
+
+
+def _accept(lib: ctypes.CDLL) -> None:
+    i64, i32, vp, dbl = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_double
+    for sfx in _SFX.values():
+        f = getattr(lib, f"rw_attention_forward_{sfx}")
+        f.argtypes, f.restype = [i64, i32, i32, vp, vp, vp, vp, vp, dbl, i32], i32
+        f = getattr(lib, f"rw_attention_backward_{sfx}")
+        f.argtypes, f.restype = [i64, i32, i32, *[vp] * 9, dbl, i32], i32
+    lib.rw_attention_lanes.restype = i32
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded kernel, compiled on first use; None when no build works (why: `last_error()`)."""
+    variant = fused.isa_variant()
+    with _lock:
+        if variant not in _libs:
+            _libs[variant], errors = fused.compiled(SOURCE, variant, _accept)
+            _errors[variant] = "\n".join(errors)
+            if _libs[variant] is None and fused.backend() != "torch":
+                print(f"rw_sweeps.core.gpt.attention: no compiled kernel, using PyTorch ({errors[-1].splitlines()[0]})",
+                      file=sys.stderr)
+        return _libs[variant]
+
+
+def last_error() -> str:
+    return _errors.get(fused.isa_variant(), "")
+
+
+def reset() -> None:
+    """Forget the loaded kernel (tests: after changing CC, RW_SWEEPS_CACHE or RW_SWEEPS_FUSED_ISA)."""
+    with _lock:
+        _libs.clear()
+        _errors.clear()
+
+
+def _why_not(q: torch.Tensor, backend: str) -> Optional[str]:
+    """Why the kernel does not take these tensors under this backend, or None."""
+    if backend == "torch":
+        return "RW_SWEEPS_BACKEND=torch"
+    if q.device.type != "cpu":
+        return f"tensors on {q.device.type}"
+    if q.dtype not in _SFX:
+        return f"dtype {q.dtype}"
+    if backend == "auto" and q.shape[-1] > MAX_AUTO_WIDTH:
+        return f"heads {q.shape[-1]} wide (auto: at most {MAX_AUTO_WIDTH})"
+    if library() is None:
+        return f"no compiled kernel ({last_error().splitlines()[-1] if last_error() else 'unknown'})"
+    return None
+
+
+def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q·kᵀ/√dh, causal)·v over (…, T, dh) tensors, as F.scaled_dot_product_attention(is_causal=True)."""
+    b = fused.backend()
+    why = _why_not(q, b)
+    if why is None:
+        return _Causal.apply(q, k, v) if q.numel() else F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if b == "fused":
+        raise RuntimeError(f"RW_SWEEPS_BACKEND=fused: the attention kernel cannot run: {why}")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _call(name: str, x: torch.Tensor, *args) -> None:
+    lib = library()
+    rc = getattr(lib, f"rw_attention_{name}_{_SFX[x.dtype]}")(*args)
+    if rc != 0:
+        raise MemoryError(f"the attention kernel's {name} pass could not allocate its scratch")
+
+
+class _Causal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        *lead, T, dh = q.shape
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        n = q.numel() // max(1, T * dh)
+        y = torch.empty_like(q)
+        lse = torch.empty(*lead, T, dtype=q.dtype)
+        scale = dh ** -0.5
+        _call("forward", q, n, T, dh, q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr(), lse.data_ptr(),
+              scale, fused.threads(n))
+        ctx.save_for_backward(q, k, v, y, lse)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        q, k, v, y, lse = ctx.saved_tensors
+        *_, T, dh = q.shape
+        n = q.numel() // max(1, T * dh)
+        dy = dy.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        _call("backward", q, n, T, dh, q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr(), dy.data_ptr(),
+              lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dh ** -0.5, fused.threads(n))
+        return dq, dk, dv

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from rw_sweeps.core import fused
 from rw_sweeps.core.gpt import attention
@@ -20,54 +19,69 @@ def kernel():
     return attention.library()
 
 
-def _inputs(shape, dtype, seed=0, scale=3.0):
+def _inputs(rows, H, T, dh, dtype, seed=0, scale=3.0):
+    """A (rows, T, 3·H·dh) qkv, as the model's one product makes it, and a weight w for y's gradient."""
     g = torch.Generator().manual_seed(seed)
-    return [(scale * torch.randn(shape, generator=g, dtype=torch.float64)).to(dtype).requires_grad_() for _ in range(3)]
+    qkv = (scale * torch.randn(rows, T, 3 * H * dh, generator=g, dtype=torch.float64)).to(dtype).requires_grad_()
+    return qkv, torch.randn(rows, T, H * dh, generator=g, dtype=torch.float64).to(dtype)
 
 
-def _run(fn, q, k, v, w):
-    y = fn(q, k, v)
-    return (y, *torch.autograd.grad((y * w).sum(), (q, k, v)))
+def _run(fn, qkv, H, w):
+    y = fn(qkv, H)
+    return y, torch.autograd.grad((y * w).sum(), qkv)[0]
 
 
-def _sdpa(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def _literal(qkv, H):
+    """The textbook float64 attention: scores, a −inf mask above the diagonal, softmax, weights × values."""
+    *lead, T, D3 = qkv.shape
+    q, k, v = (z.unflatten(-1, (H, D3 // 3 // H)).transpose(-3, -2) for z in qkv.split(D3 // 3, -1))
+    s = q @ k.transpose(-1, -2) / (D3 // 3 // H) ** 0.5
+    P = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    return (P @ v).transpose(-3, -2).flatten(-2)
 
 
-# ragged lane groups (1, 15, 17, 40 sequences of 16 a group), one key, odd widths, T past a group's 64
-SHAPES = [(1, 1, 2, 8), (3, 5, 3, 8), (17, 1, 64, 8), (2, 20, 7, 1), (40, 1, 130, 3), (4, 2, 33, 5), (2, 1, 300, 8)]
+# (rows, heads, T, head width): ragged lane groups (1, 15, 17, 40 sequences of 16 a group), several heads, odd
+# widths, T past a lane group's 64 and past 256
+SHAPES = [(1, 1, 2, 8), (3, 5, 3, 8), (17, 1, 64, 8), (2, 20, 7, 1), (40, 1, 130, 3), (4, 2, 33, 5), (2, 3, 300, 8),
+          (5, 2, 16, 16)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_matches_torch(kernel, monkeypatch, shape, dtype):
+    """y and the gradient of every q, k and v entry, against torch's kernel (`reference`) and, in float64, the
+    textbook attention, each at the scale of the terms it sums (a saturated softmax's dq and dk are far
+    smaller than its inputs)."""
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
-    q, k, v = _inputs(shape, dtype, seed=sum(shape))
-    w = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
-    ref, got = _run(_sdpa, q, k, v, w), _run(attention.causal, q, k, v, w)
-    # each compared at the scale of the terms it sums (a saturated softmax's dq and dk are far smaller)
+    rows, H, T, dh = shape
+    qkv, w = _inputs(*shape, dtype, seed=sum(shape))
+    got = _run(attention.causal, qkv, H, w)
+    refs = [_run(attention.reference, qkv, H, w)]
+    if dtype == torch.float64:
+        refs.append(_run(_literal, qkv, H, w))
     top = lambda t: t.detach().abs().max().item()  # noqa: E731
-    terms = {"y": top(v), "dq": top(w) * top(v) * top(k), "dk": top(w) * top(v) * top(q), "dv": top(w)}
-    for (name, scale), a, b in zip(terms.items(), got, ref):
-        err = (a - b).abs().max().item() / max(top(b), scale)
-        assert err < TOL[dtype], f"{name}: {err:.1e}"
-    assert torch.equal(got[0][..., 0, :], v[..., 0, :])  # the first query sees one key: its value, exactly
+    scale = {"y": top(qkv), "dqkv": top(w) * top(qkv) ** 2}
+    for ref in refs:
+        for (name, s), a, b in zip(scale.items(), got, ref):
+            err = (a - b).abs().max().item() / max(top(b), s)
+            assert err < TOL[dtype], f"{name}: {err:.1e}"
+    D = H * dh
+    assert torch.equal(got[0][:, 0], qkv[:, 0, 2 * D:])  # the first query sees one key: its value, exactly
 
 
 def test_each_sequence_alone(kernel, monkeypatch):
-    """Sequence s computed among 37 others is bit for bit sequence s computed alone, and a non-finite
-    sequence leaves every other one as it was (lanes never mix)."""
+    """Row r computed among 37 others is bit for bit row r computed alone, and a non-finite row leaves every
+    other one as it was (lanes never mix)."""
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
-    q, k, v = _inputs((37, 1, 24, 8), torch.float64, seed=5)
-    w = torch.randn(37, 1, 24, 8, dtype=torch.float64)
-    whole = _run(attention.causal, q, k, v, w)
-    for s in (0, 15, 16, 36):
-        alone = _run(attention.causal, *(t[s:s + 1].detach().requires_grad_() for t in (q, k, v)), w[s:s + 1])
-        assert all(torch.equal(a[s:s + 1], b) for a, b in zip(whole, alone))
-    bad = [t.detach().clone() for t in (q, k, v)]
-    bad[1][20, 0, 3, 2] = float("nan")
-    bad[0][21, 0, 0, 0] = float("inf")
-    got = _run(attention.causal, *(t.requires_grad_() for t in bad), w)
+    qkv, w = _inputs(37, 2, 24, 8, torch.float64, seed=5)
+    whole = _run(attention.causal, qkv, 2, w)
+    for r in (0, 7, 8, 36):
+        alone = _run(attention.causal, qkv[r:r + 1].detach().requires_grad_(), 2, w[r:r + 1])
+        assert all(torch.equal(a[r:r + 1], b) for a, b in zip(whole, alone))
+    bad = qkv.detach().clone()
+    bad[20, 3, 20] = float("nan")  # a key of row 20's first head
+    bad[21, 0, 9] = float("inf")  # a query of row 21's second head
+    got = _run(attention.causal, bad.requires_grad_(), 2, w)
     hit = torch.zeros(37, dtype=torch.bool)
     hit[20:22] = True
     for a, b in zip(got, whole):
@@ -77,20 +91,19 @@ def test_each_sequence_alone(kernel, monkeypatch):
 def test_backend_switch(kernel, monkeypatch):
     """torch: torch's kernel, bit for bit; auto: the kernel for heads up to MAX_AUTO_WIDTH wide on a CPU in
     float64/float32, torch's for wider heads and other dtypes; fused: the kernel, or a RuntimeError naming why."""
-    q, k, v = _inputs((3, 2, 9, 8), torch.float64)
-    ref = _sdpa(q, k, v)
+    qkv, _ = _inputs(3, 2, 9, 8, torch.float64)
+    ref = attention.reference(qkv, 2)
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "torch")
-    assert torch.equal(attention.causal(q, k, v), ref)
+    assert torch.equal(attention.causal(qkv, 2), ref)
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "auto")
-    assert attention.causal(q, k, v).grad_fn.name().endswith("_CausalBackward")
-    wide = [t[..., :4].repeat(1, 1, 1, 4).detach() for t in (q, k, v)]  # 16 wide
-    assert torch.equal(attention.causal(*wide), _sdpa(*wide))
-    half = [t.detach().to(torch.bfloat16) for t in (q, k, v)]
-    assert torch.equal(attention.causal(*half), _sdpa(*half))
+    assert attention.causal(qkv, 2).grad_fn.name().endswith("_CausalBackward")
+    assert torch.equal(attention.causal(qkv, 1), attention.reference(qkv, 1))  # one head 16 wide
+    half = qkv.detach().to(torch.bfloat16)
+    assert torch.equal(attention.causal(half, 2), attention.reference(half, 2))
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
-    assert (attention.causal(*wide) - _sdpa(*wide)).abs().max() < 1e-13
+    assert (attention.causal(qkv, 1) - attention.reference(qkv, 1)).abs().max() < 1e-13
     with pytest.raises(RuntimeError, match="attention kernel cannot run: dtype torch.bfloat16"):
-        attention.causal(*half)
+        attention.causal(half, 2)
 
 
 def test_fallback_without_compiler(monkeypatch, tmp_path):
@@ -100,12 +113,12 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "auto")
     attention.reset()
     try:
-        q, k, v = _inputs((2, 1, 5, 8), torch.float32)
-        assert torch.equal(attention.causal(q, k, v), _sdpa(q, k, v))
+        qkv, _ = _inputs(2, 1, 5, 8, torch.float32)
+        assert torch.equal(attention.causal(qkv, 1), attention.reference(qkv, 1))
         assert attention.library() is None and "no-such-gcc" in attention.last_error()
         monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
         with pytest.raises(RuntimeError, match="no compiled kernel"):
-            attention.causal(q, k, v)
+            attention.causal(qkv, 1)
     finally:
         monkeypatch.undo()
         attention.reset()

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #define LANES 16
+#define ROWS 4 /* query rows a backward pass takes together */
 #define MAX_THREADS 256
 
 /* exp(x) for x <= 0 (shifted logits): x = n·ln2 + r, |r| <= ln2/2, e^r by its Taylor series (truncation below
@@ -78,7 +79,7 @@ int rw_attention_lanes(void) { return LANES; }
 typedef ATT_REAL ATT_SFX(real);
 #define real ATT_SFX(real)
 
-static void ATT_SFX(fwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
+static inline __attribute__((always_inline)) void ATT_SFX(fwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
                                const real *restrict V, real *restrict Y, real *restrict lse, real scale,
                                real *restrict s, real *restrict acc) {
   for (int i = 0; i < T; i++) {
@@ -108,54 +109,87 @@ static void ATT_SFX(fwd_group)(int T, int dh, const real *restrict Q, const real
   }
 }
 
-static void ATT_SFX(bwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
+static inline __attribute__((always_inline)) void ATT_SFX(bwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
                                const real *restrict V, const real *restrict Y, const real *restrict dY,
                                const real *restrict lse, real *restrict dQ, real *restrict dK,
                                real *restrict dV, real scale) {
-  memset(dK, 0, sizeof(real) * T * dh * L);
-  memset(dV, 0, sizeof(real) * T * dh * L);
-  for (int i = 0; i < T; i++) {
-    const real *qi = Q + (size_t)i * dh * L, *dyi = dY + (size_t)i * dh * L, *yi = Y + (size_t)i * dh * L;
-    const real *li = lse + i * L;
-    real *dqi = dQ + (size_t)i * dh * L;
-    real D[L];
-    for (int l = 0; l < L; l++) D[l] = 0;
-    for (int d = 0; d < dh; d++)
-      for (int l = 0; l < L; l++) D[l] += dyi[d * L + l] * yi[d * L + l];
-    for (int e = 0; e < dh * L; e++) dqi[e] = 0;
-    for (int j = 0; j <= i; j++) {
-      const real *kj = K + (size_t)j * dh * L, *vj = V + (size_t)j * dh * L;
-      real *dkj = dK + (size_t)j * dh * L, *dvj = dV + (size_t)j * dh * L;
-      real a[L], b[L], p[L], g[L];
-      for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
+  const size_t w = (size_t)dh * L; /* one position's features × lanes */
+  memset(dK, 0, sizeof(real) * T * w);
+  memset(dV, 0, sizeof(real) * T * w);
+  real D[ROWS][L], gk[w], gv[w];
+  /* ROWS query rows at a time: each key's k_j, v_j is read, and its dk_j, dv_j written, once for all of them */
+  for (int i0 = 0; i0 < T; i0 += ROWS) {
+    int nr = T - i0 < ROWS ? T - i0 : ROWS;
+    for (int r = 0; r < nr; r++) {
+      const real *dyi = dY + (i0 + r) * w, *yi = Y + (i0 + r) * w;
+      for (int l = 0; l < L; l++) D[r][l] = 0;
       for (int d = 0; d < dh; d++)
-        for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
-      for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - D[l]) * scale; }
-      for (int d = 0; d < dh; d++)
-        for (int l = 0; l < L; l++) {
-          dqi[d * L + l] += g[l] * kj[d * L + l];
-          dkj[d * L + l] += g[l] * qi[d * L + l];
-          dvj[d * L + l] += p[l] * dyi[d * L + l];
-        }
+        for (int l = 0; l < L; l++) D[r][l] += dyi[d * L + l] * yi[d * L + l];
+    }
+    memset(dQ + i0 * w, 0, sizeof(real) * nr * w);
+    for (int j = 0; j < i0 + nr; j++) {
+      const real *kj = K + j * w, *vj = V + j * w;
+      for (size_t e = 0; e < w; e++) { gk[e] = 0; gv[e] = 0; }
+      for (int r = j > i0 ? j - i0 : 0; r < nr; r++) { /* the rows i0 + r >= j that see key j */
+        const real *qi = Q + (i0 + r) * w, *dyi = dY + (i0 + r) * w, *li = lse + (i0 + r) * L;
+        real *dqi = dQ + (i0 + r) * w;
+        real a[L], b[L], p[L], g[L];
+        for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
+        for (int d = 0; d < dh; d++)
+          for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
+        for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - D[r][l]) * scale; }
+        for (int d = 0; d < dh; d++)
+          for (int l = 0; l < L; l++) {
+            dqi[d * L + l] += g[l] * kj[d * L + l];
+            gk[d * L + l] += g[l] * qi[d * L + l];
+            gv[d * L + l] += p[l] * dyi[d * L + l];
+          }
+      }
+      real *dkj = dK + j * w, *dvj = dV + j * w;
+      for (size_t e = 0; e < w; e++) { dkj[e] += gk[e]; dvj[e] += gv[e]; }
     }
   }
 }
 
-/* sequences s0 … s0 + L − 1 of an (n, T·w) array into [t·w][lane] (lanes past n: 0), and back */
-static void ATT_SFX(pack)(real *restrict dst, const real *restrict src, int64_t s0, int64_t n, size_t row) {
+/* Where sequence s's position t, feature d is: (s / H)·seq + (s % H)·dh + t·row + d — head h of a (…, T, H·dh)
+   stream, as the model's q, k, v sit in its one (…, T, 3·D) product and its output goes back to (…, T, D). */
+typedef struct { int64_t seq, row; int H, dh; } ATT_SFX(layout);
+
+/* sequences s0 … s0 + L − 1 (those < n) into [t][d][lane] (lanes past n: 0), and back */
+static void ATT_SFX(pack)(real *restrict dst, const real *restrict src, ATT_SFX(layout) o, int64_t s0, int64_t n, int T) {
   for (int l = 0; l < L; l++) {
-    const real *x = s0 + l < n ? src + (size_t)(s0 + l) * row : NULL;
-    for (size_t e = 0; e < row; e++) dst[e * L + l] = x ? x[e] : 0;
+    int64_t s = s0 + l;
+    const real *x = s < n ? src + (s / o.H) * o.seq + (s % o.H) * o.dh : NULL;
+    for (int t = 0; t < T; t++)
+      for (int d = 0; d < o.dh; d++) dst[((size_t)t * o.dh + d) * L + l] = x ? x[t * o.row + d] : 0;
   }
 }
-static void ATT_SFX(unpack)(real *restrict dst, const real *restrict src, int64_t s0, int64_t n, size_t row) {
-  for (int l = 0; l < L && s0 + l < n; l++)
-    for (size_t e = 0; e < row; e++) dst[(size_t)(s0 + l) * row + e] = src[e * L + l];
+static void ATT_SFX(unpack)(real *restrict dst, const real *restrict src, ATT_SFX(layout) o, int64_t s0, int64_t n, int T) {
+  for (int l = 0; l < L && s0 + l < n; l++) {
+    int64_t s = s0 + l;
+    real *x = dst + (s / o.H) * o.seq + (s % o.H) * o.dh;
+    for (int t = 0; t < T; t++)
+      for (int d = 0; d < o.dh; d++) x[t * o.row + d] = src[((size_t)t * o.dh + d) * L + l];
+  }
+}
+
+/* the passes for any head width, and for width 8 (model=gpt's default heads) compiled with it known, so that
+   the feature loops unroll and their sums stay in registers */
+static void ATT_SFX(fwd_any)(int T, int dh, const real *Q, const real *K, const real *V, real *Y, real *lse,
+                             real scale, real *s, real *acc) {
+  if (dh == 8) ATT_SFX(fwd_group)(T, 8, Q, K, V, Y, lse, scale, s, acc);
+  else ATT_SFX(fwd_group)(T, dh, Q, K, V, Y, lse, scale, s, acc);
+}
+static void ATT_SFX(bwd_any)(int T, int dh, const real *Q, const real *K, const real *V, const real *Y,
+                             const real *dY, const real *lse, real *dQ, real *dK, real *dV, real scale) {
+  if (dh == 8) ATT_SFX(bwd_group)(T, 8, Q, K, V, Y, dY, lse, dQ, dK, dV, scale);
+  else ATT_SFX(bwd_group)(T, dh, Q, K, V, Y, dY, lse, dQ, dK, dV, scale);
 }
 
 typedef struct {
   int64_t lo, hi, n;
   int T, dh, backward;
+  ATT_SFX(layout) in, out, per_row; /* q, k, v and their gradients; y and dy; lse */
   const real *q, *k, *v, *y, *dy, *lse_in;
   real *y_out, *lse, *dq, *dk, *dv;
   real scale;
@@ -165,24 +199,24 @@ typedef struct {
 static void *ATT_SFX(work)(void *arg) {
   ATT_SFX(job) *J = arg;
   int T = J->T, dh = J->dh;
-  size_t row = (size_t)T * dh, st = row * L;
+  size_t st = (size_t)T * dh * L;
   real *buf = malloc(sizeof(real) * (9 * st + 2 * (size_t)T * L));
   if (!buf) { J->failed = 1; return NULL; }
   real *Q = buf, *K = Q + st, *V = K + st, *Y = V + st, *dY = Y + st, *dQ = dY + st, *dK = dQ + st,
        *dV = dK + st, *acc = dV + st, *ls = acc + st, *s = ls + (size_t)T * L;
   for (int64_t g = J->lo; g < J->hi; g++) {
-    int64_t s0 = g * L;
-    ATT_SFX(pack)(Q, J->q, s0, J->n, row); ATT_SFX(pack)(K, J->k, s0, J->n, row); ATT_SFX(pack)(V, J->v, s0, J->n, row);
+    int64_t s0 = g * L, n = J->n;
+    ATT_SFX(pack)(Q, J->q, J->in, s0, n, T); ATT_SFX(pack)(K, J->k, J->in, s0, n, T); ATT_SFX(pack)(V, J->v, J->in, s0, n, T);
     if (!J->backward) {
-      ATT_SFX(fwd_group)(T, dh, Q, K, V, Y, ls, J->scale, s, acc);
-      ATT_SFX(unpack)(J->y_out, Y, s0, J->n, row);
-      ATT_SFX(unpack)(J->lse, ls, s0, J->n, T);
+      ATT_SFX(fwd_any)(T, dh, Q, K, V, Y, ls, J->scale, s, acc);
+      ATT_SFX(unpack)(J->y_out, Y, J->out, s0, n, T);
+      ATT_SFX(unpack)(J->lse, ls, J->per_row, s0, n, T);
     } else {
-      ATT_SFX(pack)(Y, J->y, s0, J->n, row); ATT_SFX(pack)(dY, J->dy, s0, J->n, row);
-      ATT_SFX(pack)(ls, J->lse_in, s0, J->n, T);
-      ATT_SFX(bwd_group)(T, dh, Q, K, V, Y, dY, ls, dQ, dK, dV, J->scale);
-      ATT_SFX(unpack)(J->dq, dQ, s0, J->n, row); ATT_SFX(unpack)(J->dk, dK, s0, J->n, row);
-      ATT_SFX(unpack)(J->dv, dV, s0, J->n, row);
+      ATT_SFX(pack)(Y, J->y, J->out, s0, n, T); ATT_SFX(pack)(dY, J->dy, J->out, s0, n, T);
+      ATT_SFX(pack)(ls, J->lse_in, J->per_row, s0, n, T);
+      ATT_SFX(bwd_any)(T, dh, Q, K, V, Y, dY, ls, dQ, dK, dV, J->scale);
+      ATT_SFX(unpack)(J->dq, dQ, J->in, s0, n, T); ATT_SFX(unpack)(J->dk, dK, J->in, s0, n, T);
+      ATT_SFX(unpack)(J->dv, dV, J->in, s0, n, T);
     }
   }
   free(buf);
@@ -212,17 +246,23 @@ static int ATT_SFX(run)(ATT_SFX(job) base, int threads) {
   return failed;
 }
 
-int ATT_SFX(rw_attention_forward)(int64_t n, int T, int dh, const real *q, const real *k, const real *v,
-                                  real *y, real *lse, double scale, int threads) {
-  ATT_SFX(job) j = {.n = n, .T = T, .dh = dh, .q = q, .k = k, .v = v, .y_out = y, .lse = lse, .scale = (real)scale};
+/* n = (rows of the stream)·H sequences of T positions; q, k, v (and dq, dk, dv) at in_seq, in_row (their
+   layout above), y and dy at out_seq, out_row, lse (n, T) contiguous. 0 on success. */
+int ATT_SFX(rw_attention_forward)(int64_t n, int H, int T, int dh, const real *q, const real *k, const real *v,
+                                  int64_t in_seq, int64_t in_row, real *y, int64_t out_seq, int64_t out_row,
+                                  real *lse, double scale, int threads) {
+  ATT_SFX(job) j = {.n = n, .T = T, .dh = dh, .in = {in_seq, in_row, H, dh}, .out = {out_seq, out_row, H, dh},
+                    .per_row = {T, 1, 1, 1}, .q = q, .k = k, .v = v, .y_out = y, .lse = lse, .scale = (real)scale};
   return ATT_SFX(run)(j, threads);
 }
 
-int ATT_SFX(rw_attention_backward)(int64_t n, int T, int dh, const real *q, const real *k, const real *v,
-                                   const real *y, const real *dy, const real *lse, real *dq, real *dk, real *dv,
-                                   double scale, int threads) {
-  ATT_SFX(job) j = {.n = n, .T = T, .dh = dh, .backward = 1, .q = q, .k = k, .v = v, .y = y, .dy = dy,
-                    .lse_in = lse, .dq = dq, .dk = dk, .dv = dv, .scale = (real)scale};
+int ATT_SFX(rw_attention_backward)(int64_t n, int H, int T, int dh, const real *q, const real *k, const real *v,
+                                   int64_t in_seq, int64_t in_row, const real *y, const real *dy, int64_t out_seq,
+                                   int64_t out_row, const real *lse, real *dq, real *dk, real *dv, double scale,
+                                   int threads) {
+  ATT_SFX(job) j = {.n = n, .T = T, .dh = dh, .backward = 1, .in = {in_seq, in_row, H, dh},
+                    .out = {out_seq, out_row, H, dh}, .per_row = {T, 1, 1, 1}, .q = q, .k = k, .v = v, .y = y,
+                    .dy = dy, .lse_in = lse, .dq = dq, .dk = dk, .dv = dv, .scale = (real)scale};
   return ATT_SFX(run)(j, threads);
 }
 #undef real

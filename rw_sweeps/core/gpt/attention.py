@@ -42,9 +42,10 @@ def _accept(lib: ctypes.CDLL) -> None:
     i64, i32, vp, dbl = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_double
     for sfx in _SFX.values():
         f = getattr(lib, f"rw_attention_forward_{sfx}")
-        f.argtypes, f.restype = [i64, i32, i32, vp, vp, vp, vp, vp, dbl, i32], i32
+        f.argtypes, f.restype = [i64, i32, i32, i32, vp, vp, vp, i64, i64, vp, i64, i64, vp, dbl, i32], i32
         f = getattr(lib, f"rw_attention_backward_{sfx}")
-        f.argtypes, f.restype = [i64, i32, i32, *[vp] * 9, dbl, i32], i32
+        f.argtypes = [i64, i32, i32, i32, vp, vp, vp, i64, i64, vp, vp, i64, i64, vp, vp, vp, vp, dbl, i32]
+        f.restype = i32
     lib.rw_attention_lanes.restype = i32
 
 
@@ -72,7 +73,7 @@ def reset() -> None:
         _errors.clear()
 
 
-def _why_not(q: torch.Tensor, backend: str) -> Optional[str]:
+def _why_not(q: torch.Tensor, dh: int, backend: str) -> Optional[str]:
     """Why the kernel does not take these tensors under this backend, or None."""
     if backend == "torch":
         return "RW_SWEEPS_BACKEND=torch"
@@ -80,22 +81,33 @@ def _why_not(q: torch.Tensor, backend: str) -> Optional[str]:
         return f"tensors on {q.device.type}"
     if q.dtype not in _SFX:
         return f"dtype {q.dtype}"
-    if backend == "auto" and q.shape[-1] > MAX_AUTO_WIDTH:
-        return f"heads {q.shape[-1]} wide (auto: at most {MAX_AUTO_WIDTH})"
+    if backend == "auto" and dh > MAX_AUTO_WIDTH:
+        return f"heads {dh} wide (auto: at most {MAX_AUTO_WIDTH})"
     if library() is None:
         return f"no compiled kernel ({last_error().splitlines()[-1] if last_error() else 'unknown'})"
     return None
 
 
-def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q·kᵀ/√dh, causal)·v over (…, T, dh) tensors, as F.scaled_dot_product_attention(is_causal=True)."""
+def causal(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Causal attention of the heads in `qkv` (…, T, 3·D: q, k and v side by side, as the model's one product
+    makes them; head h is columns h·dh … (h + 1)·dh − 1 of each) → (…, T, D), the heads side by side:
+    softmax(q·kᵀ/√dh, causal)·v per head, as F.scaled_dot_product_attention(is_causal=True)."""
     b = fused.backend()
-    why = _why_not(q, b)
-    if why is None:
-        return _Causal.apply(q, k, v) if q.numel() else F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if b == "fused":
+    why = _why_not(qkv, qkv.shape[-1] // 3 // n_head, b)
+    if why is None and qkv.numel():
+        return _Causal.apply(qkv, n_head)
+    if why is not None and b == "fused":
         raise RuntimeError(f"RW_SWEEPS_BACKEND=fused: the attention kernel cannot run: {why}")
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return reference(qkv, n_head)
+
+
+def reference(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
+    """`causal` by torch's scaled_dot_product_attention, on (rows, H, T, dh) copies of the heads."""
+    *lead, T, D3 = qkv.shape
+    D = D3 // 3
+    heads = lambda z: z.unflatten(-1, (n_head, D // n_head)).transpose(-3, -2).reshape(-1, n_head, T, D // n_head)  # noqa: E731
+    y = F.scaled_dot_product_attention(*(heads(z) for z in qkv.split(D, -1)), is_causal=True)
+    return y.unflatten(0, lead).transpose(-3, -2).reshape(*lead, T, D)
 
 
 def _call(name: str, x: torch.Tensor, *args) -> None:
@@ -107,26 +119,31 @@ def _call(name: str, x: torch.Tensor, *args) -> None:
 
 class _Causal(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v):
-        *lead, T, dh = q.shape
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        n = q.numel() // max(1, T * dh)
-        y = torch.empty_like(q)
-        lse = torch.empty(*lead, T, dtype=q.dtype)
-        scale = dh ** -0.5
-        _call("forward", q, n, T, dh, q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr(), lse.data_ptr(),
-              scale, fused.threads(n))
-        ctx.save_for_backward(q, k, v, y, lse)
+    def forward(ctx, qkv, n_head):
+        qkv = qkv.contiguous()
+        *lead, T, D3 = qkv.shape
+        D = D3 // 3
+        dh, n = D // n_head, qkv.numel() // D3 // T * n_head
+        y = torch.empty(*lead, T, D, dtype=qkv.dtype)
+        lse = torch.empty(n, T, dtype=qkv.dtype)
+        q, k, v = (qkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
+        _call("forward", qkv, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), T * D, D, lse.data_ptr(),
+              dh ** -0.5, fused.threads(n))
+        ctx.save_for_backward(qkv, y, lse)
+        ctx.n_head = n_head
         return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        q, k, v, y, lse = ctx.saved_tensors
-        *_, T, dh = q.shape
-        n = q.numel() // max(1, T * dh)
+        qkv, y, lse = ctx.saved_tensors
+        *_, T, D3 = qkv.shape
+        D, n_head = D3 // 3, ctx.n_head
+        dh, n = D // n_head, lse.shape[0]
         dy = dy.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        _call("backward", q, n, T, dh, q.data_ptr(), k.data_ptr(), v.data_ptr(), y.data_ptr(), dy.data_ptr(),
-              lse.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dh ** -0.5, fused.threads(n))
-        return dq, dk, dv
+        dqkv = torch.empty_like(qkv)
+        q, k, v = (qkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
+        dq, dk, dv = (dqkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
+        _call("backward", qkv, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), dy.data_ptr(), T * D, D,
+              lse.data_ptr(), dq, dk, dv, dh ** -0.5, fused.threads(n))
+        return dqkv, None

@@ -217,19 +217,20 @@ def attention(a: torch.Tensor, params: dict, cfg: GptConfig, K: int, l: int, sta
     dh = D // Hn
     if start == 0:  # q, k and v of every position: one pass over the stream, as nanoGPT's c_attn (~2× faster)
         qkv = _linear_many(a, params, [h + m for m in "qkv"])
-        q, k, v = (z.view(R, B, T, Hn, dh) for z in qkv.split(D, -1))
-    else:
-        q = _linear(a[:, :, start:], params, h + "q").view(R, B, T - start, Hn, dh)
-        k = _linear(a, params, h + "k").view(R, B, T, Hn, dh)
-        v = _linear(a, params, h + "v").view(R, B, T, Hn, dh)
-    if start not in (0, T - 1):  # what `forward` asks: causal from the first query, or the last over every key
+        y = causal_attention(qkv, Hn) if T > 1 else qkv[..., 2 * D:]  # one position sees itself: its value
+        out = _linear(y, params, h + "o")
+        if not maps:
+            return out, None
+        q, k, _ = (z.view(R, B, T, Hn, dh) for z in qkv.split(D, -1))
+        return out, Rows(start, q=q, k=k)
+    if start != T - 1:  # what `forward` asks: causal from the first query, or the last over every key
         raise ValueError(f"queries from position {start} of {T}: only 0 and the last are served")
+    q = _linear(a[:, :, start:], params, h + "q").view(R, B, 1, Hn, dh)
+    k = _linear(a, params, h + "k").view(R, B, T, Hn, dh)
+    v = _linear(a, params, h + "v").view(R, B, T, Hn, dh)
     heads = lambda z: z.transpose(2, 3).reshape(R * B, Hn, z.shape[2], dh)  # noqa: E731 - (R·B, H, T, dh), contiguous
-    if start == 0 and T > 1:  # every query over the keys up to it: the CPU kernel where it runs (attention.py)
-        y = causal_attention(heads(q), heads(k), heads(v))
-    else:  # the last query over every key (or one position): no mask
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v))
-    out = _linear(y.view(R, B, Hn, T - start, dh).transpose(2, 3).reshape(R, B, T - start, D), params, h + "o")
+    y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v))  # the last query over every key: no mask
+    out = _linear(y.view(R, B, Hn, 1, dh).transpose(2, 3).reshape(R, B, 1, D), params, h + "o")
     return out, Rows(start, q=q, k=k) if maps else None
 
 

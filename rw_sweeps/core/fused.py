@@ -100,13 +100,14 @@ def _compiler_version(cc: str) -> Optional[str]:
     return out.stdout.splitlines()[0] if out.returncode == 0 and out.stdout else None
 
 
-def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE) -> Path:
+def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE, link: tuple = ()) -> Path:
     """Compile `source` (this kernel's, or another C kernel written the same way: RW_ONLY=64/32 compiles one
     dtype) once per key and return the shared object; raises on failure. Concurrent processes (SLURM array
     jobs) each compile to a private temp file and rename it into place, so nobody ever loads a half-written
-    file."""
+    file. `link`: flags for the compiler and the linker both (-fopenmp)."""
     src = source.read_bytes()
-    libs = ["-lm"] + (["-lmvec"] if "-DRW_MVEC" in flags else [])
+    flags = [*flags, *link]
+    libs = ["-lm"] + (["-lmvec"] if "-DRW_MVEC" in flags else []) + list(link)
     cmd_flags = BASE_FLAGS + flags + ["-shared"] + libs
     key = hashlib.sha256(b"\0".join([src, " ".join(cmd_flags).encode(), version.encode(),
                                      _cpu_signature().encode(), str(ABI).encode()])).hexdigest()[:20]
@@ -142,10 +143,10 @@ def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE) -> Pa
         for c, p, e in zip(cmds, procs, errs):
             if p.returncode != 0:
                 raise RuntimeError(f"{' '.join(c)} failed:\n{e[-2000:]}")
-        link = [cc, "-shared", "-pthread", os.path.join(tmpdir, "64.o"), os.path.join(tmpdir, "32.o"), "-o", tmp, *libs]
-        res = subprocess.run(link, capture_output=True, text=True, timeout=300)
+        link_cmd = [cc, "-shared", "-pthread", os.path.join(tmpdir, "64.o"), os.path.join(tmpdir, "32.o"), "-o", tmp, *libs]
+        res = subprocess.run(link_cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(link)} failed:\n{res.stderr[-2000:]}")
+            raise RuntimeError(f"{' '.join(link_cmd)} failed:\n{res.stderr[-2000:]}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: other processes see no file or the whole file
     finally:
@@ -241,22 +242,23 @@ def _accept(lib: ctypes.CDLL) -> None:
     _check_layout(lib, EvalArgs, "eval")
 
 
-def compiled(source: Path, variant: str, accept) -> tuple[Optional[ctypes.CDLL], list[str]]:
-    """`source` built with the variant's flags, best first, loaded, and accepted (`accept(lib)` declares its
-    functions and raises if it is not the library the caller expects): (the library or None, why each build
-    that was tried failed)."""
+def compiled(source: Path, variant: str, accept, links: tuple = ((),)) -> tuple[Optional[ctypes.CDLL], list[str]]:
+    """`source` built with the variant's flags, best first (and for each, `links`' alternatives, best first),
+    loaded, and accepted (`accept(lib)` declares its functions and raises if it is not the library the caller
+    expects): (the library or None, why each build that was tried failed)."""
     errors: list[str] = []
     cc = shutil.which(CC) if CC else None
     version = _compiler_version(cc) if cc else None
     if cc is None or version is None:
         return None, [f"no working C compiler {CC!r} (set CC)"]
     for flags in VARIANTS[variant]:
-        try:
-            lib = ctypes.CDLL(str(_build(cc, flags, version, source)))
-            accept(lib)
-            return lib, errors
-        except Exception as exc:  # noqa: BLE001 - try the next, more portable build
-            errors.append(f"{flags}: {exc}")
+        for link in links:
+            try:
+                lib = ctypes.CDLL(str(_build(cc, flags, version, source, tuple(link))))
+                accept(lib)
+                return lib, errors
+            except Exception as exc:  # noqa: BLE001 - try the next, more portable build
+                errors.append(f"{[*flags, *link]}: {exc}")
     return None, errors
 
 

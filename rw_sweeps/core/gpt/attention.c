@@ -229,19 +229,25 @@ static int ATT_SFX(run)(ATT_SFX(job) base, int threads) {
   if (threads > MAX_THREADS) threads = MAX_THREADS;
   if (threads > groups) threads = (int)groups;
   if (threads < 1) threads = 1;
-  pthread_t th[MAX_THREADS];
   ATT_SFX(job) js[MAX_THREADS];
-  int started[MAX_THREADS] = {0}, failed = 0;
+  int failed = 0;
   for (int t = 0; t < threads; t++) {
     js[t] = base;
     js[t].lo = groups * t / threads;
     js[t].hi = groups * (t + 1) / threads;
   }
+#ifdef _OPENMP /* torch's own pool (the process's one libgomp): its workers are spinning there already */
+#pragma omp parallel for num_threads(threads) schedule(static, 1)
+  for (int t = 0; t < threads; t++) ATT_SFX(work)(&js[t]);
+#else
+  pthread_t th[MAX_THREADS];
+  int started[MAX_THREADS] = {0};
   for (int t = 1; t < threads; t++) started[t] = pthread_create(&th[t], NULL, ATT_SFX(work), &js[t]) == 0;
   for (int t = 1; t < threads; t++)
     if (!started[t]) ATT_SFX(work)(&js[t]); /* no thread to be had: this one does its share */
   ATT_SFX(work)(&js[0]);
   for (int t = 1; t < threads; t++) if (started[t]) pthread_join(th[t], NULL);
+#endif
   for (int t = 0; t < threads; t++) failed |= js[t].failed;
   return failed;
 }

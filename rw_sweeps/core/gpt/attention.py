@@ -32,6 +32,10 @@ SOURCE = Path(__file__).with_name("attention.c")
 # width 8 (T 64 and 1,024) and no faster at 16, where torch's kernel vectorises along the head's features.
 MAX_AUTO_WIDTH = 8
 _SFX = {torch.float64: "f64", torch.float32: "f32"}
+# OpenMP first: loaded beside torch, the kernel's libgomp.so.1 is torch's own (one soname, one copy in the
+# process), so it runs on torch's threads, which spin-wait after each of torch's ops; threads of its own would
+# share the cores with them for as long (measured here: the kernel's passes 1.3-1.6× slower). Else pthreads.
+LINKS = (("-fopenmp",), ())
 
 _lock = threading.Lock()
 _libs: dict[str, Optional[ctypes.CDLL]] = {}
@@ -54,7 +58,7 @@ def library() -> Optional[ctypes.CDLL]:
     variant = fused.isa_variant()
     with _lock:
         if variant not in _libs:
-            _libs[variant], errors = fused.compiled(SOURCE, variant, _accept)
+            _libs[variant], errors = fused.compiled(SOURCE, variant, _accept, LINKS)
             _errors[variant] = "\n".join(errors)
             if _libs[variant] is None and fused.backend() != "torch":
                 print(f"rw_sweeps.core.gpt.attention: no compiled kernel, using PyTorch ({errors[-1].splitlines()[0]})",

@@ -14,9 +14,9 @@ TOL = {torch.float64: 1e-14, torch.float32: 5e-6}  # of each output's and gradie
 
 @pytest.fixture(scope="module")
 def kernel():
-    if attention.library() is None:
-        pytest.skip(f"no attention kernel: {attention.last_error()}")
-    return attention.library()
+    if attention.KERNEL.library() is None:
+        pytest.skip(f"no attention kernel: {attention.KERNEL.last_error()}")
+    return attention.KERNEL.library()
 
 
 def _inputs(rows, H, T, dh, dtype, seed=0, scale=3.0):
@@ -111,14 +111,14 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
     monkeypatch.setattr(fused, "CC", str(tmp_path / "no-such-gcc"))
     monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "auto")
-    attention.reset()
+    attention.KERNEL.reset()
     try:
         qkv, _ = _inputs(2, 1, 5, 8, torch.float32)
         assert torch.equal(attention.causal(qkv, 1), attention.reference(qkv, 1))
-        assert attention.library() is None and "no-such-gcc" in attention.last_error()
+        assert attention.KERNEL.library() is None and "no-such-gcc" in attention.KERNEL.last_error()
         monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
         with pytest.raises(RuntimeError, match="no compiled kernel"):
             attention.causal(qkv, 1)
     finally:
         monkeypatch.undo()
-        attention.reset()
+        attention.KERNEL.reset()

@@ -58,7 +58,6 @@ static inline float vexp_f32(float x) {
 }
 
 #if !defined(RW_ONLY) || RW_ONLY == 64
-int rw_attention_lanes(void) { return LANES; }
 #define ATT_REAL double
 #define ATT_SFX(name) name##_f64
 #define VEXP vexp_f64

@@ -10,94 +10,44 @@ packed run is the same run alone, bit for bit, and a non-finite one touches no o
 Which path runs is declared, as for eq. 2.1's kernel (`rw_sweeps.core.fused`): RW_SWEEPS_BACKEND=auto (the
 default) takes the kernel for float64 and float32 CPU tensors with heads at most MAX_AUTO_WIDTH wide when it
 builds, torch otherwise; `torch` always torch; `fused` the kernel (any head width) or a RuntimeError saying why
-not. Built, cached and checked as `fused.c` is
-(RW_SWEEPS_CACHE, CC, RW_SWEEPS_FUSED_ISA), threads as RW_SWEEPS_THREADS or torch's.
+not (`ckernel`: built, cached and threaded as every C kernel of model=gpt).
 """
 from __future__ import annotations
 
 import ctypes
-import sys
-import threading
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .. import fused
+from .ckernel import SFX, CKernel
 
-SOURCE = Path(__file__).with_name("attention.c")
 # Heads up to this wide take the kernel under RW_SWEEPS_BACKEND=auto: measured here, it is 1.4-2.1× torch's at
 # width 8 (T 64 and 1,024) and no faster at 16, where torch's kernel vectorises along the head's features.
 MAX_AUTO_WIDTH = 8
-_SFX = {torch.float64: "f64", torch.float32: "f32"}
-# OpenMP first: loaded beside torch, the kernel's libgomp.so.1 is torch's own (one soname, one copy in the
-# process), so it runs on torch's threads, which spin-wait after each of torch's ops; threads of its own would
-# share the cores with them for as long (measured here: the kernel's passes 1.3-1.6× slower). Else pthreads.
-LINKS = (("-fopenmp",), ())
-
-_lock = threading.Lock()
-_libs: dict[str, Optional[ctypes.CDLL]] = {}
-_errors: dict[str, str] = {}
 
 
-def _accept(lib: ctypes.CDLL) -> None:
+def _declare(lib: ctypes.CDLL) -> None:
     i64, i32, vp, dbl = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_double
-    for sfx in _SFX.values():
+    for sfx in SFX.values():
         f = getattr(lib, f"rw_attention_forward_{sfx}")
         f.argtypes, f.restype = [i64, i32, i32, i32, vp, vp, vp, i64, i64, vp, i64, i64, vp, dbl, i32], i32
         f = getattr(lib, f"rw_attention_backward_{sfx}")
         f.argtypes = [i64, i32, i32, i32, vp, vp, vp, i64, i64, vp, vp, i64, i64, vp, vp, vp, vp, dbl, i32]
         f.restype = i32
-    lib.rw_attention_lanes.restype = i32
 
 
-def library() -> Optional[ctypes.CDLL]:
-    """The loaded kernel, compiled on first use; None when no build works (why: `last_error()`)."""
-    variant = fused.isa_variant()
-    with _lock:
-        if variant not in _libs:
-            _libs[variant], errors = fused.compiled(SOURCE, variant, _accept, LINKS)
-            _errors[variant] = "\n".join(errors)
-            if _libs[variant] is None and fused.backend() != "torch":
-                print(f"rw_sweeps.core.gpt.attention: no compiled kernel, using PyTorch ({errors[-1].splitlines()[0]})",
-                      file=sys.stderr)
-        return _libs[variant]
-
-
-def last_error() -> str:
-    return _errors.get(fused.isa_variant(), "")
-
-
-def reset() -> None:
-    """Forget the loaded kernel (tests: after changing CC, RW_SWEEPS_CACHE or RW_SWEEPS_FUSED_ISA)."""
-    with _lock:
-        _libs.clear()
-        _errors.clear()
-
-
-def _why_not(q: torch.Tensor, dh: int, backend: str) -> Optional[str]:
-    """Why the kernel does not take these tensors under this backend, or None."""
-    if backend == "torch":
-        return "RW_SWEEPS_BACKEND=torch"
-    if q.device.type != "cpu":
-        return f"tensors on {q.device.type}"
-    if q.dtype not in _SFX:
-        return f"dtype {q.dtype}"
-    if backend == "auto" and dh > MAX_AUTO_WIDTH:
-        return f"heads {dh} wide (auto: at most {MAX_AUTO_WIDTH})"
-    if library() is None:
-        return f"no compiled kernel ({last_error().splitlines()[-1] if last_error() else 'unknown'})"
-    return None
+KERNEL = CKernel(Path(__file__).with_name("attention.c"), _declare)
 
 
 def causal(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     """Causal attention of the heads in `qkv` (…, T, 3·D: q, k and v side by side, as the model's one product
     makes them; head h is columns h·dh … (h + 1)·dh − 1 of each) → (…, T, D), the heads side by side:
     softmax(q·kᵀ/√dh, causal)·v per head, as F.scaled_dot_product_attention(is_causal=True)."""
-    b = fused.backend()
-    why = _why_not(qkv, qkv.shape[-1] // 3 // n_head, b)
+    b, dh = fused.backend(), qkv.shape[-1] // 3 // n_head
+    why = KERNEL.why_not(qkv, b, f"heads {dh} wide (auto: at most {MAX_AUTO_WIDTH})" if dh > MAX_AUTO_WIDTH else None)
     if why is None and qkv.numel():
         return _Causal.apply(qkv, n_head)
     if why is not None and b == "fused":
@@ -114,13 +64,6 @@ def reference(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     return y.unflatten(0, lead).transpose(-3, -2).reshape(*lead, T, D)
 
 
-def _call(name: str, x: torch.Tensor, *args) -> None:
-    lib = library()
-    rc = getattr(lib, f"rw_attention_{name}_{_SFX[x.dtype]}")(*args)
-    if rc != 0:
-        raise MemoryError(f"the attention kernel's {name} pass could not allocate its scratch")
-
-
 class _Causal(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, n_head):
@@ -131,7 +74,7 @@ class _Causal(torch.autograd.Function):
         y = torch.empty(*lead, T, D, dtype=qkv.dtype)
         lse = torch.empty(n, T, dtype=qkv.dtype)
         q, k, v = (qkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
-        _call("forward", qkv, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), T * D, D, lse.data_ptr(),
+        KERNEL.call("rw_attention_forward", qkv.dtype, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), T * D, D, lse.data_ptr(),
               dh ** -0.5, fused.threads(n))
         ctx.save_for_backward(qkv, y, lse)
         ctx.n_head = n_head
@@ -148,6 +91,6 @@ class _Causal(torch.autograd.Function):
         dqkv = torch.empty_like(qkv)
         q, k, v = (qkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
         dq, dk, dv = (dqkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
-        _call("backward", qkv, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), dy.data_ptr(), T * D, D,
+        KERNEL.call("rw_attention_backward", qkv.dtype, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), dy.data_ptr(), T * D, D,
               lse.data_ptr(), dq, dk, dv, dh ** -0.5, fused.threads(n))
         return dqkv, None

@@ -16,11 +16,9 @@ import torch.nn.functional as F
 
 from ..model import init_generator
 from .attention import causal as causal_attention
+from .layernorm import layer_norm as gpt_layer_norm
 from .rows import Rows, causal
 from .schema import GptConfig
-
-LN_EPS = 1e-5  # torch.nn.LayerNorm's default
-
 
 @dataclass(frozen=True)
 class Param:
@@ -177,11 +175,9 @@ def embed(params: dict, tokens: torch.Tensor, cfg: GptConfig, K: int) -> torch.T
 
 
 def layer_norm(x: torch.Tensor, params: dict, name: str) -> torch.Tensor:
-    """LayerNorm over the last dimension with run r's gain (and bias), torch.nn.LayerNorm's arithmetic."""
-    y = F.layer_norm(x, x.shape[-1:], eps=LN_EPS)  # torch's own kernel; the per-run gain and bias after it
-    y = y * params[name + ".w"][:, None, None, :]
-    b = params.get(name + ".b")
-    return y + b[:, None, None, :] if b is not None else y
+    """LayerNorm over the last dimension with run r's gain (and bias), torch.nn.LayerNorm's arithmetic (the CPU
+    kernel where it runs, `layernorm.layer_norm`)."""
+    return gpt_layer_norm(x, params[name + ".w"], params.get(name + ".b"))
 
 
 def _linear(x: torch.Tensor, params: dict, name: str) -> torch.Tensor:

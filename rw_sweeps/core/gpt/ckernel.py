@@ -1,0 +1,76 @@
+"""A C kernel of model=gpt beside its torch reference: built, cached and checked as eq. 2.1's `fused.c` is
+(`rw_sweeps.core.fused`: RW_SWEEPS_CACHE, CC, RW_SWEEPS_FUSED_ISA), and chosen as it is (RW_SWEEPS_BACKEND:
+auto takes the kernel where it runs and the caller's rule says it is the faster, torch always torch, fused the
+kernel or a RuntimeError saying why not). Threads: RW_SWEEPS_THREADS, else torch's.
+
+OpenMP first: loaded beside torch, a kernel's libgomp.so.1 is torch's own (one soname, one copy in the process),
+so its parallel loops run on torch's threads, which spin-wait a while after each of torch's ops. Threads of its
+own would share the cores with those spinners: the attention kernel's passes measured 1.3-1.6× slower that way
+on this project's 2-core VM. Where OpenMP does not build, pthreads.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from .. import fused
+
+SFX = {torch.float64: "f64", torch.float32: "f32"}  # the dtypes every kernel is compiled for, and their suffix
+LINKS = (("-fopenmp",), ())
+
+
+class CKernel:
+    """One C source's library: `declare(lib)` sets its functions' ctypes signatures (and raises if the library
+    is not the one expected, so that the next, more portable build is tried)."""
+
+    def __init__(self, source: Path, declare: Callable[[ctypes.CDLL], None]):
+        self.source, self.declare = source, declare
+        self._lock = threading.Lock()
+        self._libs: dict[str, Optional[ctypes.CDLL]] = {}
+        self._errors: dict[str, str] = {}
+
+    def library(self) -> Optional[ctypes.CDLL]:
+        """The loaded library, compiled on first use; None when no build works (why: `last_error()`)."""
+        variant = fused.isa_variant()
+        with self._lock:
+            if variant not in self._libs:
+                self._libs[variant], errors = fused.compiled(self.source, variant, self.declare, LINKS)
+                self._errors[variant] = "\n".join(errors)
+                if self._libs[variant] is None and fused.backend() != "torch":
+                    print(f"rw_sweeps: no compiled {self.source.name}, using PyTorch ({errors[-1].splitlines()[0]})",
+                          file=sys.stderr)
+            return self._libs[variant]
+
+    def last_error(self) -> str:
+        return self._errors.get(fused.isa_variant(), "")
+
+    def reset(self) -> None:
+        """Forget the loaded library (tests: after changing CC, RW_SWEEPS_CACHE or RW_SWEEPS_FUSED_ISA)."""
+        with self._lock:
+            self._libs.clear()
+            self._errors.clear()
+
+    def why_not(self, x: torch.Tensor, backend: str, rule: Optional[str] = None) -> Optional[str]:
+        """Why the kernel does not take tensors like `x` under this backend, or None. `rule`: the caller's own
+        reason to leave a shape to torch under auto (where torch's kernel is the faster), or None."""
+        if backend == "torch":
+            return "RW_SWEEPS_BACKEND=torch"
+        if x.device.type != "cpu":
+            return f"tensors on {x.device.type}"
+        if x.dtype not in SFX:
+            return f"dtype {x.dtype}"
+        if backend == "auto" and rule is not None:
+            return rule
+        if self.library() is None:
+            return f"no compiled kernel ({self.last_error().splitlines()[-1] if self.last_error() else 'unknown'})"
+        return None
+
+    def call(self, name: str, dtype: torch.dtype, *args) -> None:
+        """Its function `name` for this dtype; a MemoryError if it could not allocate its scratch."""
+        if getattr(self.library(), f"{name}_{SFX[dtype]}")(*args) != 0:
+            raise MemoryError(f"{self.source.name}: {name} could not allocate its scratch")

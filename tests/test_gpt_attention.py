@@ -88,6 +88,19 @@ def test_each_sequence_alone(kernel, monkeypatch):
         assert torch.equal(a[~hit], b[~hit]) and not torch.isfinite(a[hit]).all()
 
 
+@pytest.mark.parametrize("rows,T", [(1, 300), (2, 64), (40, 9)])
+def test_threads_change_no_bit(kernel, monkeypatch, rows, T):
+    """1, 2 or 3 threads, with a group's rows shared among them (fewer lane groups than threads: one or two
+    sequences of 300 or 64 positions) or whole groups each: the same bits."""
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+    qkv, w = _inputs(rows, 1, T, 8, torch.float64, seed=T)
+    got = []
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("RW_SWEEPS_THREADS", threads)
+        got.append(_run(attention.causal, qkv, 1, w))
+    assert all(torch.equal(a, b) for other in got[1:] for a, b in zip(got[0], other))
+
+
 def test_backend_switch(kernel, monkeypatch):
     """torch: torch's kernel, bit for bit; auto: the kernel for heads up to MAX_AUTO_WIDTH wide on a CPU in
     float64/float32, torch's for wider heads and other dtypes; fused: the kernel, or a RuntimeError naming why."""

@@ -8,12 +8,17 @@
  *   D_i = dy_i·y_i,  G_ij = P_ij (dy_i·v_j − D_i)·scale,  dq_i = Σ_j G_ij k_j,  dk_j = Σ_i G_ij q_i,
  *   dv_j = Σ_i P_ij dy_i.
  *
- * Why it is fast at the sizes model=gpt trains (T ~ 64, heads 8 wide): LANES sequences run side by side, one
- * per vector lane, laid out [position][feature][lane]. Every loop has the same trip count in every lane
+ * Why it is fast at the sizes model=gpt trains (T ~ 64 to 1,024, heads 8 wide): LANES sequences run side by side,
+ * one per vector lane, laid out [position][feature][lane]. Every loop has the same trip count in every lane
  * (causal masks are the same), so the innermost loop — over the lanes — vectorises fully whatever T and dh,
- * with no horizontal sums; torch's fused kernel vectorises along dh = 8 and spends its time in overhead.
- * exp is a polynomial in plain arithmetic (vexp) so that it vectorises too. Lanes never mix: a non-finite
- * sequence leaves every other one as it was. Sequences are split over threads in groups of LANES.
+ * with no horizontal sums; torch's fused kernel vectorises along dh = 8. exp is a polynomial in plain
+ * arithmetic (vexp) so that it vectorises too. Lanes never mix: a non-finite sequence leaves every other one as
+ * it was. The lane groups are split over the threads; with fewer groups than threads (one run's batch of long
+ * sequences) each group's row blocks are, dq by query rows and dk, dv by keys, each sum taken in the same order
+ * as by one thread: the thread count changes no bit (tests/test_gpt_attention.py).
+ *
+ * The inputs are read where the model's one q/k/v product left them, and y written with the heads side by side
+ * (`layout` below), so that nothing is copied on the way in or out.
  *
  * RW_ONLY=64 or 32 compiles one dtype (the build compiles both side by side and links them, as fused.c). */
 #ifndef ATT_REAL
@@ -78,10 +83,14 @@ static inline float vexp_f32(float x) {
 typedef ATT_REAL ATT_SFX(real);
 #define real ATT_SFX(real)
 
+/* MINE: whether the ROWS-block of row (or key) t is this part's, of `parts` splitting one group's rows */
+#define MINE(t) (((t) / ROWS) % parts == part)
+
 static inline __attribute__((always_inline)) void ATT_SFX(fwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
                                const real *restrict V, real *restrict Y, real *restrict lse, real scale,
-                               real *restrict s, real *restrict acc) {
+                               real *restrict s, real *restrict acc, int part, int parts) {
   for (int i = 0; i < T; i++) {
+    if (!MINE(i)) continue;
     const real *qi = Q + (size_t)i * dh * L;
     real m[L], sum[L];
     for (int l = 0; l < L; l++) { m[l] = -INFINITY; sum[l] = 0; }
@@ -108,45 +117,101 @@ static inline __attribute__((always_inline)) void ATT_SFX(fwd_group)(int T, int 
   }
 }
 
-static inline __attribute__((always_inline)) void ATT_SFX(bwd_group)(int T, int dh, const real *restrict Q, const real *restrict K,
-                               const real *restrict V, const real *restrict Y, const real *restrict dY,
-                               const real *restrict lse, real *restrict dQ, real *restrict dK,
-                               real *restrict dV, real scale) {
+/* The backward pass. Whole (parts = 1): ROWS query rows at a time, each key's k_j, v_j read and its dk_j, dv_j
+   written once for all of them. Split (parts > 1, a group's rows shared by threads when there are fewer groups
+   than threads): part `part` computes dq for its row blocks (KEYS = 0) or dk, dv for its key blocks (KEYS = 1),
+   each with the same operations in the same order as the whole pass, so the results are the same bits. */
+static inline __attribute__((always_inline)) void ATT_SFX(bwd_rows)(int T, int dh, const real *restrict Q,
+    const real *restrict K, const real *restrict V, const real *restrict dY, const real *restrict lse,
+    const real *restrict Dr, real *restrict dQ, real *restrict dK, real *restrict dV, real scale, int part, int parts,
+    int whole) {
   const size_t w = (size_t)dh * L; /* one position's features × lanes */
-  memset(dK, 0, sizeof(real) * T * w);
-  memset(dV, 0, sizeof(real) * T * w);
-  real D[ROWS][L], gk[w], gv[w];
-  /* ROWS query rows at a time: each key's k_j, v_j is read, and its dk_j, dv_j written, once for all of them */
+  real gk[w], gv[w];
+  if (whole) {
+    memset(dK, 0, sizeof(real) * T * w);
+    memset(dV, 0, sizeof(real) * T * w);
+  }
   for (int i0 = 0; i0 < T; i0 += ROWS) {
+    if (!MINE(i0)) continue;
     int nr = T - i0 < ROWS ? T - i0 : ROWS;
-    for (int r = 0; r < nr; r++) {
-      const real *dyi = dY + (i0 + r) * w, *yi = Y + (i0 + r) * w;
-      for (int l = 0; l < L; l++) D[r][l] = 0;
-      for (int d = 0; d < dh; d++)
-        for (int l = 0; l < L; l++) D[r][l] += dyi[d * L + l] * yi[d * L + l];
-    }
     memset(dQ + i0 * w, 0, sizeof(real) * nr * w);
     for (int j = 0; j < i0 + nr; j++) {
       const real *kj = K + j * w, *vj = V + j * w;
-      for (size_t e = 0; e < w; e++) { gk[e] = 0; gv[e] = 0; }
+      if (whole) for (size_t e = 0; e < w; e++) { gk[e] = 0; gv[e] = 0; }
       for (int r = j > i0 ? j - i0 : 0; r < nr; r++) { /* the rows i0 + r >= j that see key j */
-        const real *qi = Q + (i0 + r) * w, *dyi = dY + (i0 + r) * w, *li = lse + (i0 + r) * L;
+        const real *qi = Q + (i0 + r) * w, *dyi = dY + (i0 + r) * w, *li = lse + (i0 + r) * L, *Di = Dr + (i0 + r) * L;
         real *dqi = dQ + (i0 + r) * w;
         real a[L], b[L], p[L], g[L];
         for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
         for (int d = 0; d < dh; d++)
           for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
-        for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - D[r][l]) * scale; }
+        for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - Di[l]) * scale; }
         for (int d = 0; d < dh; d++)
-          for (int l = 0; l < L; l++) {
-            dqi[d * L + l] += g[l] * kj[d * L + l];
-            gk[d * L + l] += g[l] * qi[d * L + l];
-            gv[d * L + l] += p[l] * dyi[d * L + l];
-          }
+          for (int l = 0; l < L; l++) dqi[d * L + l] += g[l] * kj[d * L + l];
+        if (whole)
+          for (int d = 0; d < dh; d++)
+            for (int l = 0; l < L; l++) { gk[d * L + l] += g[l] * qi[d * L + l]; gv[d * L + l] += p[l] * dyi[d * L + l]; }
       }
-      real *dkj = dK + j * w, *dvj = dV + j * w;
+      if (whole) {
+        real *dkj = dK + j * w, *dvj = dV + j * w;
+        for (size_t e = 0; e < w; e++) { dkj[e] += gk[e]; dvj[e] += gv[e]; }
+      }
+    }
+  }
+}
+
+static inline __attribute__((always_inline)) void ATT_SFX(bwd_keys)(int T, int dh, const real *restrict Q,
+    const real *restrict K, const real *restrict V, const real *restrict dY, const real *restrict lse,
+    const real *restrict Dr, real *restrict dK, real *restrict dV, real scale, int part, int parts) {
+  const size_t w = (size_t)dh * L;
+  real gk[w], gv[w];
+  for (int j = 0; j < T; j++) {
+    if (!MINE(j)) continue;
+    const real *kj = K + j * w, *vj = V + j * w;
+    real *dkj = dK + j * w, *dvj = dV + j * w;
+    for (size_t e = 0; e < w; e++) { dkj[e] = 0; dvj[e] = 0; }
+    for (int i0 = j / ROWS * ROWS; i0 < T; i0 += ROWS) { /* the blocks with a row >= j, in the whole pass's order */
+      int nr = T - i0 < ROWS ? T - i0 : ROWS;
+      for (size_t e = 0; e < w; e++) { gk[e] = 0; gv[e] = 0; }
+      for (int r = j > i0 ? j - i0 : 0; r < nr; r++) {
+        const real *qi = Q + (i0 + r) * w, *dyi = dY + (i0 + r) * w, *li = lse + (i0 + r) * L, *Di = Dr + (i0 + r) * L;
+        real a[L], b[L], p[L], g[L];
+        for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
+        for (int d = 0; d < dh; d++)
+          for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
+        for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - Di[l]) * scale; }
+        for (int d = 0; d < dh; d++)
+          for (int l = 0; l < L; l++) { gk[d * L + l] += g[l] * qi[d * L + l]; gv[d * L + l] += p[l] * dyi[d * L + l]; }
+      }
       for (size_t e = 0; e < w; e++) { dkj[e] += gk[e]; dvj[e] += gv[e]; }
     }
+  }
+}
+
+/* D_i = dy_i·y_i of every row (T, L) */
+static void ATT_SFX(rowdots)(int T, int dh, const real *restrict Y, const real *restrict dY, real *restrict Dr) {
+  for (int i = 0; i < T; i++) {
+    const real *dyi = dY + (size_t)i * dh * L, *yi = Y + (size_t)i * dh * L;
+    real *Di = Dr + (size_t)i * L;
+    for (int l = 0; l < L; l++) Di[l] = 0;
+    for (int d = 0; d < dh; d++)
+      for (int l = 0; l < L; l++) Di[l] += dyi[d * L + l] * yi[d * L + l];
+  }
+}
+
+static void ATT_SFX(bwd_any)(int T, int dh, const real *Q, const real *K, const real *V, const real *Y,
+                             const real *dY, const real *lse, real *Dr, real *dQ, real *dK, real *dV, real scale,
+                             int part, int parts) {
+  ATT_SFX(rowdots)(T, dh, Y, dY, Dr);
+  if (parts == 1) {
+    if (dh == 8) ATT_SFX(bwd_rows)(T, 8, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, 0, 1, 1);
+    else ATT_SFX(bwd_rows)(T, dh, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, 0, 1, 1);
+  } else if (dh == 8) {
+    ATT_SFX(bwd_rows)(T, 8, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, part, parts, 0);
+    ATT_SFX(bwd_keys)(T, 8, Q, K, V, dY, lse, Dr, dK, dV, scale, part, parts);
+  } else {
+    ATT_SFX(bwd_rows)(T, dh, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, part, parts, 0);
+    ATT_SFX(bwd_keys)(T, dh, Q, K, V, dY, lse, Dr, dK, dV, scale, part, parts);
   }
 }
 
@@ -163,11 +228,13 @@ static void ATT_SFX(pack)(real *restrict dst, const real *restrict src, ATT_SFX(
       for (int d = 0; d < o.dh; d++) dst[((size_t)t * o.dh + d) * L + l] = x ? x[t * o.row + d] : 0;
   }
 }
-static void ATT_SFX(unpack)(real *restrict dst, const real *restrict src, ATT_SFX(layout) o, int64_t s0, int64_t n, int T) {
+static void ATT_SFX(unpack)(real *restrict dst, const real *restrict src, ATT_SFX(layout) o, int64_t s0, int64_t n, int T,
+                            int part, int parts) { /* the rows of this part's blocks */
   for (int l = 0; l < L && s0 + l < n; l++) {
     int64_t s = s0 + l;
     real *x = dst + (s / o.H) * o.seq + (s % o.H) * o.dh;
     for (int t = 0; t < T; t++)
+      if (MINE(t))
       for (int d = 0; d < o.dh; d++) x[t * o.row + d] = src[((size_t)t * o.dh + d) * L + l];
   }
 }
@@ -175,19 +242,13 @@ static void ATT_SFX(unpack)(real *restrict dst, const real *restrict src, ATT_SF
 /* the passes for any head width, and for width 8 (model=gpt's default heads) compiled with it known, so that
    the feature loops unroll and their sums stay in registers */
 static void ATT_SFX(fwd_any)(int T, int dh, const real *Q, const real *K, const real *V, real *Y, real *lse,
-                             real scale, real *s, real *acc) {
-  if (dh == 8) ATT_SFX(fwd_group)(T, 8, Q, K, V, Y, lse, scale, s, acc);
-  else ATT_SFX(fwd_group)(T, dh, Q, K, V, Y, lse, scale, s, acc);
+                             real scale, real *s, real *acc, int part, int parts) {
+  if (dh == 8) ATT_SFX(fwd_group)(T, 8, Q, K, V, Y, lse, scale, s, acc, part, parts);
+  else ATT_SFX(fwd_group)(T, dh, Q, K, V, Y, lse, scale, s, acc, part, parts);
 }
-static void ATT_SFX(bwd_any)(int T, int dh, const real *Q, const real *K, const real *V, const real *Y,
-                             const real *dY, const real *lse, real *dQ, real *dK, real *dV, real scale) {
-  if (dh == 8) ATT_SFX(bwd_group)(T, 8, Q, K, V, Y, dY, lse, dQ, dK, dV, scale);
-  else ATT_SFX(bwd_group)(T, dh, Q, K, V, Y, dY, lse, dQ, dK, dV, scale);
-}
-
 typedef struct {
   int64_t lo, hi, n;
-  int T, dh, backward;
+  int T, dh, backward, part, parts; /* groups lo … hi − 1; of each, the row blocks of this part */
   ATT_SFX(layout) in, out, per_row; /* q, k, v and their gradients; y and dy; lse */
   const real *q, *k, *v, *y, *dy, *lse_in;
   real *y_out, *lse, *dq, *dk, *dv;
@@ -199,41 +260,47 @@ static void *ATT_SFX(work)(void *arg) {
   ATT_SFX(job) *J = arg;
   int T = J->T, dh = J->dh;
   size_t st = (size_t)T * dh * L;
-  real *buf = malloc(sizeof(real) * (9 * st + 2 * (size_t)T * L));
+  real *buf = malloc(sizeof(real) * (9 * st + 3 * (size_t)T * L));
   if (!buf) { J->failed = 1; return NULL; }
   real *Q = buf, *K = Q + st, *V = K + st, *Y = V + st, *dY = Y + st, *dQ = dY + st, *dK = dQ + st,
-       *dV = dK + st, *acc = dV + st, *ls = acc + st, *s = ls + (size_t)T * L;
+       *dV = dK + st, *acc = dV + st, *ls = acc + st, *s = ls + (size_t)T * L, *Dr = s + (size_t)T * L;
+  int part = J->part, parts = J->parts;
   for (int64_t g = J->lo; g < J->hi; g++) {
     int64_t s0 = g * L, n = J->n;
     ATT_SFX(pack)(Q, J->q, J->in, s0, n, T); ATT_SFX(pack)(K, J->k, J->in, s0, n, T); ATT_SFX(pack)(V, J->v, J->in, s0, n, T);
     if (!J->backward) {
-      ATT_SFX(fwd_any)(T, dh, Q, K, V, Y, ls, J->scale, s, acc);
-      ATT_SFX(unpack)(J->y_out, Y, J->out, s0, n, T);
-      ATT_SFX(unpack)(J->lse, ls, J->per_row, s0, n, T);
+      ATT_SFX(fwd_any)(T, dh, Q, K, V, Y, ls, J->scale, s, acc, part, parts);
+      ATT_SFX(unpack)(J->y_out, Y, J->out, s0, n, T, part, parts);
+      ATT_SFX(unpack)(J->lse, ls, J->per_row, s0, n, T, part, parts);
     } else {
       ATT_SFX(pack)(Y, J->y, J->out, s0, n, T); ATT_SFX(pack)(dY, J->dy, J->out, s0, n, T);
       ATT_SFX(pack)(ls, J->lse_in, J->per_row, s0, n, T);
-      ATT_SFX(bwd_any)(T, dh, Q, K, V, Y, dY, ls, dQ, dK, dV, J->scale);
-      ATT_SFX(unpack)(J->dq, dQ, J->in, s0, n, T); ATT_SFX(unpack)(J->dk, dK, J->in, s0, n, T);
-      ATT_SFX(unpack)(J->dv, dV, J->in, s0, n, T);
+      ATT_SFX(bwd_any)(T, dh, Q, K, V, Y, dY, ls, Dr, dQ, dK, dV, J->scale, part, parts);
+      ATT_SFX(unpack)(J->dq, dQ, J->in, s0, n, T, part, parts); ATT_SFX(unpack)(J->dk, dK, J->in, s0, n, T, part, parts);
+      ATT_SFX(unpack)(J->dv, dV, J->in, s0, n, T, part, parts);
     }
   }
   free(buf);
   return NULL;
 }
 
-/* groups of L sequences split evenly over the threads; 0 on success, 1 if a thread's scratch was refused */
+/* groups of L sequences split evenly over the threads, or, with fewer groups than threads (a run or two of
+   long sequences), every group's row blocks split over them: the same results either way. 0 on success, 1 if
+   a thread's scratch was refused */
 static int ATT_SFX(run)(ATT_SFX(job) base, int threads) {
   int64_t groups = (base.n + L - 1) / L;
   if (threads > MAX_THREADS) threads = MAX_THREADS;
-  if (threads > groups) threads = (int)groups;
   if (threads < 1) threads = 1;
   ATT_SFX(job) js[MAX_THREADS];
   int failed = 0;
+  int split = groups < threads && base.T > ROWS;
+  if (threads > groups && !split) threads = (int)groups;
   for (int t = 0; t < threads; t++) {
     js[t] = base;
-    js[t].lo = groups * t / threads;
-    js[t].hi = groups * (t + 1) / threads;
+    js[t].lo = split ? 0 : groups * t / threads;
+    js[t].hi = split ? groups : groups * (t + 1) / threads;
+    js[t].part = split ? t : 0;
+    js[t].parts = split ? threads : 1;
   }
 #ifdef _OPENMP /* torch's own pool (the process's one libgomp): its workers are spinning there already */
 #pragma omp parallel for num_threads(threads) schedule(static, 1)
@@ -270,6 +337,7 @@ int ATT_SFX(rw_attention_backward)(int64_t n, int H, int T, int dh, const real *
                     .dy = dy, .lse_in = lse, .dq = dq, .dk = dk, .dv = dv, .scale = (real)scale};
   return ATT_SFX(run)(j, threads);
 }
+#undef MINE
 #undef real
 #undef L
 #endif

@@ -75,7 +75,7 @@ class _Causal(torch.autograd.Function):
         lse = torch.empty(n, T, dtype=qkv.dtype)
         q, k, v = (qkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
         KERNEL.call("rw_attention_forward", qkv.dtype, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), T * D, D, lse.data_ptr(),
-              dh ** -0.5, fused.threads(n))
+              dh ** -0.5, fused.threads(1 << 30))
         ctx.save_for_backward(qkv, y, lse)
         ctx.n_head = n_head
         return y
@@ -92,5 +92,5 @@ class _Causal(torch.autograd.Function):
         q, k, v = (qkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
         dq, dk, dv = (dqkv.data_ptr() + i * D * qkv.element_size() for i in range(3))
         KERNEL.call("rw_attention_backward", qkv.dtype, n, n_head, T, dh, q, k, v, T * D3, D3, y.data_ptr(), dy.data_ptr(), T * D, D,
-              lse.data_ptr(), dq, dk, dv, dh ** -0.5, fused.threads(n))
+              lse.data_ptr(), dq, dk, dv, dh ** -0.5, fused.threads(1 << 30))
         return dqkv, None

@@ -194,8 +194,17 @@ def _first(K: int, n: int, gen: torch.Generator, start) -> torch.Tensor:
         s1 = torch.randint(K, (n, 1), generator=gen)
         return s1 if start is None else torch.from_numpy(balance(s1.numpy(), K))
     u0 = torch.rand(n, 1, generator=gen, dtype=torch.float64).numpy()
-    F = cumulative_rows(np.asarray(start, np.float64)[None, :])[0]
+    law = np.ascontiguousarray(start, np.float64)
+    F = _start_cumulative(law.tobytes(), law.shape[0])
     return torch.from_numpy((u0 >= F).sum(1, keepdims=True).astype(np.int64))
+
+
+@functools.lru_cache(maxsize=1024)
+def _start_cumulative(law_bytes: bytes, K: int) -> np.ndarray:
+    """`cumulative_rows` of one law (K,), cached: an online run draws s_1 from the same law every step."""
+    F = cumulative_rows(np.frombuffer(law_bytes, np.float64)[None, :])[0]
+    F.flags.writeable = False
+    return F
 
 
 def chains(P: np.ndarray, N: int, n: int, gen: torch.Generator, dtype=torch.float64, start=None) -> Split:

@@ -123,10 +123,9 @@ static inline __attribute__((always_inline)) void ATT_SFX(fwd_group)(int T, int 
    each with the same operations in the same order as the whole pass, so the results are the same bits. */
 static inline __attribute__((always_inline)) void ATT_SFX(bwd_rows)(int T, int dh, const real *restrict Q,
     const real *restrict K, const real *restrict V, const real *restrict dY, const real *restrict lse,
-    const real *restrict Dr, real *restrict dQ, real *restrict dK, real *restrict dV, real scale, int part, int parts,
-    int whole) {
+    const real *restrict Dr, real *restrict dQ, real *restrict dK, real *restrict dV, real *restrict gk,
+    real *restrict gv, real scale, int part, int parts, int whole) {
   const size_t w = (size_t)dh * L; /* one position's features × lanes */
-  real gk[w], gv[w];
   if (whole) {
     memset(dK, 0, sizeof(real) * T * w);
     memset(dV, 0, sizeof(real) * T * w);
@@ -162,9 +161,9 @@ static inline __attribute__((always_inline)) void ATT_SFX(bwd_rows)(int T, int d
 
 static inline __attribute__((always_inline)) void ATT_SFX(bwd_keys)(int T, int dh, const real *restrict Q,
     const real *restrict K, const real *restrict V, const real *restrict dY, const real *restrict lse,
-    const real *restrict Dr, real *restrict dK, real *restrict dV, real scale, int part, int parts) {
+    const real *restrict Dr, real *restrict dK, real *restrict dV, real *restrict gk, real *restrict gv,
+    real scale, int part, int parts) {
   const size_t w = (size_t)dh * L;
-  real gk[w], gv[w];
   for (int j = 0; j < T; j++) {
     if (!MINE(j)) continue;
     const real *kj = K + j * w, *vj = V + j * w;
@@ -200,18 +199,18 @@ static void ATT_SFX(rowdots)(int T, int dh, const real *restrict Y, const real *
 }
 
 static void ATT_SFX(bwd_any)(int T, int dh, const real *Q, const real *K, const real *V, const real *Y,
-                             const real *dY, const real *lse, real *Dr, real *dQ, real *dK, real *dV, real scale,
-                             int part, int parts) {
+                             const real *dY, const real *lse, real *Dr, real *dQ, real *dK, real *dV, real *gk,
+                             real *gv, real scale, int part, int parts) { /* gk, gv: dh·L each (heap, not stack) */
   ATT_SFX(rowdots)(T, dh, Y, dY, Dr);
   if (parts == 1) {
-    if (dh == 8) ATT_SFX(bwd_rows)(T, 8, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, 0, 1, 1);
-    else ATT_SFX(bwd_rows)(T, dh, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, 0, 1, 1);
+    if (dh == 8) ATT_SFX(bwd_rows)(T, 8, Q, K, V, dY, lse, Dr, dQ, dK, dV, gk, gv, scale, 0, 1, 1);
+    else ATT_SFX(bwd_rows)(T, dh, Q, K, V, dY, lse, Dr, dQ, dK, dV, gk, gv, scale, 0, 1, 1);
   } else if (dh == 8) {
-    ATT_SFX(bwd_rows)(T, 8, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, part, parts, 0);
-    ATT_SFX(bwd_keys)(T, 8, Q, K, V, dY, lse, Dr, dK, dV, scale, part, parts);
+    ATT_SFX(bwd_rows)(T, 8, Q, K, V, dY, lse, Dr, dQ, dK, dV, gk, gv, scale, part, parts, 0);
+    ATT_SFX(bwd_keys)(T, 8, Q, K, V, dY, lse, Dr, dK, dV, gk, gv, scale, part, parts);
   } else {
-    ATT_SFX(bwd_rows)(T, dh, Q, K, V, dY, lse, Dr, dQ, dK, dV, scale, part, parts, 0);
-    ATT_SFX(bwd_keys)(T, dh, Q, K, V, dY, lse, Dr, dK, dV, scale, part, parts);
+    ATT_SFX(bwd_rows)(T, dh, Q, K, V, dY, lse, Dr, dQ, dK, dV, gk, gv, scale, part, parts, 0);
+    ATT_SFX(bwd_keys)(T, dh, Q, K, V, dY, lse, Dr, dK, dV, gk, gv, scale, part, parts);
   }
 }
 
@@ -260,10 +259,12 @@ static void *ATT_SFX(work)(void *arg) {
   ATT_SFX(job) *J = arg;
   int T = J->T, dh = J->dh;
   size_t st = (size_t)T * dh * L;
-  real *buf = malloc(sizeof(real) * (9 * st + 3 * (size_t)T * L));
+  size_t w = (size_t)dh * L;
+  real *buf = malloc(sizeof(real) * (9 * st + 3 * (size_t)T * L + 2 * w));
   if (!buf) { J->failed = 1; return NULL; }
   real *Q = buf, *K = Q + st, *V = K + st, *Y = V + st, *dY = Y + st, *dQ = dY + st, *dK = dQ + st,
-       *dV = dK + st, *acc = dV + st, *ls = acc + st, *s = ls + (size_t)T * L, *Dr = s + (size_t)T * L;
+       *dV = dK + st, *acc = dV + st, *ls = acc + st, *s = ls + (size_t)T * L, *Dr = s + (size_t)T * L,
+       *gk = Dr + (size_t)T * L, *gv = gk + w;
   int part = J->part, parts = J->parts;
   for (int64_t g = J->lo; g < J->hi; g++) {
     int64_t s0 = g * L, n = J->n;
@@ -275,7 +276,7 @@ static void *ATT_SFX(work)(void *arg) {
     } else {
       ATT_SFX(pack)(Y, J->y, J->out, s0, n, T); ATT_SFX(pack)(dY, J->dy, J->out, s0, n, T);
       ATT_SFX(pack)(ls, J->lse_in, J->per_row, s0, n, T);
-      ATT_SFX(bwd_any)(T, dh, Q, K, V, Y, dY, ls, Dr, dQ, dK, dV, J->scale, part, parts);
+      ATT_SFX(bwd_any)(T, dh, Q, K, V, Y, dY, ls, Dr, dQ, dK, dV, gk, gv, J->scale, part, parts);
       ATT_SFX(unpack)(J->dq, dQ, J->in, s0, n, T, part, parts); ATT_SFX(unpack)(J->dk, dK, J->in, s0, n, T, part, parts);
       ATT_SFX(unpack)(J->dv, dV, J->in, s0, n, T, part, parts);
     }

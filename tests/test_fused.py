@@ -312,6 +312,35 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
         fused.reset()
 
 
+def test_a_failed_build_is_not_retried_in_every_process(monkeypatch, tmp_path):
+    """A compiler whose OpenMP does not link (clang without libomp, say): the first process tries it, falls back
+    to the pthreads build and leaves the failure in the cache; a later one compiles nothing (it used to
+    recompile both attempts in every process)."""
+    from rw_sweeps.core.gpt import layernorm
+
+    log = tmp_path / "cc.log"
+    cc = tmp_path / "cc"
+    cc.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$*\" in *-shared*-fopenmp*) exit 1;; esac\n"
+                  f"exec gcc \"$@\"\n")
+    cc.chmod(0o755)
+    monkeypatch.setattr(fused, "CC", str(cc))
+    monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RW_SWEEPS_FUSED_ISA", "generic")
+    builds = lambda: [c for c in log.read_text().splitlines() if " -c " in f" {c} "]  # noqa: E731
+    try:
+        layernorm.KERNEL.reset()
+        assert layernorm.KERNEL.library() is not None
+        first = builds()
+        assert len(first) == 4 and sum("-fopenmp" in c for c in first) == 2, first  # 2 dtypes × (OpenMP, pthreads)
+        assert [p.name.endswith(".failed") for p in (tmp_path / "cache").glob("layernorm-*")].count(True) == 1
+        layernorm.KERNEL.reset()  # as a new process
+        assert layernorm.KERNEL.library() is not None and builds() == first
+        assert "failed before, not tried again" in layernorm.KERNEL.last_error()
+    finally:
+        monkeypatch.undo()
+        layernorm.KERNEL.reset()
+
+
 @pytest.mark.e2e
 def test_concurrent_first_use(kernel, tmp_path):
     """Processes compiling at once into one empty cache (SLURM array jobs) all load a complete library,

@@ -102,21 +102,37 @@ def test_threads_change_no_bit(kernel, monkeypatch, rows, T):
 
 
 def test_backend_switch(kernel, monkeypatch):
-    """torch: torch's kernel, bit for bit; auto: the kernel for heads up to MAX_AUTO_WIDTH wide on a CPU in
-    float64/float32, torch's for wider heads and other dtypes; fused: the kernel, or a RuntimeError naming why."""
-    qkv, _ = _inputs(3, 2, 9, 8, torch.float64)
+    """torch: torch's kernel, bit for bit; auto: the kernel on a CPU in float64/float32 for heads at most
+    MAX_AUTO_WIDTH wide and at least MIN_AUTO_SEQUENCES sequences, torch's otherwise (wider heads, fewer
+    sequences, other dtypes); fused: the kernel, or a RuntimeError naming why."""
+    qkv, _ = _inputs(9, 2, 9, 8, torch.float64)  # 18 sequences of heads 8 wide
     ref = attention.reference(qkv, 2)
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "torch")
     assert torch.equal(attention.causal(qkv, 2), ref)
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "auto")
     assert attention.causal(qkv, 2).grad_fn.name().endswith("_CausalBackward")
-    assert torch.equal(attention.causal(qkv, 1), attention.reference(qkv, 1))  # one head 16 wide
+    assert torch.equal(attention.causal(qkv, 1), attention.reference(qkv, 1))  # 9 sequences, one head 16 wide
+    few = qkv[:7]  # 14 sequences
+    assert torch.equal(attention.causal(few, 2), attention.reference(few, 2))
     half = qkv.detach().to(torch.bfloat16)
     assert torch.equal(attention.causal(half, 2), attention.reference(half, 2))
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
     assert (attention.causal(qkv, 1) - attention.reference(qkv, 1)).abs().max() < 1e-13
+    assert attention.causal(few, 2).grad_fn.name().endswith("_CausalBackward")
     with pytest.raises(RuntimeError, match="attention kernel cannot run: dtype torch.bfloat16"):
         attention.causal(half, 2)
+    with pytest.raises(RuntimeError, match="last dimension 48 is not 3 × 5 heads"):
+        attention.causal(qkv, 5)
+
+
+def test_no_silent_second_derivative(kernel, monkeypatch):
+    """The kernel's backward is not differentiable: create_graph=True through it is refused, not a gradient
+    missing its second-order terms."""
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+    qkv, w = _inputs(2, 1, 5, 8, torch.float64)
+    y = attention.causal(qkv, 1)
+    with pytest.raises(RuntimeError, match="attention: the C kernel's backward is not differentiable"):
+        torch.autograd.grad((y * w).sum() + (qkv ** 2).sum(), qkv, create_graph=True)
 
 
 def test_fallback_without_compiler(monkeypatch, tmp_path):

@@ -68,9 +68,33 @@ def test_each_run_alone(kernel, monkeypatch):
     assert not any(torch.isfinite(a[6]).all() for a in got[:3])  # y, dx, dg (db = Σ dy does not read x)
 
 
+@pytest.mark.parametrize("dtype,big", [(torch.float32, 3e19), (torch.float64, 3e154)])
+def test_a_row_whose_variance_overflows_is_nan_as_torchs(kernel, monkeypatch, dtype, big):
+    """Finite entries whose variance is not finite: torch's LayerNorm gives NaN, and so does the kernel (a run
+    that blew up reads as diverged, not as a row of zeros)."""
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+    x = torch.tensor([[[big, -big / 2, big / 3, 0.0, 1.0, -1.0, 2.0, big / 7]]], dtype=dtype)
+    g = torch.ones(1, 8, dtype=dtype)
+    assert torch.isnan(layernorm.reference(x, g)).all() and torch.isnan(layernorm.layer_norm(x, g)).all()
+
+
+@pytest.mark.parametrize("runs,rows", [(1, 600), (3, 257), (2, 5)])
+def test_threads_change_no_bit(kernel, monkeypatch, runs, rows):
+    """1, 2 or 3 threads, sharing one run's rows (pieces of 256) or whole runs: the same bits, gain and bias
+    gradients included."""
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+    x, g, b, w = _inputs((runs, rows, 8), torch.float64, True, seed=rows)
+    got = []
+    for threads in ("1", "2", "3"):
+        monkeypatch.setenv("RW_SWEEPS_THREADS", threads)
+        got.append(_run(layernorm.layer_norm, x, g, b, w))
+    assert all(torch.equal(a, c) for other in got[1:] for a, c in zip(got[0], other))
+
+
 def test_backend_switch(kernel, monkeypatch):
-    """torch: torch's kernel, bit for bit; auto: the kernel on a CPU in float64/float32, torch's for other
-    dtypes; fused: the kernel, or a RuntimeError naming why."""
+    """torch: torch's kernel, bit for bit; auto: the kernel on a CPU in float64/float32 with a (runs, width) gain
+    and bias of x's dtype, torch's otherwise (other dtypes, a gain to broadcast); fused: the kernel, or a
+    RuntimeError naming why."""
     x, g, b, _ = _inputs((3, 4, 8), torch.float64, False)
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "torch")
     assert torch.equal(layernorm.layer_norm(x, g), layernorm.reference(x, g))
@@ -78,9 +102,22 @@ def test_backend_switch(kernel, monkeypatch):
     assert layernorm.layer_norm(x, g).grad_fn.name().endswith("_LayerNormBackward")
     half = [t.detach().to(torch.bfloat16) for t in (x, g)]
     assert torch.equal(layernorm.layer_norm(*half), layernorm.reference(*half))
+    for gain in (g[:1].detach(), g.detach().float()):  # one gain for every run; a float32 gain for float64 rows
+        assert torch.equal(layernorm.layer_norm(x, gain), layernorm.reference(x, gain))
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
     with pytest.raises(RuntimeError, match="layernorm kernel cannot run: dtype torch.bfloat16"):
         layernorm.layer_norm(*half)
+    with pytest.raises(RuntimeError, match="the gain and bias are not \\(runs, width\\) of x's dtype"):
+        layernorm.layer_norm(x, g[:1])
+
+
+def test_no_silent_second_derivative(kernel, monkeypatch):
+    """The kernel's backward is not differentiable: create_graph=True through it is refused."""
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+    x, g, b, w = _inputs((2, 3, 8), torch.float64, False)
+    y = layernorm.layer_norm(x, g)
+    with pytest.raises(RuntimeError, match="layernorm: the C kernel's backward is not differentiable"):
+        torch.autograd.grad((y * w).sum() + (x ** 3).sum(), x, create_graph=True)
 
 
 def test_fallback_without_compiler(monkeypatch, tmp_path):

@@ -140,6 +140,21 @@ def test_zero_init_with_a_sigma_axis_is_refused_with_the_way_to_write_it(tmp_pat
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("var,value,allowed", [
+    ("RW_SWEEPS_THREADS", "abc", "must be a whole number of threads, at least 1 (0 or unset: torch's count)"),
+    ("RW_SWEEPS_THREADS", "-2", "must be a whole number of threads, at least 1 (0 or unset: torch's count)"),
+    ("RW_SWEEPS_BACKEND", "cuda", "must be one of auto, torch, fused"),
+    ("RW_SWEEPS_FUSED_ISA", "avx9", "must be one of native, generic")])
+def test_a_bad_kernel_variable_is_one_line_before_any_job(tmp_path, var, value, allowed):
+    """The variables the jobs' kernels read are checked at the front door: one line, exit 2, no folder."""
+    sweep = tmp_path / "s"
+    r = launch("-m", "model=gpt", "data=binary_chain", *TINY_RUN, f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+               env={var: value})
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: invalid config: {var}='{value}': {allowed}"]
+    assert not sweep.exists()
+
+
+@pytest.mark.e2e
 def test_console_lines_name_the_swept_values_jobs_and_skipped_runs(tmp_path):
     sweep = tmp_path / "s"
     args = ["-m", "optim.lr=0.5,1", "init=zero,gaussian", *TINY_RUN, f"hydra.sweep.dir={sweep}"]

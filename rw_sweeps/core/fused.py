@@ -7,7 +7,8 @@ the two O(n·N) passes of the factorised softmax (token histogram, gather-sum) i
 
 Compiled by gcc on first use and cached in ~/.cache/rw_sweeps (or $RW_SWEEPS_CACHE), one shared object per
 (source, flags, compiler, CPU), written to a temp name and renamed so concurrent jobs never load half a
-file. Covers GD on model=transformer with the exact Gram, every model.normalize, float64 and float32,
+file; a build that fails leaves `<name>.failed` (the compiler's output) beside it, so that the next process
+goes straight to the next, more portable build (delete the file to retry). Covers GD on model=transformer with the exact Gram, every model.normalize, float64 and float32,
 K ≤ 127, on CPU tensors (AVX-512 for 3 ≤ K ≤ 8; plain C for other K, on CPUs without AVX-512, or with
 RW_SWEEPS_FUSED_ISA=generic). Everything else — the FFN model, gram=numeric, optim=adam, GPU tensors, no
 working compiler — runs `engine`'s PyTorch code, which stays the specification.
@@ -23,6 +24,7 @@ import os
 import re
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,7 +35,7 @@ from typing import Optional
 
 import torch
 
-from . import engine
+from . import engine, kernel_env
 from .model import Geometry
 
 SOURCE = Path(__file__).with_name("fused.c")
@@ -46,6 +48,7 @@ VARIANTS = {
     "native": [["-march=native", "-DRW_MVEC"], ["-march=native"], []],
     "generic": [["-DRW_NO_AVX512"]],
 }
+assert tuple(VARIANTS) == kernel_env.ISA_VARIANTS
 MAX_K = 127  # tokens travel as bytes
 
 _lock = threading.Lock()
@@ -54,18 +57,7 @@ _errors: dict[str, str] = {}
 
 
 # ----------------------------------------------------------------------------------------------- building
-def backend() -> str:
-    b = os.environ.get("RW_SWEEPS_BACKEND", "auto").strip().lower() or "auto"
-    if b not in ("auto", "torch", "fused"):
-        raise ValueError(f"RW_SWEEPS_BACKEND={b!r}: must be auto, torch or fused")
-    return b
-
-
-def isa_variant() -> str:
-    v = os.environ.get("RW_SWEEPS_FUSED_ISA", "native").strip().lower() or "native"
-    if v not in VARIANTS:
-        raise ValueError(f"RW_SWEEPS_FUSED_ISA={v!r}: must be one of {', '.join(VARIANTS)}")
-    return v
+backend, isa_variant = kernel_env.backend, kernel_env.isa_variant  # RW_SWEEPS_BACKEND, RW_SWEEPS_FUSED_ISA
 
 
 def cache_dir() -> Path:
@@ -130,6 +122,9 @@ def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE, link:
     target = out_dir / f"{source.stem}-{key}.so"
     if target.exists() and _private(target):
         return target
+    failed = out_dir / f"{source.stem}-{key}.failed"  # this very build failed before: not tried in every process
+    if _failed_before(failed):
+        raise RuntimeError(f"failed before, not tried again (the compiler's output: {failed}; delete it to retry)")
     print(f"rw_sweeps: compiling the {source.stem} kernel into {out_dir} (once per install, ~10 s)",
           file=sys.stderr, flush=True)
     tmpdir = tempfile.mkdtemp(prefix=f".{source.stem}-{key}-", dir=out_dir)
@@ -142,16 +137,35 @@ def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE, link:
         errs = [p.communicate(timeout=600)[1] for p in procs]
         for c, p, e in zip(cmds, procs, errs):
             if p.returncode != 0:
-                raise RuntimeError(f"{' '.join(c)} failed:\n{e[-2000:]}")
+                _remember_failure(failed, tmpdir, f"{' '.join(c)} failed:\n{e[-2000:]}")
         link_cmd = [cc, "-shared", "-pthread", os.path.join(tmpdir, "64.o"), os.path.join(tmpdir, "32.o"), "-o", tmp, *libs]
         res = subprocess.run(link_cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            raise RuntimeError(f"{' '.join(link_cmd)} failed:\n{res.stderr[-2000:]}")
+            _remember_failure(failed, tmpdir, f"{' '.join(link_cmd)} failed:\n{res.stderr[-2000:]}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: other processes see no file or the whole file
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return target
+
+
+def _failed_before(marker: Path) -> bool:
+    """A regular file of ours at the marker's name (nothing in it is read)."""
+    try:
+        st = os.lstat(marker)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and _private(marker)
+
+
+def _remember_failure(marker: Path, tmpdir: str, message: str) -> None:
+    """Write the compiler's complaint where the next process finds it (a failed build is not retried in every
+    process: delete the file to retry), then raise it."""
+    note = os.path.join(tmpdir, "failed")
+    with open(note, "w") as f:
+        f.write(message + "\n")
+    os.replace(note, marker)
+    raise RuntimeError(message)
 
 
 def _private(path: Path) -> bool:
@@ -340,7 +354,8 @@ def _shapes_agree(state: engine.State, data: engine.Batch) -> bool:
 
 
 def threads(R: int) -> int:
-    n = int(os.environ.get("RW_SWEEPS_THREADS", "0") or 0) or torch.get_num_threads()
+    """Threads for R independent pieces of work: RW_SWEEPS_THREADS, else torch's count, at most R."""
+    n = kernel_env.threads() or torch.get_num_threads()
     return max(1, min(n, R))
 
 

@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rw_sweeps.core import signals
+from rw_sweeps.core import kernel_env, signals
 from rw_sweeps.core.config import ConfigError, from_dict, wandb_group
 from rw_sweeps.core.errors import Interrupted, Refused, one_line
 from rw_sweeps.core.keys import describe, groups
@@ -228,6 +228,7 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
     checked run by run by the rw sweeper, still before any job starts. Raises ConfigError (one line)."""
     try:
         with one_line_errors():
+            kernel_env.check()  # RW_SWEEPS_BACKEND, _FUSED_ISA, _THREADS: read by the jobs' kernels
             read = command_line(argv, calling_file, config_path, config_name)
             if read is None:
                 return

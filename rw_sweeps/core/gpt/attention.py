@@ -8,8 +8,8 @@ it vectorises across sequences rather than along a head's 8 features. Each seque
 packed run is the same run alone, bit for bit, and a non-finite one touches no other.
 
 Which path runs is declared, as for eq. 2.1's kernel (`rw_sweeps.core.fused`): RW_SWEEPS_BACKEND=auto (the
-default) takes the kernel for float64 and float32 CPU tensors with heads at most MAX_AUTO_WIDTH wide when it
-builds, torch otherwise; `torch` always torch; `fused` the kernel (any head width) or a RuntimeError saying why
+default) takes the kernel for float64 and float32 CPU tensors with heads at most MAX_AUTO_WIDTH wide and at
+least MIN_AUTO_SEQUENCES sequences when it builds, torch otherwise; `torch` always torch; `fused` the kernel (any head width) or a RuntimeError saying why
 not (`ckernel`: built, cached and threaded as every C kernel of model=gpt).
 """
 from __future__ import annotations
@@ -19,14 +19,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from .. import fused
 from .ckernel import SFX, CKernel
 
-# Heads up to this wide take the kernel under RW_SWEEPS_BACKEND=auto: measured here, it is 1.4-2.1× torch's at
-# width 8 (T 64 and 1,024) and no faster at 16, where torch's kernel vectorises along the head's features.
+# Under RW_SWEEPS_BACKEND=auto the kernel takes heads at most MAX_AUTO_WIDTH wide, and at least MIN_AUTO_SEQUENCES
+# sequences (rows × heads), where it was measured the faster on this project's 2-core VM: 1.4-2.7× torch's at
+# width 8 (T 64 and 1,024; 16 sequences and more); no faster at width 16, where torch's kernel vectorises along
+# the head's features; and 1.1-8× slower below 16 sequences, whose lane group is mostly padding.
 MAX_AUTO_WIDTH = 8
+MIN_AUTO_SEQUENCES = 16
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -46,8 +48,13 @@ def causal(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     """Causal attention of the heads in `qkv` (…, T, 3·D: q, k and v side by side, as the model's one product
     makes them; head h is columns h·dh … (h + 1)·dh − 1 of each) → (…, T, D), the heads side by side:
     softmax(q·kᵀ/√dh, causal)·v per head, as F.scaled_dot_product_attention(is_causal=True)."""
-    b, dh = fused.backend(), qkv.shape[-1] // 3 // n_head
-    why = KERNEL.why_not(qkv, b, f"heads {dh} wide (auto: at most {MAX_AUTO_WIDTH})" if dh > MAX_AUTO_WIDTH else None)
+    b = fused.backend()
+    *lead, T, D3 = qkv.shape
+    unfit = None if D3 % (3 * n_head) == 0 else f"qkv's last dimension {D3} is not 3 × {n_head} heads × a width"
+    dh, n = D3 // 3 // n_head, (qkv.numel() // max(1, D3 * T)) * n_head
+    slower = (f"heads {dh} wide (auto: at most {MAX_AUTO_WIDTH})" if dh > MAX_AUTO_WIDTH else
+              f"{n} sequences (auto: at least {MIN_AUTO_SEQUENCES})" if n < MIN_AUTO_SEQUENCES else None)
+    why = KERNEL.why_not(qkv, b, unfit, slower)
     if why is None and qkv.numel():
         return _Causal.apply(qkv, n_head)
     if why is not None and b == "fused":
@@ -81,8 +88,8 @@ class _Causal(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
+        KERNEL.no_double_backward("attention")
         qkv, y, lse = ctx.saved_tensors
         *_, T, D3 = qkv.shape
         D, n_head = D3 // 3, ctx.n_head

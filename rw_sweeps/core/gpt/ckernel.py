@@ -55,20 +55,33 @@ class CKernel:
             self._libs.clear()
             self._errors.clear()
 
-    def why_not(self, x: torch.Tensor, backend: str, rule: Optional[str] = None) -> Optional[str]:
-        """Why the kernel does not take tensors like `x` under this backend, or None. `rule`: the caller's own
-        reason to leave a shape to torch under auto (where torch's kernel is the faster), or None."""
+    def why_not(self, x: torch.Tensor, backend: str, unfit: Optional[str] = None,
+                slower: Optional[str] = None) -> Optional[str]:
+        """Why the kernel does not take tensors like `x` under this backend, or None. `unfit`: the caller's reason
+        the kernel cannot take these arguments at all (shapes, dtypes it does not serve); `slower`: its reason
+        to leave them to torch under auto, where torch's kernel was measured the faster."""
         if backend == "torch":
             return "RW_SWEEPS_BACKEND=torch"
         if x.device.type != "cpu":
             return f"tensors on {x.device.type}"
         if x.dtype not in SFX:
             return f"dtype {x.dtype}"
-        if backend == "auto" and rule is not None:
-            return rule
+        if unfit is not None:
+            return unfit
+        if backend == "auto" and slower is not None:
+            return slower
         if self.library() is None:
             return f"no compiled kernel ({self.last_error().splitlines()[-1] if self.last_error() else 'unknown'})"
         return None
+
+    @staticmethod
+    def no_double_backward(name: str) -> None:
+        """Raise where autograd is building a graph of the backward (create_graph=True): the kernels' backward
+        passes are not differentiable, and a silent zero for their second-order terms would be a wrong
+        number."""
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"{name}: the C kernel's backward is not differentiable (create_graph=True); "
+                               "RW_SWEEPS_BACKEND=torch runs torch's kernels")
 
     def call(self, name: str, dtype: torch.dtype, *args) -> None:
         """Its function `name` for this dtype; a MemoryError if it could not allocate its scratch."""

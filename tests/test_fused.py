@@ -312,31 +312,46 @@ def test_fallback_without_compiler(monkeypatch, tmp_path):
         fused.reset()
 
 
-def test_a_failed_build_is_not_retried_in_every_process(monkeypatch, tmp_path):
-    """A compiler whose OpenMP does not link (clang without libomp, say): the first process tries it, falls back
-    to the pthreads build and leaves the failure in the cache; a later one compiles nothing (it used to
-    recompile both attempts in every process)."""
-    from rw_sweeps.core.gpt import layernorm
-
-    log = tmp_path / "cc.log"
-    cc = tmp_path / "cc"
-    cc.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$*\" in *-shared*-fopenmp*) exit 1;; esac\n"
+def _openmp_refusing_cc(tmp_path, how: str):
+    """A compiler whose OpenMP link fails (`how`: `status`, as a linker missing libgomp says it, or `signal`, killed
+    mid-link); it logs every call."""
+    log, cc = tmp_path / "cc.log", tmp_path / "cc"
+    fail = 'echo "ld: cannot find -lgomp" >&2; exit 1' if how == "status" else "kill -TERM $$"
+    cc.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\ncase \"$*\" in *-shared*-fopenmp*) {fail};; esac\n"
                   f"exec gcc \"$@\"\n")
     cc.chmod(0o755)
+    return cc, log
+
+
+@pytest.mark.parametrize("how", ["status", "signal"])
+def test_a_refused_build_is_remembered_and_an_interrupted_one_is_not(monkeypatch, tmp_path, how):
+    """A compiler that refuses the OpenMP build (clang without libomp, say): the first process tries it, falls back
+    to the pthreads build and leaves the refusal in the cache, trusted whatever the umask; a later process compiles
+    nothing (it used to recompile both attempts in every process). A build killed by a signal (scancel, a hangup)
+    says nothing about the next: it is tried again."""
+    from rw_sweeps.core.gpt import layernorm
+
+    cc, log = _openmp_refusing_cc(tmp_path, how)
     monkeypatch.setattr(fused, "CC", str(cc))
     monkeypatch.setenv("RW_SWEEPS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("RW_SWEEPS_FUSED_ISA", "generic")
     builds = lambda: [c for c in log.read_text().splitlines() if " -c " in f" {c} "]  # noqa: E731
+    old = os.umask(0o002)  # a group-writable default, as on many desktops
     try:
         layernorm.KERNEL.reset()
         assert layernorm.KERNEL.library() is not None
         first = builds()
         assert len(first) == 4 and sum("-fopenmp" in c for c in first) == 2, first  # 2 dtypes × (OpenMP, pthreads)
-        assert [p.name.endswith(".failed") for p in (tmp_path / "cache").glob("layernorm-*")].count(True) == 1
+        markers = list((tmp_path / "cache").glob("layernorm-*.failed"))
         layernorm.KERNEL.reset()  # as a new process
-        assert layernorm.KERNEL.library() is not None and builds() == first
-        assert "failed before, not tried again" in layernorm.KERNEL.last_error()
+        assert layernorm.KERNEL.library() is not None
+        if how == "status":
+            assert len(markers) == 1 and "cannot find -lgomp" in markers[0].read_text()
+            assert builds() == first and "failed before, not tried again" in layernorm.KERNEL.last_error()
+        else:
+            assert markers == [] and len(builds()) == 6  # the OpenMP build tried again, the pthreads one cached
     finally:
+        os.umask(old)
         monkeypatch.undo()
         layernorm.KERNEL.reset()
 

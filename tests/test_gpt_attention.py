@@ -103,26 +103,38 @@ def test_threads_change_no_bit(kernel, monkeypatch, rows, T):
 
 def test_backend_switch(kernel, monkeypatch):
     """torch: torch's kernel, bit for bit; auto: the kernel on a CPU in float64/float32 for heads at most
-    MAX_AUTO_WIDTH wide and at least MIN_AUTO_SEQUENCES sequences, torch's otherwise (wider heads, fewer
-    sequences, other dtypes); fused: the kernel, or a RuntimeError naming why."""
-    qkv, _ = _inputs(9, 2, 9, 8, torch.float64)  # 18 sequences of heads 8 wide
+    MAX_AUTO_WIDTH wide and runs of at least MIN_AUTO_SEQUENCES sequences (batch × heads), torch's otherwise (wider
+    heads, smaller runs, other dtypes); fused: the kernel, or a RuntimeError naming why."""
+    qkv = _inputs(9, 2, 9, 8, torch.float64)[0].unsqueeze(0)  # one run of 9 × 2 heads = 18 sequences, 8 wide
     ref = attention.reference(qkv, 2)
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "torch")
     assert torch.equal(attention.causal(qkv, 2), ref)
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "auto")
     assert attention.causal(qkv, 2).grad_fn.name().endswith("_CausalBackward")
-    assert torch.equal(attention.causal(qkv, 1), attention.reference(qkv, 1))  # 9 sequences, one head 16 wide
-    few = qkv[:7]  # 14 sequences
-    assert torch.equal(attention.causal(few, 2), attention.reference(few, 2))
+    assert torch.equal(attention.causal(qkv, 1), attention.reference(qkv, 1))  # one head 16 wide
+    small = qkv.detach().view(9, 1, 9, 48).requires_grad_()  # nine runs of 2 sequences: torch's, however many runs are packed
+    assert torch.equal(attention.causal(small, 2), attention.reference(small, 2))
     half = qkv.detach().to(torch.bfloat16)
     assert torch.equal(attention.causal(half, 2), attention.reference(half, 2))
     monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
     assert (attention.causal(qkv, 1) - attention.reference(qkv, 1)).abs().max() < 1e-13
-    assert attention.causal(few, 2).grad_fn.name().endswith("_CausalBackward")
+    assert attention.causal(small, 2).grad_fn.name().endswith("_CausalBackward")
     with pytest.raises(RuntimeError, match="attention kernel cannot run: dtype torch.bfloat16"):
         attention.causal(half, 2)
-    with pytest.raises(RuntimeError, match="last dimension 48 is not 3 × 5 heads"):
+    with pytest.raises(RuntimeError, match=r"qkv \(1, 9, 9, 48\) is not \(runs, …, T, 3 × 5 heads × a width\)"):
         attention.causal(qkv, 5)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="must be a whole number of heads, at least 1"):
+            attention.causal(qkv, bad)
+
+
+@pytest.mark.parametrize("batch", [8, 16])
+def test_auto_takes_the_same_path_for_a_run_alone_and_packed(kernel, monkeypatch, batch):
+    """The auto rule reads a run's own batch, not the pack's size: run 0 alone and among 3 others is the same
+    bits, below the rule's 16 sequences a run (torch's kernel) and at it (the C kernel)."""
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "auto")
+    qkv = _inputs(4 * batch, 1, 9, 8, torch.float64)[0].detach().view(4, batch, 9, 24)
+    assert torch.equal(attention.causal(qkv[:1], 1), attention.causal(qkv, 1)[:1])
 
 
 def test_no_silent_second_derivative(kernel, monkeypatch):

@@ -144,12 +144,18 @@ def test_zero_init_with_a_sigma_axis_is_refused_with_the_way_to_write_it(tmp_pat
     ("RW_SWEEPS_THREADS", "abc", "must be a whole number of threads, at least 1 (0 or unset: torch's count)"),
     ("RW_SWEEPS_THREADS", "-2", "must be a whole number of threads, at least 1 (0 or unset: torch's count)"),
     ("RW_SWEEPS_BACKEND", "cuda", "must be one of auto, torch, fused"),
+    ("RW_SWEEPS_THREADS", "٣", "must be a whole number of threads, at least 1 (0 or unset: torch's count)"),
+    ("RW_SWEEPS_BACKEND", " Cuda ", "must be one of auto, torch, fused"),
     ("RW_SWEEPS_FUSED_ISA", "avx9", "must be one of native, generic")])
-def test_a_bad_kernel_variable_is_one_line_before_any_job(tmp_path, var, value, allowed):
-    """The variables the jobs' kernels read are checked at the front door: one line, exit 2, no folder."""
+@pytest.mark.parametrize("where", ["environment", "env_set"])
+def test_a_bad_kernel_variable_is_one_line_before_any_job(tmp_path, var, value, allowed, where):
+    """The variables the jobs' kernels read are checked at the front door, set in the environment or by
+    `hydra.job.env_set` for the jobs: one line with the value as set, exit 2, no folder."""
     sweep = tmp_path / "s"
-    r = launch("-m", "model=gpt", "data=binary_chain", *TINY_RUN, f"hydra.sweep.dir={sweep}", cwd=tmp_path,
-               env={var: value})
+    how = {"env": {var: value}} if where == "environment" else {}
+    extra = [] if where == "environment" else [f"+hydra.job.env_set.{var}='{value}'"]
+    r = launch("-m", "model=gpt", "data=binary_chain", *TINY_RUN, *extra, f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+               **how)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: invalid config: {var}='{value}': {allowed}"]
     assert not sweep.exists()
 

@@ -7,8 +7,9 @@ the two O(n·N) passes of the factorised softmax (token histogram, gather-sum) i
 
 Compiled by gcc on first use and cached in ~/.cache/rw_sweeps (or $RW_SWEEPS_CACHE), one shared object per
 (source, flags, compiler, CPU), written to a temp name and renamed so concurrent jobs never load half a
-file; a build that fails leaves `<name>.failed` (the compiler's output) beside it, so that the next process
-goes straight to the next, more portable build (delete the file to retry). Covers GD on model=transformer with the exact Gram, every model.normalize, float64 and float32,
+file; a build the compiler refuses (a status and a message, not a signal) leaves `<name>.failed` (its output)
+beside it for a day, so that the next processes go straight to the next, more portable build (delete the file
+to retry at once). Covers GD on model=transformer with the exact Gram, every model.normalize, float64 and float32,
 K ≤ 127, on CPU tensors (AVX-512 for 3 ≤ K ≤ 8; plain C for other K, on CPUs without AVX-512, or with
 RW_SWEEPS_FUSED_ISA=generic). Everything else — the FFN model, gram=numeric, optim=adam, GPU tensors, no
 working compiler — runs `engine`'s PyTorch code, which stays the specification.
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Optional
@@ -137,11 +139,11 @@ def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE, link:
         errs = [p.communicate(timeout=600)[1] for p in procs]
         for c, p, e in zip(cmds, procs, errs):
             if p.returncode != 0:
-                _remember_failure(failed, tmpdir, f"{' '.join(c)} failed:\n{e[-2000:]}")
+                _failure(failed, tmpdir, c, p.returncode, e)
         link_cmd = [cc, "-shared", "-pthread", os.path.join(tmpdir, "64.o"), os.path.join(tmpdir, "32.o"), "-o", tmp, *libs]
         res = subprocess.run(link_cmd, capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
-            _remember_failure(failed, tmpdir, f"{' '.join(link_cmd)} failed:\n{res.stderr[-2000:]}")
+            _failure(failed, tmpdir, link_cmd, res.returncode, res.stderr)
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)  # atomic: other processes see no file or the whole file
     finally:
@@ -149,22 +151,33 @@ def _build(cc: str, flags: list[str], version: str, source: Path = SOURCE, link:
     return target
 
 
+FAILED_FOR_S = 86400  # a remembered failure is tried again after a day (a compiler fixed, a library installed)
+
+
 def _failed_before(marker: Path) -> bool:
-    """A regular file of ours at the marker's name (nothing in it is read)."""
+    """A regular file of ours at the marker's name, younger than FAILED_FOR_S (nothing in it is read)."""
     try:
         st = os.lstat(marker)
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and _private(marker)
+    return stat.S_ISREG(st.st_mode) and _private(marker) and time.time() - st.st_mtime < FAILED_FOR_S
 
 
-def _remember_failure(marker: Path, tmpdir: str, message: str) -> None:
-    """Write the compiler's complaint where the next process finds it (a failed build is not retried in every
-    process: delete the file to retry), then raise it."""
-    note = os.path.join(tmpdir, "failed")
-    with open(note, "w") as f:
-        f.write(message + "\n")
-    os.replace(note, marker)
+def _failure(marker: Path, tmpdir: str, cmd: list, returncode: int, stderr: str) -> None:
+    """Raise the compiler's complaint; where the compiler itself said no (it exited with a status and a message,
+    not killed by a signal: an interrupted or killed build says nothing about the next), first leave it where
+    the next process finds it, so that the same failing build is not tried in every process."""
+    message = f"{' '.join(cmd)} failed ({'signal ' + str(-returncode) if returncode < 0 else 'status ' + str(returncode)}):\n" \
+              f"{stderr[-2000:]}"
+    if returncode > 0 and stderr.strip():
+        note = os.path.join(tmpdir, "failed")
+        try:
+            with open(note, "w") as f:
+                f.write(message + "\n")
+            os.chmod(note, 0o644)  # whatever the umask: a group-writable marker would not be trusted
+            os.replace(note, marker)
+        except OSError:  # a folder planted at its name, a full disk: the build is tried again next time
+            pass
     raise RuntimeError(message)
 
 

@@ -22,38 +22,36 @@ class KernelEnvError(ConfigError, ValueError):
     """A bad value of one of the variables above: `invalid config: RW_SWEEPS_…=<value>: <what is allowed>`."""
 
 
-def _read(name: str, default: str) -> str:
-    return os.environ.get(name, default).strip().lower() or default
-
-
-def backend() -> str:
-    b = _read("RW_SWEEPS_BACKEND", "auto")
-    if b not in BACKENDS:
-        raise KernelEnvError("RW_SWEEPS_BACKEND", b, f"must be one of {', '.join(BACKENDS)}")
-    return b
-
-
-def isa_variant() -> str:
-    v = _read("RW_SWEEPS_FUSED_ISA", "native")
-    if v not in ISA_VARIANTS:
-        raise KernelEnvError("RW_SWEEPS_FUSED_ISA", v, f"must be one of {', '.join(ISA_VARIANTS)}")
+def _choice(name: str, default: str, allowed: tuple, env) -> str:
+    raw = (os.environ if env is None else env).get(name, default)
+    v = raw.strip().lower() or default
+    if v not in allowed:
+        raise KernelEnvError(name, raw, f"must be one of {', '.join(allowed)}")  # the value as it was set
     return v
 
 
-def threads() -> Optional[int]:
-    """The threads asked for, or None for torch's count."""
-    raw = os.environ.get("RW_SWEEPS_THREADS", "").strip()
-    try:
-        n = int(raw or 0)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise KernelEnvError("RW_SWEEPS_THREADS", raw, "must be a whole number of threads, at least 1 (0 or unset: torch's count)")
-    return n or None
+def backend(env=None) -> str:
+    return _choice("RW_SWEEPS_BACKEND", "auto", BACKENDS, env)
 
 
-def check() -> None:
-    """Every variable above, as the kernels will read it (raises KernelEnvError)."""
-    backend()
-    isa_variant()
-    threads()
+def isa_variant(env=None) -> str:
+    return _choice("RW_SWEEPS_FUSED_ISA", "native", ISA_VARIANTS, env)
+
+
+def threads(env=None) -> Optional[int]:
+    """The threads asked for, or None for torch's count: ASCII digits only (no sign, no `_`, no other script's
+    digits, which int() would take)."""
+    raw = (os.environ if env is None else env).get("RW_SWEEPS_THREADS", "")
+    v = raw.strip()
+    if v and not (v.isascii() and v.isdigit() and len(v) <= 6):
+        raise KernelEnvError("RW_SWEEPS_THREADS", raw,
+                             "must be a whole number of threads, at least 1 (0 or unset: torch's count)")
+    return int(v or 0) or None
+
+
+def check(env=None) -> None:
+    """Every variable above as the kernels will read it, from `env` (default: this process's environment;
+    the front door also passes what `hydra.job.env_set` will add to a job's). Raises KernelEnvError."""
+    backend(env)
+    isa_variant(env)
+    threads(env)

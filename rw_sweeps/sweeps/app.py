@@ -239,6 +239,8 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
                                                            or RunMode.RUN)
             cfg = hydra_app.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
                                            run_mode=mode, with_log_configuration=False)
+            env_set = OmegaConf.select(cfg, "hydra.job.env_set", default=None) or {}
+            kernel_env.check({**os.environ, **{str(k): str(v) for k, v in env_set.items()}})  # a job's environment
             no_group_deleted(overrides)
             if mode == RunMode.RUN:
                 HydraConfig.instance().set_config(cfg)

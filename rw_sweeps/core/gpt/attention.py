@@ -2,19 +2,23 @@
 Function, where torch's fused scaled_dot_product_attention is the reference and the fallback.
 
 The same softmax to rounding (float64: ~1e-15 of the outputs' and gradients' scale, tests/test_gpt_attention.py),
-no T×T map held (the backward recomputes the weights from the rows' log-sum-exp, as torch's does), and ~3×
+no T×T map held (the backward recomputes the weights from the rows' log-sum-exp, as torch's does), and ~2×
 faster forward and backward at model=gpt's sizes on this project's 2-core VM (docs/deeper-models.md), because
 it vectorises across sequences rather than along a head's 8 features. Each sequence is computed alone, so a
-packed run is the same run alone, bit for bit, and a non-finite one touches no other.
+packed run is the same run alone, bit for bit, and a non-finite one touches no other. Near overflow (logits
+~1e18 in float64) torch's backward turns non-finite where the exact gradients are finite and the kernel's stay
+so: a run blowing up is read diverged (non-finite loss or gradients) a few steps later than under torch.
 
 Which path runs is declared, as for eq. 2.1's kernel (`rw_sweeps.core.fused`): RW_SWEEPS_BACKEND=auto (the
-default) takes the kernel for float64 and float32 CPU tensors with heads at most MAX_AUTO_WIDTH wide and at
-least MIN_AUTO_SEQUENCES sequences when it builds, torch otherwise; `torch` always torch; `fused` the kernel (any head width) or a RuntimeError saying why
-not (`ckernel`: built, cached and threaded as every C kernel of model=gpt).
+default) takes the kernel for float64 and float32 CPU tensors with heads at most MAX_AUTO_WIDTH wide and runs of
+at least MIN_AUTO_SEQUENCES sequences, when it builds, torch otherwise; `torch` always torch; `fused` the kernel
+(any head width, any batch) or a RuntimeError saying why not (`ckernel`: built, cached and threaded as every C
+kernel of model=gpt).
 """
 from __future__ import annotations
 
 import ctypes
+import math
 from pathlib import Path
 
 import torch
@@ -23,10 +27,11 @@ import torch.nn.functional as F
 from .. import fused
 from .ckernel import SFX, CKernel
 
-# Under RW_SWEEPS_BACKEND=auto the kernel takes heads at most MAX_AUTO_WIDTH wide, and at least MIN_AUTO_SEQUENCES
-# sequences (rows × heads), where it was measured the faster on this project's 2-core VM: 1.4-2.7× torch's at
-# width 8 (T 64 and 1,024; 16 sequences and more); no faster at width 16, where torch's kernel vectorises along
-# the head's features; and 1.1-8× slower below 16 sequences, whose lane group is mostly padding.
+# Under RW_SWEEPS_BACKEND=auto the kernel takes heads at most MAX_AUTO_WIDTH wide, and runs of at least
+# MIN_AUTO_SEQUENCES sequences each (batch × heads), where it was measured the faster on this project's 2-core VM:
+# 1.4-2.7× torch's at width 8 (T 64 and 1,024; 16 sequences and more); no faster at width 16, where torch's kernel
+# vectorises along the head's features; and 1.1-8× slower below 16 sequences, whose lane group is mostly padding.
+# The rule reads a run's own shape, never the pack's size, so a run takes the same path alone and packed.
 MAX_AUTO_WIDTH = 8
 MIN_AUTO_SEQUENCES = 16
 
@@ -45,15 +50,19 @@ KERNEL = CKernel(Path(__file__).with_name("attention.c"), _declare)
 
 
 def causal(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Causal attention of the heads in `qkv` (…, T, 3·D: q, k and v side by side, as the model's one product
-    makes them; head h is columns h·dh … (h + 1)·dh − 1 of each) → (…, T, D), the heads side by side:
-    softmax(q·kᵀ/√dh, causal)·v per head, as F.scaled_dot_product_attention(is_causal=True)."""
+    """Causal attention of the heads in `qkv` (runs, …, T, 3·D: q, k and v side by side, as the model's one
+    product makes them; head h is columns h·dh … (h + 1)·dh − 1 of each) → (runs, …, T, D), the heads side by
+    side: softmax(q·kᵀ/√dh, causal)·v per head, as F.scaled_dot_product_attention(is_causal=True)."""
+    if not isinstance(n_head, int) or isinstance(n_head, bool) or n_head < 1:
+        raise ValueError(f"n_head={n_head!r}: must be a whole number of heads, at least 1")
     b = fused.backend()
     *lead, T, D3 = qkv.shape
-    unfit = None if D3 % (3 * n_head) == 0 else f"qkv's last dimension {D3} is not 3 × {n_head} heads × a width"
-    dh, n = D3 // 3 // n_head, (qkv.numel() // max(1, D3 * T)) * n_head
+    unfit = None if D3 % (3 * n_head) == 0 and lead else \
+        f"qkv {tuple(qkv.shape)} is not (runs, …, T, 3 × {n_head} heads × a width)"
+    dh, per_run = D3 // 3 // n_head, math.prod(lead[1:]) * n_head
     slower = (f"heads {dh} wide (auto: at most {MAX_AUTO_WIDTH})" if dh > MAX_AUTO_WIDTH else
-              f"{n} sequences (auto: at least {MIN_AUTO_SEQUENCES})" if n < MIN_AUTO_SEQUENCES else None)
+              f"{per_run} sequences a run (auto: at least {MIN_AUTO_SEQUENCES})"
+              if per_run < MIN_AUTO_SEQUENCES else None)
     why = KERNEL.why_not(qkv, b, unfit, slower)
     if why is None and qkv.numel():
         return _Causal.apply(qkv, n_head)

@@ -74,8 +74,8 @@ static inline __attribute__((always_inline)) void LN_SFX(forward_rows)(const LN_
       for (int l = 0; l < L; l++) { real c = X[d * L + l] - mean[l]; var[l] += c * c; }
     for (int l = 0; l < L; l++) {
       real v = var[l] / D;
-      /* a row too large for its variance to be finite is NaN, as torch's LayerNorm makes it (not 0: a run
-         that overflowed must read as diverged) */
+      /* a row too large for its variance to be finite cannot be normalised: NaN (as torch's LayerNorm gives
+         for most such rows), not 0, so that a run that overflowed reads as diverged */
       rstd[l] = v - v == 0 ? 1 / sqrt(v + J->eps) : NAN;
     }
     for (int d = 0; d < D; d++)

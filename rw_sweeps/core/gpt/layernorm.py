@@ -2,7 +2,8 @@
 autograd Function, where torch's layer_norm followed by the run's gain (and bias) is the reference and the
 fallback.
 
-The same arithmetic to rounding, NaN where torch's is NaN (tests/test_gpt_layernorm.py), faster at model=gpt's
+The same arithmetic to rounding, and NaN for a row whose variance overflows the dtype (torch's own result there
+is NaN, or 0 in a narrow band, as its sums fall: tests/test_gpt_layernorm.py), faster at model=gpt's
 widths because it vectorises across rows rather than along a row's 8 features (docs/deeper-models.md). A run's
 gain and bias gradients are the sums of its pieces of 256 rows, added in order, so neither the thread count nor
 the other runs in the pack change a bit.

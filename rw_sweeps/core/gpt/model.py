@@ -20,6 +20,7 @@ from .layernorm import layer_norm as gpt_layer_norm
 from .rows import Rows, causal
 from .schema import GptConfig
 
+
 @dataclass(frozen=True)
 class Param:
     """One parameter: its name, its shape (without the run dimension) and its role, which decides its

@@ -117,10 +117,29 @@ static inline __attribute__((always_inline)) void ATT_SFX(fwd_group)(int T, int 
   }
 }
 
+/* One (query row i, key j) pair of the backward, for every lane: p = P_ij (from i's log-sum-exp) and
+   g = G_ij = p·(dy_i·v_j − D_i)·scale. Both passes below take every pair through here, so they agree bit for bit. */
+static inline __attribute__((always_inline)) void ATT_SFX(pair)(int dh, const real *restrict qi,
+    const real *restrict dyi, const real *restrict kj, const real *restrict vj, const real *restrict li,
+    const real *restrict Di, real scale, real *restrict p, real *restrict g) {
+  real a[L], b[L];
+  for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
+  for (int d = 0; d < dh; d++)
+    for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
+  for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - Di[l]) * scale; }
+}
+
+/* a pair's terms of dk_j and dv_j: gk += g·q_i, gv += p·dy_i */
+static inline __attribute__((always_inline)) void ATT_SFX(to_key)(int dh, const real *restrict qi,
+    const real *restrict dyi, const real *restrict p, const real *restrict g, real *restrict gk, real *restrict gv) {
+  for (int d = 0; d < dh; d++)
+    for (int l = 0; l < L; l++) { gk[d * L + l] += g[l] * qi[d * L + l]; gv[d * L + l] += p[l] * dyi[d * L + l]; }
+}
+
 /* The backward pass. Whole (parts = 1): ROWS query rows at a time, each key's k_j, v_j read and its dk_j, dv_j
    written once for all of them. Split (parts > 1, a group's rows shared by threads when there are fewer groups
-   than threads): part `part` computes dq for its row blocks (KEYS = 0) or dk, dv for its key blocks (KEYS = 1),
-   each with the same operations in the same order as the whole pass, so the results are the same bits. */
+   than threads): part `part` computes dq for its row blocks (bwd_rows, whole = 0) and dk, dv for its key blocks
+   (bwd_keys), each sum in the same order as the whole pass, so the results are the same bits. */
 static inline __attribute__((always_inline)) void ATT_SFX(bwd_rows)(int T, int dh, const real *restrict Q,
     const real *restrict K, const real *restrict V, const real *restrict dY, const real *restrict lse,
     const real *restrict Dr, real *restrict dQ, real *restrict dK, real *restrict dV, real *restrict gk,
@@ -140,16 +159,11 @@ static inline __attribute__((always_inline)) void ATT_SFX(bwd_rows)(int T, int d
       for (int r = j > i0 ? j - i0 : 0; r < nr; r++) { /* the rows i0 + r >= j that see key j */
         const real *qi = Q + (i0 + r) * w, *dyi = dY + (i0 + r) * w, *li = lse + (i0 + r) * L, *Di = Dr + (i0 + r) * L;
         real *dqi = dQ + (i0 + r) * w;
-        real a[L], b[L], p[L], g[L];
-        for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
-        for (int d = 0; d < dh; d++)
-          for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
-        for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - Di[l]) * scale; }
+        real p[L], g[L];
+        ATT_SFX(pair)(dh, qi, dyi, kj, vj, li, Di, scale, p, g);
         for (int d = 0; d < dh; d++)
           for (int l = 0; l < L; l++) dqi[d * L + l] += g[l] * kj[d * L + l];
-        if (whole)
-          for (int d = 0; d < dh; d++)
-            for (int l = 0; l < L; l++) { gk[d * L + l] += g[l] * qi[d * L + l]; gv[d * L + l] += p[l] * dyi[d * L + l]; }
+        if (whole) ATT_SFX(to_key)(dh, qi, dyi, p, g, gk, gv);
       }
       if (whole) {
         real *dkj = dK + j * w, *dvj = dV + j * w;
@@ -174,13 +188,9 @@ static inline __attribute__((always_inline)) void ATT_SFX(bwd_keys)(int T, int d
       for (size_t e = 0; e < w; e++) { gk[e] = 0; gv[e] = 0; }
       for (int r = j > i0 ? j - i0 : 0; r < nr; r++) {
         const real *qi = Q + (i0 + r) * w, *dyi = dY + (i0 + r) * w, *li = lse + (i0 + r) * L, *Di = Dr + (i0 + r) * L;
-        real a[L], b[L], p[L], g[L];
-        for (int l = 0; l < L; l++) { a[l] = 0; b[l] = 0; }
-        for (int d = 0; d < dh; d++)
-          for (int l = 0; l < L; l++) { a[l] += qi[d * L + l] * kj[d * L + l]; b[l] += dyi[d * L + l] * vj[d * L + l]; }
-        for (int l = 0; l < L; l++) { p[l] = VEXP(a[l] * scale - li[l]); g[l] = p[l] * (b[l] - Di[l]) * scale; }
-        for (int d = 0; d < dh; d++)
-          for (int l = 0; l < L; l++) { gk[d * L + l] += g[l] * qi[d * L + l]; gv[d * L + l] += p[l] * dyi[d * L + l]; }
+        real p[L], g[L];
+        ATT_SFX(pair)(dh, qi, dyi, kj, vj, li, Di, scale, p, g);
+        ATT_SFX(to_key)(dh, qi, dyi, p, g, gk, gv);
       }
       for (size_t e = 0; e < w; e++) { dkj[e] += gk[e]; dvj[e] += gv[e]; }
     }

@@ -5,7 +5,7 @@ kernel or a RuntimeError saying why not). Threads: RW_SWEEPS_THREADS, else torch
 
 OpenMP first: loaded beside torch, a kernel's libgomp.so.1 is torch's own (one soname, one copy in the process),
 so its parallel loops run on torch's threads, which spin-wait a while after each of torch's ops. Threads of its
-own would share the cores with those spinners: the attention kernel's passes measured 1.3-1.6× slower that way
+own would share the cores with those spinners: the attention kernel's passes measured 1.1-1.6× slower that way
 on this project's 2-core VM. Where OpenMP does not build, pthreads.
 """
 from __future__ import annotations

@@ -230,9 +230,10 @@ def streaming(reps: int = 3) -> dict:
     return {"t_1k": med(small, 0), "t_100k": med(big, 0), "mb_1k": med(small, 1), "mb_100k": med(big, 1)}
 
 
-def grid_once(root: Path, seeds: int, *extra: str, env: dict | None = None) -> tuple[float, float]:
+def grid_once(root: Path, seeds: int, *extra: str, env: dict | None = None, keep: list | None = None) -> tuple[float, float]:
     """`python launch.py -m` on the §5 grid (10 values of p × `seeds` seeds) from the checkout `root`, in a folder
-    deleted after: (wall seconds, CPU seconds of the launch and the processes it waited for)."""
+    deleted after, or left for the caller where `keep` (a list) is given: (wall seconds, CPU seconds of the
+    launch and the processes it waited for)."""
     sweep = Path(tempfile.mkdtemp(prefix="rw-grid-")) / "s"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
@@ -243,7 +244,10 @@ def grid_once(root: Path, seeds: int, *extra: str, env: dict | None = None) -> t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0:
         raise SystemExit(f"{root}/launch.py failed:\n{r.stderr[-2000:]}")
-    shutil.rmtree(sweep.parent, ignore_errors=True)
+    if keep is None:
+        shutil.rmtree(sweep.parent, ignore_errors=True)
+    else:
+        keep.append(sweep.parent)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -261,16 +265,26 @@ def cpu_against(tree: Path, seeds: int = 100, reps: int = 2) -> dict:
     """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` alternating, with wandb offline and
     disabled, and here also offline without the sweep's analysis run (`wandb.analysis=false`, a key `tree` may
     not have): {(where, what): (wall seconds, CPU seconds of the launch and the processes it waited for), each
-    the median of `reps` runs (with 2, their mean)}."""
+    the median of `reps` runs (with 2, their mean)}.
+
+    Every grid's folder stays until the end. Creating a file or folder on this VM's ext4 (no journal) skips
+    every inode freed in the last minutes (`recently_deleted`), one buffer lookup each, so deleting one grid's
+    10,000 right before the next put 4–9 CPU s of the next grid's ~20 into the kernel's inode search (perf),
+    whichever tree it was."""
     cases = [("offline", ["wandb.mode=offline"]), ("offline, no analysis run", ["wandb.mode=offline", "wandb.analysis=false"]),
              ("disabled", ["wandb.mode=disabled"])]
     out: dict = {}
-    for _ in range(reps):
-        for what, extra in cases:
-            for where, root in (("here", ROOT), ("there", tree)):
-                if where == "there" and "wandb.analysis=false" in extra:
-                    continue
-                out.setdefault((where, what), []).append(grid_once(root, seeds, *extra))
+    kept: list = []
+    try:
+        for _ in range(reps):
+            for what, extra in cases:
+                for where, root in (("here", ROOT), ("there", tree)):
+                    if where == "there" and "wandb.analysis=false" in extra:
+                        continue
+                    out.setdefault((where, what), []).append(grid_once(root, seeds, *extra, keep=kept))
+    finally:
+        for folder in kept:
+            shutil.rmtree(folder, ignore_errors=True)
     return {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in out.items()}
 
 

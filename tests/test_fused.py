@@ -397,6 +397,15 @@ def test_a_history_evaluation_equals_the_full_one(state, precision):
         same(getattr(whole, k), getattr(part, k))
     same(whole.attention[:, -2:], part.attention[:, -2:])
     same(whole.pred, part.pred), same(whole.pred_unsure, part.pred_unsure)
+    # once=True (the training set's final loss) reads P unblocked: the loss and everything not made of P are
+    # the same bits; kl and pred_dist within the kernel's rounding
+    once = fused.evaluate(st, te, eps, geo, full=False, once=True)
+    for k in ("loss", "acc", "spread", "pred", "pred_unsure"):
+        same(getattr(once, k), getattr(part, k))
+    same(once.attention[:, -2:], part.attention[:, -2:])
+    close = 1e-13 if precision == "float64" else 1e-5
+    for k in ("kl", "pred_dist"):
+        torch.testing.assert_close(getattr(once, k), getattr(part, k), rtol=close, atol=close, equal_nan=True)
     if state != "non-finite":
         ref = engine.evaluate(st, te, eps, geo)
         tol = 1e-12 if precision == "float64" else 1e-5
@@ -460,3 +469,49 @@ def test_the_kernel_leaves_an_argmax_in_the_subnormal_range_to_torch(case, isa, 
     finally:
         monkeypatch.undo()
         fused.reset()
+
+
+@pytest.mark.parametrize("R,n,L,K", [(3, 5, 7, 4), (40, 200, 96, 6), (2, 3, 300, 127), (1, 1, 1, 1), (0, 4, 5, 3),
+                                     (2, 0, 5, 3), (5, 9, 1, 2)])
+def test_the_kernels_histograms_are_engines_bit_for_bit(kernel, R, n, L, K):
+    """fused.symmetric_h counts each sequence's tokens in C: the same integers as engine's bincount, so the same
+    X·S at the symmetric point, bit for bit, in both precisions, from bytes or int64 tokens; a token ≥ K is
+    refused before the kernel reads memory by it."""
+    g = torch.Generator().manual_seed(R * 1000 + L)
+    tokens = torch.randint(0, K, (R, n, L), generator=g)
+    for tok in (tokens, tokens.to(torch.uint8)):
+        batch = engine.Batch(tok, torch.zeros(R, n, dtype=torch.long), torch.zeros(R, n, K))
+        for dtype in (torch.float64, torch.float32):
+            got, want = fused.symmetric_h(batch, K, dtype), engine.symmetric_h(batch, K, dtype)
+            assert got.dtype == want.dtype == dtype and got.shape == (R, n, K)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            if R and n:
+                assert got.sum(2).mul(L).round().eq(L).all()  # every token counted once
+    if R and n:
+        bad = tokens.clone()
+        bad[-1, -1, -1] = K
+        with pytest.raises(ValueError, match="token ids must lie"):
+            fused.symmetric_h(engine.Batch(bad, torch.zeros(R, n, dtype=torch.long), torch.zeros(R, n, K)), K,
+                              torch.float64)
+
+
+def test_torch_serial_leaves_the_kernels_threads_and_restores_torchs(monkeypatch):
+    """Inside `torch_serial` torch's own ops run on one thread while the kernels keep the threads they had
+    (RW_SWEEPS_THREADS, else torch's count outside); nested scopes stay serial; leaving, even by an error,
+    gives torch its count back."""
+    monkeypatch.delenv("RW_SWEEPS_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with pytest.raises(KeyError):
+            with fused.torch_serial():
+                assert torch.get_num_threads() == 1 and fused.threads(100) == 3 and fused.threads(2) == 2
+                with fused.torch_serial():
+                    assert torch.get_num_threads() == 1 and fused.threads(100) == 3
+                assert torch.get_num_threads() == 1 and fused.threads(100) == 3
+                monkeypatch.setenv("RW_SWEEPS_THREADS", "5")
+                assert fused.threads(100) == 5
+                raise KeyError("leave by an error")
+        assert torch.get_num_threads() == 3 and fused.threads(100) == 5
+    finally:
+        torch.set_num_threads(before)

@@ -514,7 +514,7 @@ def test_the_prediction_check_from_an_evaluations_predictions_equals_the_exact_f
         sure = ~probe.pred_unsure
         assert torch.equal(probe.pred.long()[sure], engine.evaluate(state, batch, eps, geo).pred[sure])
         assert probe.pred_unsure[0:R:2].all() and sure.sum() >= R // 3
-    log = training._Log([Record(cfg, None) for _ in range(R)], "cpu", T)
+    log = training._Log([Record(cfg, None) for _ in range(R)], "cpu", T, kernel)  # the kernel's histograms where it runs
     log.predictions(3, state, batch, geo, probe)
     h_sym = engine.symmetric_h(batch, K, dtype)
     exact = engine.off_symmetric(state, tokens, geo, h_sym) & (probe.spread > 0)

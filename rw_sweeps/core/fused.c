@@ -147,6 +147,35 @@ static int parallel_runs(run_fn fn, const void *ctx, int64_t R, size_t scratch, 
 
 static inline size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
+/* ---- each sequence's token histogram (dtype-free: counts) ---- */
+#if !defined(RW_ONLY) || RW_ONLY == 64
+typedef struct {
+    const uint8_t *tok;
+    int32_t *out;
+    int64_t n, L, K;
+} hist_ctx;
+
+static void hist_run(const void *p, int64_t r, char *scratch) {
+    (void)scratch;
+    const hist_ctx *h = (const hist_ctx *)p;
+    for (int64_t i = 0; i < h->n; i++) {
+        const uint8_t *t = h->tok + (r * h->n + i) * h->L;
+        int32_t *o = h->out + (r * h->n + i) * h->K;
+        memset(o, 0, (size_t)h->K * sizeof(int32_t));
+        for (int64_t j = 0; j < h->L; j++) o[t[j]]++; /* t[j] < K: fused.py checks every token tensor */
+    }
+}
+
+/* out[r][i][k] = #{j : tok[r][i][j] = k} for tokens (R, n, L), out (R, n, K): L times X·S at Theorem 4.1's
+   symmetric point (engine.symmetric_h), without torch's int64 copy of the tokens (8 bytes a token). */
+int rw_histograms(int64_t R, int64_t n, int64_t L, int64_t K, const uint8_t *tok, int32_t *out, int32_t nthreads) {
+    if (R < 0 || n < 0 || L < 0 || K < 1 || L > INT32_MAX) return 2;
+    if (R == 0) return 0;
+    hist_ctx h = {tok, out, n, L, K};
+    return parallel_runs(hist_run, &h, R, 0, nthreads);
+}
+#endif
+
 /* ---- the two dtypes ---- */
 #if !defined(RW_ONLY) || RW_ONLY == 64
 #define RW_PASS 1

@@ -19,6 +19,7 @@ parallelism, so R = 1 uses one thread.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -242,6 +243,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.argtypes, f.restype = [i64] * 3, i64
         f = getattr(lib, f"rw_masks_{sfx}")
         f.argtypes, f.restype = [i64] * 4 + [vp, vp, i32], i32
+    lib.rw_histograms.argtypes, lib.rw_histograms.restype = [i64] * 4 + [vp, vp, i32], i32
     for name in ("rw_abi", "rw_isa", "rw_mvec"):
         getattr(lib, name).restype = ctypes.c_int
 
@@ -367,9 +369,50 @@ def _shapes_agree(state: engine.State, data: engine.Batch) -> bool:
 
 
 def threads(R: int) -> int:
-    """Threads for R independent pieces of work: RW_SWEEPS_THREADS, else torch's count, at most R."""
-    n = kernel_env.threads() or torch.get_num_threads()
+    """Threads for R independent pieces of work: RW_SWEEPS_THREADS, else torch's count (outside
+    `torch_serial`), at most R."""
+    n = kernel_env.threads() or (_cores[-1] if _cores else torch.get_num_threads())
     return max(1, min(n, R))
+
+
+_cores: list[int] = []  # torch's thread count outside each `torch_serial` scope, innermost last
+
+
+@contextlib.contextmanager
+def torch_serial():
+    """torch's own CPU ops on one thread for the scope, the kernels' threads (`threads`) as outside it: for a
+    chunk whose parallel work is the compiled kernel. After each parallel op, libgomp's pool threads spin for
+    milliseconds on the cores the kernel's next call needs; over the 1,000-run §5 grid that was 5 % of its CPU
+    samples (perf, docs/speed.md), and the ops it follows (data checks, the trap and prediction checks, the
+    flush) are small. A split over fewer threads changes no bit of them: torch splits a reduction into
+    per-thread pieces only where it has one output, and none of these has."""
+    _cores.append(_cores[-1] if _cores else torch.get_num_threads())
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        n = _cores.pop()
+        torch.set_num_threads(1 if _cores else n)  # an outer scope stays serial
+
+
+def symmetric_h(data: engine.Batch, K: int, dtype) -> torch.Tensor:
+    """engine.symmetric_h (the test histograms / (N − 1)), counted by the kernel on CPU tokens: the same
+    integers, so the same values bit for bit, without torch's int64 copy of every token (8 bytes a token;
+    200 MB for a chunk of 250 §5 runs)."""
+    tokens = data.tokens
+    b = backend()
+    lib = library() if b != "torch" and tokens.device.type == "cpu" and tokens.dim() == 3 else None
+    if lib is None:
+        if b == "fused":
+            raise RuntimeError("RW_SWEEPS_BACKEND=fused, but the fused kernel cannot count these histograms: "
+                               + ("no compiled kernel" if tokens.device.type == "cpu" else "a non-CPU device"))
+        return engine.symmetric_h(data, K, dtype)
+    R, n, L = tokens.shape
+    tok = _as_bytes(tokens, K)
+    counts = torch.empty(R, n, K, dtype=torch.int32)
+    if lib.rw_histograms(R, n, L, K, _ptr(tok), _ptr(counts), threads(R)) != 0:
+        raise RuntimeError("fused kernel rw_histograms failed")
+    return counts.to(dtype) / L
 
 
 # per token tensor (a Batch's): its uint8 copy and its masks, dropped when the tensor is freed
@@ -541,11 +584,14 @@ def train_step(state: engine.State, data: engine.Batch, lr: torch.Tensor, eps: t
 
 
 def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Geometry,
-             PiT: Optional[torch.Tensor] = None, full: bool = True) -> engine.Probe:
+             PiT: Optional[torch.Tensor] = None, full: bool = True, once: bool = False) -> engine.Probe:
     """engine.evaluate, fused: the forward pass and every metric of engine.Probe. With full=False (a history
     row, not a snapshot) the kernel may skip what only snapshots keep: of the attention only the parent and
     query columns (attention[:, −2:]) are then set, h_example and h_var may be NaN; every other field is
-    the same."""
+    the same. once=True: a data set evaluated once (the training set's final loss), so the true
+    conditionals are read where they lie rather than laid out in blocks first, which pays only over many
+    evaluations (0.35 CPU s of the 1,000-run §5 grid); the metrics of P (kl, pred_dist) then take the
+    kernel's gathered path, within its rounding of the blocked one, and every other field is the same bits."""
     lib = _kernel_for(state, data, geo)
     if lib is None:
         return engine.evaluate(state, data, eps, geo, PiT)
@@ -565,7 +611,7 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     masks = _masks(lib, data.tokens, tok, K, dtype)
     lanes = 8 if dtype == torch.float64 else 16
     blocks = _by_block(data.tokens, tok, lanes) if masks is not None else None
-    PB, S = _p_by_block(data.P_true, lanes, dtype) if masks is not None else (None, 0)
+    PB, S = _p_by_block(data.P_true, lanes, dtype) if masks is not None and not once else (None, 0)
     rc = fn(ctypes.byref(EvalArgs(
         R=R, n=n, L=L, K=K, tok=_ptr(tok), y=_ptr(y), P=_ptr(P), V=_ptr(Vc), a=_ptr(a), c=_ptr(c), eps=_ptr(eps_),
         nu_tok=float(geo.nu_tok), nu_pos=float(geo.nu_pos), nu_q=float(geo.nu_q), loss=_ptr(out["loss"]),

@@ -8,6 +8,7 @@ while the others go on.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -158,7 +159,17 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     engine (GD: the multi-step compiled kernel; the others: the PyTorch path, on any device). Nothing in
     the step loop reads a tensor back to the host (on a GPU, no sync): metrics, divergence steps and
     snapshots stay device tensors in a `_Log` until it is flushed, once per chunk (or when its buffer
-    fills, or for a checkpoint), and the records are built from the flushed arrays."""
+    fills, or for a checkpoint), and the records are built from the flushed arrays.
+
+    A chunk whose steps and evaluations are the compiled kernel's (on a CPU) runs torch's own ops on one
+    thread: the kernel's threads do its parallel work (`fused.torch_serial`)."""
+    kernel = device_of(cfgs[0]).type == "cpu" and fused.available(cfgs[0])
+    with fused.torch_serial() if kernel else contextlib.nullcontext():
+        return _train(cfgs, run_dirs, progress, resumed, live, kernel)
+
+
+def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None, resumed: list[dict] | None, live,
+           kernel: bool) -> list[Record]:
     c0 = cfgs[0]
     dtype, dev = getattr(torch, c0.precision), device_of(c0)
     T = c0.optim.steps
@@ -210,7 +221,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
         bar = tqdm(total=T, initial=state.step, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
     # Without a terminal (CI, a SLURM log) a long batch says where it is every PROGRESS_S seconds.
     ticker = Ticker(len(cfgs), state.step, T) if bar is None else None
-    log = _Log(recs, dev, T)
+    log = _Log(recs, dev, T, kernel)
     block = _Block()
     stop = SaveOnSignal()  # SLURM's USR2 (preemption, time limit), SIGTERM, Ctrl-C: checkpoint, then go on
     with stop:
@@ -247,7 +258,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             log.predictions(t, state, test_set, geo, probe)
             evaluated = t
             if t == T:
-                loss = fused.evaluate(state, train_set, eps, geo, full=False).loss
+                loss = fused.evaluate(state, train_set, eps, geo, full=False, once=True).loss
                 log.train_loss(loss, engine.finite_runs(loss, state))
     log.flush(T)
     if live is not None:
@@ -287,8 +298,9 @@ class _Log:
     HOST_READS = None  # the prediction check may read flags back: None → on a CPU only (where it is free)
     COLS = EVALUATED
 
-    def __init__(self, recs: list[Record], dev, T: int):
+    def __init__(self, recs: list[Record], dev, T: int, kernel: bool = False):
         self.recs, self.T = recs, T
+        self.kernel = kernel  # the chunk's evaluations are the compiled kernel's: so are its histograms
         self.base = [(list(r.history), list(r.snapshots)) for r in recs]  # what a checkpoint brought
         self.cos = True
         # runs that ended before this session (a resumed diverged run) record nothing more: step −1
@@ -333,18 +345,14 @@ class _Log:
         if reads and not bool(need.any()):  # on a CPU a read costs nothing: skip what is settled
             return
         if self.h_sym is None:  # the test histograms, once per batch (R·n·K values: ~1 % of its data)
-            self.h_sym = engine.symmetric_h(test, state.a.shape[1], state.a.dtype)
+            count = fused.symmetric_h if self.kernel else engine.symmetric_h
+            self.h_sym = count(test, state.a.shape[1], state.a.dtype)
         # one thread on a CPU: PyTorch's idle pool threads spin after a parallel op and slow the compiled
         # kernel's own threads in the next step (measured: 2.0× → 1.3× on the worst case, bench_trust.py)
-        threads = torch.get_num_threads()
-        if state.a.device.type == "cpu":
-            torch.set_num_threads(1)
-        try:
+        with fused.torch_serial() if state.a.device.type == "cpu" else contextlib.nullcontext():
             off = (probe.pred != engine.symmetric_pred(state.params, self.h_sym, geo)).any(1)
             if probe.pred_unsure is not None:
                 off = self._exact(off, need & probe.pred_unsure, state, test, geo, reads)
-        finally:
-            torch.set_num_threads(threads)
         self.off = torch.where(need & off, torch.full_like(self.off, t), self.off)
 
     def _exact(self, off: torch.Tensor, unsure: torch.Tensor, state: engine.State, test: engine.Batch, geo,

@@ -146,10 +146,13 @@ def test_zero_init_with_a_sigma_axis_is_refused_with_the_way_to_write_it(tmp_pat
     ("RW_SWEEPS_BACKEND", "cuda", "must be one of auto, torch, fused"),
     ("RW_SWEEPS_THREADS", "٣", "must be a whole number of threads, at least 1 (0 or unset: torch's count)"),
     ("RW_SWEEPS_BACKEND", " Cuda ", "must be one of auto, torch, fused"),
-    ("RW_SWEEPS_FUSED_ISA", "avx9", "must be one of native, generic")])
+    ("RW_SWEEPS_FUSED_ISA", "avx9", "must be one of native, generic"),
+    ("RW_SWEEPS_DATA_WORKERS", "two", "must be a whole number of threads, at least 1 (0 or unset: the box's cores)"),
+    ("RW_SWEEPS_PROGRESS_S", "soon", "must be a number of seconds, at least 0 (unset: 30)"),
+    ("RW_SWEEPS_PROGRESS_S", "nan", "must be a number of seconds, at least 0 (unset: 30)")])
 @pytest.mark.parametrize("where", ["environment", "env_set"])
-def test_a_bad_kernel_variable_is_one_line_before_any_job(tmp_path, var, value, allowed, where):
-    """The variables the jobs' kernels read are checked at the front door, set in the environment or by
+def test_a_bad_variable_is_one_line_before_any_job(tmp_path, var, value, allowed, where):
+    """The RW_SWEEPS_* variables the jobs read are checked at the front door, set in the environment or by
     `hydra.job.env_set` for the jobs: one line with the value as set, exit 2, no folder."""
     sweep = tmp_path / "s"
     how = {"env": {var: value}} if where == "environment" else {}
@@ -158,6 +161,34 @@ def test_a_bad_kernel_variable_is_one_line_before_any_job(tmp_path, var, value, 
                **how)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: invalid config: {var}='{value}': {allowed}"]
     assert not sweep.exists()
+
+
+def test_every_variable_a_run_reads_has_one_reader_that_the_front_door_checks():
+    """Each RW_SWEEPS_* name in the package's code is read by `env_vars` (whose `check` the front door runs) or is
+    free text its one owner reads (a cache folder, a key); a good value passes the check, and `check` reads
+    every variable the module documents."""
+    from rw_sweeps.core import env_vars
+
+    free = {"RW_SWEEPS_CACHE": "rw_sweeps/core/fused.py", "RW_SWEEPS_SEAL_KEY": "rw_sweeps/core/seal.py"}
+    readers: dict = {}
+    for f in (ROOT / "rw_sweeps").rglob("*.py"):
+        for name in set(re.findall(r"RW_SWEEPS_[A-Z_]+[A-Z]", f.read_text())):
+            readers.setdefault(name, set()).add(f.relative_to(ROOT).as_posix())
+    checked = set(re.findall(r"^- (RW_SWEEPS_[A-Z_]+):", env_vars.__doc__, re.M))
+    assert checked == set(readers) - set(free), (checked, readers)
+    for name, owner in free.items():
+        assert owner in readers[name]
+    for name in checked:
+        with pytest.raises(env_vars.EnvVarError, match=f"^invalid config: {name}='x y': must be"):
+            env_vars.check({name: "x y"})
+    good = {"RW_SWEEPS_BACKEND": "Torch", "RW_SWEEPS_FUSED_ISA": "generic", "RW_SWEEPS_THREADS": "3",
+            "RW_SWEEPS_DATA_WORKERS": "0", "RW_SWEEPS_PROGRESS_S": " 0.05 "}
+    assert set(good) == checked
+    env_vars.check(good)
+    assert (env_vars.threads(good), env_vars.data_workers(good), env_vars.progress_s(good)) == (3, None, 0.05)
+    for bad in ("inf", "-1", "1_0", "٣", "0x10"):
+        with pytest.raises(env_vars.EnvVarError):
+            env_vars.progress_s({"RW_SWEEPS_PROGRESS_S": bad})
 
 
 @pytest.mark.e2e
@@ -247,7 +278,7 @@ def _seen(r: subprocess.CompletedProcess, folder, files) -> tuple:
     (["-m", "data.p=0.5,1", *SMALL], {}, 0),                        # a sweep: its lines, its folders' files
     (["data.p=1.5"], {}, 2),                                        # a refusal: one line
     (["init=uniform"], {"HYDRA_FULL_ERROR": "1"}, 1),               # Python's whole trace, from launch.py's frame
-    (["-m", "data.p=0.5", *SMALL], {"RW_SWEEPS_PROGRESS_S": "0"}, 0),   # read by a module as it is imported
+    (["-m", "data.p=0.5", *SMALL], {"RW_SWEEPS_PROGRESS_S": "0"}, 0),   # read as a batch starts
 ], ids=["sweep", "refusal", "trace", "import-time-variable"])
 def test_the_suites_forked_launch_is_what_a_fresh_interpreter_gives(tmp_path, args, env, status):
     """The suite's `launch` forks from a server that imported torch and the other libraries once

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import markov
+from . import env_vars, markov
 from .markov import BALANCED
 from .registry import frozen, names
 
@@ -342,8 +342,7 @@ MAX_DATA_WORKERS = 16
 def data_workers(workers: int | None = None) -> int:
     """Threads that prepare data: `workers`, else $RW_SWEEPS_DATA_WORKERS, else the box's cores (capped)."""
     if workers is None:
-        env = os.environ.get("RW_SWEEPS_DATA_WORKERS", "").strip()
-        workers = int(env) if env else min(os.cpu_count() or 1, MAX_DATA_WORKERS)
+        workers = env_vars.data_workers() or min(os.cpu_count() or 1, MAX_DATA_WORKERS)
     return max(1, int(workers))
 
 

@@ -38,7 +38,7 @@ from typing import Optional
 
 import torch
 
-from . import engine, kernel_env
+from . import engine, env_vars
 from .model import Geometry
 
 SOURCE = Path(__file__).with_name("fused.c")
@@ -51,7 +51,7 @@ VARIANTS = {
     "native": [["-march=native", "-DRW_MVEC"], ["-march=native"], []],
     "generic": [["-DRW_NO_AVX512"]],
 }
-assert tuple(VARIANTS) == kernel_env.ISA_VARIANTS
+assert tuple(VARIANTS) == env_vars.ISA_VARIANTS
 MAX_K = 127  # tokens travel as bytes
 
 _lock = threading.Lock()
@@ -60,7 +60,7 @@ _errors: dict[str, str] = {}
 
 
 # ----------------------------------------------------------------------------------------------- building
-backend, isa_variant = kernel_env.backend, kernel_env.isa_variant  # RW_SWEEPS_BACKEND, RW_SWEEPS_FUSED_ISA
+backend, isa_variant = env_vars.backend, env_vars.isa_variant  # RW_SWEEPS_BACKEND, RW_SWEEPS_FUSED_ISA
 
 
 def cache_dir() -> Path:
@@ -371,7 +371,7 @@ def _shapes_agree(state: engine.State, data: engine.Batch) -> bool:
 def threads(R: int) -> int:
     """Threads for R independent pieces of work: RW_SWEEPS_THREADS, else torch's count (outside
     `torch_serial`), at most R."""
-    n = kernel_env.threads() or (_cores[-1] if _cores else torch.get_num_threads())
+    n = env_vars.threads() or (_cores[-1] if _cores else torch.get_num_threads())
     return max(1, min(n, R))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
+from . import env_vars
 from .config import RunConfig
 
 BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
@@ -54,7 +55,6 @@ def has_terminal() -> bool:
     return size.columns > 0 and size.lines > 0
 
 
-PROGRESS_S = float(os.environ.get("RW_SWEEPS_PROGRESS_S", 30))  # seconds between progress lines in logs
 SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
 
 
@@ -108,12 +108,13 @@ class Ticker:
 
     def __init__(self, runs: int, start: int, T: int):
         self.runs, self.start, self.T = runs, start, T
+        self.every = env_vars.progress_s()  # RW_SWEEPS_PROGRESS_S: the seconds between lines, read per batch
         self.t0 = self.last = time.monotonic()
         print(f"training {runs} run(s): step {start} → {T}", flush=True)
 
     def __call__(self, t: int) -> None:
         now = time.monotonic()
-        if now - self.last < PROGRESS_S or t >= self.T:
+        if now - self.last < self.every or t >= self.T:
             return
         self.last = now
         done = max(t - self.start, 1)

@@ -219,7 +219,7 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None, r
         from tqdm import tqdm  # tqdm: only on a terminal
 
         bar = tqdm(total=T, initial=state.step, desc=f"{len(cfgs)} run(s)", unit="step", leave=False)
-    # Without a terminal (CI, a SLURM log) a long batch says where it is every PROGRESS_S seconds.
+    # Without a terminal (CI, a SLURM log) a long batch says where it is every RW_SWEEPS_PROGRESS_S seconds.
     ticker = Ticker(len(cfgs), state.step, T) if bar is None else None
     log = _Log(recs, dev, T, kernel)
     block = _Block()

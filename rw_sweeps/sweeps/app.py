@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rw_sweeps.core import kernel_env, signals
+from rw_sweeps.core import env_vars, signals
 from rw_sweeps.core.config import ConfigError, from_dict, wandb_group
 from rw_sweeps.core.errors import Interrupted, Refused, one_line
 from rw_sweeps.core.keys import describe, groups
@@ -228,7 +228,7 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
     checked run by run by the rw sweeper, still before any job starts. Raises ConfigError (one line)."""
     try:
         with one_line_errors():
-            kernel_env.check()  # RW_SWEEPS_BACKEND, _FUSED_ISA, _THREADS: read by the jobs' kernels
+            env_vars.check()  # every RW_SWEEPS_* variable a job reads (rw_sweeps.core.env_vars)
             read = command_line(argv, calling_file, config_path, config_name)
             if read is None:
                 return
@@ -240,7 +240,7 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
             cfg = hydra_app.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
                                            run_mode=mode, with_log_configuration=False)
             env_set = OmegaConf.select(cfg, "hydra.job.env_set", default=None) or {}
-            kernel_env.check({**os.environ, **{str(k): str(v) for k, v in env_set.items()}})  # a job's environment
+            env_vars.check({**os.environ, **{str(k): str(v) for k, v in env_set.items()}})  # a job's environment
             no_group_deleted(overrides)
             if mode == RunMode.RUN:
                 HydraConfig.instance().set_config(cfg)

@@ -251,14 +251,20 @@ def grid_once(root: Path, seeds: int, *extra: str, env: dict | None = None, keep
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[float, float]:
+def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[tuple[float, float], tuple[float, float]]:
     """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` (another checkout of the project,
-    e.g. the commit before a change) side by side: (this tree's seconds, the other's)."""
-    ours, theirs = [], []
-    for _ in range(reps):
-        for root, out in ((ROOT, ours), (tree, theirs)):
-            out.append(grid_once(root, seeds)[0])
-    return statistics.median(ours), statistics.median(theirs)
+    e.g. the commit before a change) side by side: ((wall, CPU seconds) here, (wall, CPU seconds) there),
+    medians of `reps`."""
+    ours, theirs, kept = [], [], []
+    try:
+        for _ in range(reps):
+            for root, out in ((ROOT, ours), (tree, theirs)):
+                out.append(grid_once(root, seeds, keep=kept))  # deleted at the end: see `cpu_against`
+    finally:
+        for folder in kept:
+            shutil.rmtree(folder, ignore_errors=True)
+    med = lambda xs: (statistics.median(w for w, _ in xs), statistics.median(c for _, c in xs))  # noqa: E731
+    return med(ours), med(theirs)
 
 
 def cpu_against(tree: Path, seeds: int = 100, reps: int = 2) -> dict:
@@ -308,7 +314,7 @@ def main() -> None:
     ap.add_argument("--baseline-runs", type=int, default=3)
     ap.add_argument("--streaming", action="store_true", help="only the streaming ratios (100,000 against 1,000 runs)")
     ap.add_argument("--against", type=Path, help="another checkout: the 1,000-run grid's wall and CPU (wandb offline and "
-                    "disabled) and the 10,000-run grid end to end, side by side")
+                    "disabled, medians of 3) and the 10,000-run grid's, end to end, side by side")
     ap.add_argument("--write-behind", action="store_true", help="only results written behind against in turn")
     args = ap.parse_args()
     if args.write_behind:
@@ -325,18 +331,18 @@ def main() -> None:
                   f"→ {s['t_100k']:.1f} s (100,000 runs) = {s['t_100k'] / s['t_1k']:.2f}× (bound 3×); launcher peak "
                   f"RSS {s['mb_1k']:.0f} MB → {s['mb_100k']:.0f} MB = {s['mb_100k'] / s['mb_1k']:.2f}× (bound 2×)")
         if args.against:
-            c = cpu_against(args.against)
-            print(f"1,000-run §5 grid end to end, here and in {args.against} alternating (means of 2 runs each; CPU: the "
-                  f"launch and the processes it waited for):")
+            c = cpu_against(args.against, reps=3)
+            print(f"1,000-run §5 grid end to end, here and in {args.against} alternating (medians of 3 runs each; CPU: "
+                  f"the launch and the processes it waited for):")
             for what in ("offline", "offline, no analysis run", "disabled"):
                 here = c[("here", what)]
-                there = c.get(("there", what))
-                side = (f"; there {there[0]:.1f} s, CPU {there[1]:.1f} s → CPU {here[1] / there[1]:.2f}× theirs"
-                        if there else "")
-                print(f"  wandb {what:<26} here {here[0]:.1f} s, CPU {here[1]:.1f} s{side}")
-            ours, theirs = grid_against(args.against)
-            print(f"10,000-run §5 grid end to end: {ours:.1f} s here, {theirs:.1f} s in {args.against} "
-                  f"= {ours / theirs:.2f}× its time")
+                # `tree` may have no analysis run to leave out: its offline grid is then the one to compare with
+                there = c.get(("there", what)) or c[("there", "offline")]
+                print(f"  wandb {what:<26} here {here[0]:.1f} s, CPU {here[1]:.1f} s; there {there[0]:.1f} s, CPU "
+                      f"{there[1]:.1f} s → CPU {here[1] / there[1]:.2f}× theirs")
+            (ow, oc), (tw, tc) = grid_against(args.against)
+            print(f"10,000-run §5 grid end to end (defaults: wandb offline): {ow:.1f} s and {oc:.1f} CPU s here, {tw:.1f} s "
+                  f"and {tc:.1f} CPU s in {args.against} = {ow / tw:.2f}× its time, {oc / tc:.2f}× its CPU")
         return
     import torch
 

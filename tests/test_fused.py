@@ -11,6 +11,7 @@ then cached under ~/.cache/rw_sweeps).
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -515,3 +516,42 @@ def test_torch_serial_leaves_the_kernels_threads_and_restores_torchs(monkeypatch
         assert torch.get_num_threads() == 3 and fused.threads(100) == 5
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+def test_torch_serial_changes_no_result(kernel, precision, tmp_path, monkeypatch):
+    """A chunk trained with torch's ops on one thread (`torch_serial`, as training.train runs a kernel chunk)
+    gives the records it gives with torch's whole pool: every history row and snapshot the same bits, Gaussian
+    init drawn both ways (the dense draw reduces a (K+M)² W with products), zero init, p ∈ {0, 1}'s traps."""
+    from rw_sweeps.core import training
+
+    monkeypatch.delenv("RW_SWEEPS_THREADS", raising=False)
+    cfgs = [_cfg(s, p=p, init=init, sigma=0.05, precision=precision, normalize=norm, K=4, N=33, n=300)
+            for s, (p, init, norm) in enumerate([(0.5, "gaussian", "auto"), (1.0, "zero", "none"),
+                                                 (0.3, "gaussian", "both"), (0.0, "zero", "both")])]
+    for c in cfgs[2:3]:
+        c.init.draw = "dense"
+    for c in cfgs:
+        c.optim.steps, c.eval_every, c.snapshot_steps = 12, 3, [0, 6]
+    seen, evaluate = [], fused.evaluate
+
+    def spy(*args, **kwargs):  # torch's threads and the kernel's, as each evaluation sees them
+        seen.append((torch.get_num_threads(), fused.threads(len(cfgs))))
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "evaluate", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        serial = training.train(cfgs, [tmp_path / f"s{i}" for i in range(len(cfgs))], progress=False)
+        assert torch.get_num_threads() == 2 and set(seen) == {(1, 2)}
+        monkeypatch.setattr(fused, "torch_serial", lambda: __import__("contextlib").nullcontext())
+        pooled = training.train(cfgs, [tmp_path / f"p{i}" for i in range(len(cfgs))], progress=False)
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(serial, pooled):
+        assert a.status == b.status == "done" and len(a.history) == 5 and len(a.snapshots) == 3
+        same = lambda x, y: json.dumps(x) == json.dumps(y)  # noqa: E731 - every float's repr (NaN equal to NaN)
+        assert same(a.history, b.history) and same(a.snapshots, b.snapshots)
+        assert (a.trap, a.prediction_break_step, a.break_step) == (b.trap, b.prediction_break_step, b.break_step)
+    assert [r.trap for r in serial] == [False, True, False, True]  # p ∈ {0, 1} with K = 4 | N − 1 = 32

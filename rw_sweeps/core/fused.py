@@ -383,9 +383,11 @@ def torch_serial():
     """torch's own CPU ops on one thread for the scope, the kernels' threads (`threads`) as outside it: for a
     chunk whose parallel work is the compiled kernel. After each parallel op, libgomp's pool threads spin for
     milliseconds on the cores the kernel's next call needs; over the 1,000-run §5 grid that was 5 % of its CPU
-    samples (perf, docs/speed.md), and the ops it follows (data checks, the trap and prediction checks, the
-    flush) are small. A split over fewer threads changes no bit of them: torch splits a reduction into
-    per-thread pieces only where it has one output, and none of these has."""
+    samples (perf, docs/speed.md), and the ops it follows (the initial state, data checks, the trap and
+    prediction checks, the flush) are small. Their results do not depend on the split: torch parallelises
+    these ops over their outputs, each computed whole by one thread (the reductions with one output among
+    them are integer or boolean), and run folders written with and without this scope are byte-identical
+    (`tests/test_fused.py::test_torch_serial_changes_no_result`, and the grids in docs/speed.md)."""
     _cores.append(_cores[-1] if _cores else torch.get_num_threads())
     torch.set_num_threads(1)
     try:

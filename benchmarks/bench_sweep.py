@@ -275,8 +275,8 @@ def cpu_against(tree: Path, seeds: int = 100, reps: int = 2) -> dict:
 
     Every grid's folder stays until the end. Creating a file or folder on this VM's ext4 (no journal) skips
     every inode freed in the last minutes (`recently_deleted`), one buffer lookup each, so deleting one grid's
-    10,000 right before the next put 4–9 CPU s of the next grid's ~20 into the kernel's inode search (perf),
-    whichever tree it was."""
+    10,000 right before the next put 5.6–6.0 CPU s of the next grid's ~19 into the kernel's inode search
+    (perf, two grids), whichever tree it was."""
     cases = [("offline", ["wandb.mode=offline"]), ("offline, no analysis run", ["wandb.mode=offline", "wandb.analysis=false"]),
              ("disabled", ["wandb.mode=disabled"])]
     out: dict = {}

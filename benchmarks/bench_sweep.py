@@ -1,10 +1,11 @@
 """Sweeps end to end against the dense one-run-per-process baseline, with the per-run breakdown, in one run.
 
-    python benchmarks/bench_sweep.py            # everything (~5–8 min on a 2-core laptop)
+    python benchmarks/bench_sweep.py            # the grids against the baseline, the breakdown (~5–8 min on a 2-core laptop)
     python benchmarks/bench_sweep.py --quick    # one baseline run, no 10,000-run grid
     python benchmarks/bench_sweep.py --streaming    # first training line and memory: 100,000 vs 1,000 runs
     python benchmarks/bench_sweep.py --against ../old-checkout   # the 1,000-run grid's CPU and the 10,000-run grid, side by side
     python benchmarks/bench_sweep.py --write-behind   # results written behind against in turn, 1 and all threads
+    python benchmarks/bench_sweep.py --all --against ../old-checkout   # the first, --streaming's and --against's rows at once (~20 min)
 
 Baseline: `python -m rw_sweeps.core.oracle` in a fresh process per run: the literal dense eq. 2.1 with autograd
 (X̃ ∈ R^{n×(K+M)×N}, W ∈ R^{(K+M)²}), as a straightforward implementation would run a sweep.
@@ -57,14 +58,19 @@ def baseline(n_runs: int) -> dict:
     return {"runs_s": 1 / wall, "wall_s": wall, "peak_mb": statistics.median(peaks) / 2**20}
 
 
-def front_door(tmp: Path, seeds: int, *extra: str) -> float:
-    """`python launch.py -m` on the §5 grid (10 values of p × `seeds` seeds), end to end, in seconds."""
+def front_door(tmp: Path, seeds: int, *extra: str, cpu: list | None = None) -> float:
+    """`python launch.py -m` on the §5 grid (10 values of p × `seeds` seeds), end to end, in seconds; its CPU
+    seconds (the launch's and those of the processes it waited for) appended to `cpu` where given."""
     sweep = tmp / f"grid-{seeds}-{len(list(tmp.iterdir()))}"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "launch.py", "-m", GRID, f"seed=range(0,{seeds})", *extra,
                         f"hydra.sweep.dir={sweep}"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "CI": "1"})
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cpu is not None:
+        cpu.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
     if r.returncode != 0:
         raise SystemExit(f"launch.py failed:\n{r.stderr[-2000:]}")
     done = sum(json.loads(p.read_text())["status"] == "done" for p in sweep.glob("*/summary.json"))
@@ -316,7 +322,13 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another checkout: the 1,000-run grid's wall and CPU (wandb offline and "
                     "disabled, medians of 3) and the 10,000-run grid's, end to end, side by side")
     ap.add_argument("--write-behind", action="store_true", help="only results written behind against in turn")
+    ap.add_argument("--all", action="store_true", help="with --against: every row of the speed table in one "
+                    "invocation (the default run, then --streaming's and --against's rows; ~20 min here)")
     args = ap.parse_args()
+    if args.all and not args.against:
+        ap.error("--all needs --against CHECKOUT (the tree to compare the CPU rows with)")
+    if args.all:
+        args.streaming = True
     if args.write_behind:
         w = write_behind()
         for threads in ("1", "default"):
@@ -343,7 +355,9 @@ def main() -> None:
             (ow, oc), (tw, tc) = grid_against(args.against)
             print(f"10,000-run §5 grid end to end (defaults: wandb offline): {ow:.1f} s and {oc:.1f} CPU s here, {tw:.1f} s "
                   f"and {tc:.1f} CPU s in {args.against} = {ow / tw:.2f}× its time, {oc / tc:.2f}× its CPU")
-        return
+        if not args.all:
+            return
+        print()
     import torch
 
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-"))
@@ -354,11 +368,13 @@ def main() -> None:
           f"peak {b['peak_mb']:.0f} MB")
     d = breakdown(tmp)  # first: the grids' 13,000 folders load this VM's file system for a while
     print("\nend to end, `python launch.py -m` (process start → every result on disk), wandb offline:")
-    zero = front_door(tmp, 100)
+    cpu: list = []
+    zero = front_door(tmp, 100, cpu=cpu)
     print(f"  1,000 runs, zero init            {zero:6.1f} s = {1000 / zero:6.1f} runs/s = "
           f"{1000 / zero / b['runs_s']:5.0f}× the baseline")
-    gauss = front_door(tmp, 100, "init=gaussian", "init.sigma=0.01")
-    print(f"  1,000 runs, Gaussian σ=0.01      {gauss:6.1f} s = {gauss / zero:.2f}× zero init")
+    gauss = front_door(tmp, 100, "init=gaussian", "init.sigma=0.01", cpu=cpu)
+    print(f"  1,000 runs, Gaussian σ=0.01      {gauss:6.1f} s = {gauss / zero:.2f}× zero init "
+          f"({cpu[1] / cpu[0]:.2f}× its CPU)")
     off = front_door(tmp, 100, "wandb.mode=disabled")
     print(f"  1,000 runs, wandb disabled       {off:6.1f} s (wandb offline costs {zero - off:+.1f} s)")
     if not args.quick:

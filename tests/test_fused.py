@@ -474,7 +474,7 @@ def test_the_kernel_leaves_an_argmax_in_the_subnormal_range_to_torch(case, isa, 
 
 @pytest.mark.parametrize("R,n,L,K", [(3, 5, 7, 4), (40, 200, 96, 6), (2, 3, 300, 127), (1, 1, 1, 1), (0, 4, 5, 3),
                                      (2, 0, 5, 3), (5, 9, 1, 2)])
-def test_the_kernels_histograms_are_engines_bit_for_bit(kernel, R, n, L, K):
+def test_the_kernels_histograms_are_engines_bit_for_bit(kernel, R, n, L, K, monkeypatch):
     """fused.symmetric_h counts each sequence's tokens in C: the same integers as engine's bincount, so the same
     X·S at the symmetric point, bit for bit, in both precisions, from bytes or int64 tokens; a token ≥ K is
     refused before the kernel reads memory by it."""
@@ -483,7 +483,10 @@ def test_the_kernels_histograms_are_engines_bit_for_bit(kernel, R, n, L, K):
     for tok in (tokens, tokens.to(torch.uint8)):
         batch = engine.Batch(tok, torch.zeros(R, n, dtype=torch.long), torch.zeros(R, n, K))
         for dtype in (torch.float64, torch.float32):
-            got, want = fused.symmetric_h(batch, K, dtype), engine.symmetric_h(batch, K, dtype)
+            want = engine.symmetric_h(batch, K, dtype)
+            with monkeypatch.context() as m:  # the kernel's own count, not engine's behind it
+                m.setattr(engine, "symmetric_h", None)
+                got = fused.symmetric_h(batch, K, dtype)
             assert got.dtype == want.dtype == dtype and got.shape == (R, n, K)
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             if R and n:
@@ -494,6 +497,47 @@ def test_the_kernels_histograms_are_engines_bit_for_bit(kernel, R, n, L, K):
         with pytest.raises(ValueError, match="token ids must lie"):
             fused.symmetric_h(engine.Batch(bad, torch.zeros(R, n, dtype=torch.long), torch.zeros(R, n, K)), K,
                               torch.float64)
+
+
+def test_histograms_the_kernel_cannot_count_are_engines(kernel, monkeypatch):
+    """Tokens of K > 127 (not bytes), or not (R, n, L), are counted by engine (a token 256 would wrap to 0 as a
+    byte); RW_SWEEPS_BACKEND=fused refuses them, saying why."""
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 300, (2, 3, 50), generator=g)
+    tokens[0, 0, 0] = 256
+    batch = engine.Batch(tokens, torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, 300))
+    torch.testing.assert_close(fused.symmetric_h(batch, 300, torch.float64),
+                               engine.symmetric_h(batch, 300, torch.float64), rtol=0, atol=0)
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")
+    with pytest.raises(RuntimeError, match=r"cannot count these histograms: K = 300 \(at most 127\)"):
+        fused.symmetric_h(batch, 300, torch.float64)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_a_one_run_chunks_opt_acc_does_not_depend_on_threads_or_packing(tmp_path, monkeypatch, backend):
+    """opt_acc (the mean over the test set of max_j P) of a family without a closed form, for a test set above
+    torch's grain (32,768 values): the same bits alone and packed, whatever torch's thread count (torch splits
+    a mean with one output among its threads), in a chunk of the kernel's and of PyTorch's."""
+    from rw_sweeps.core import training
+
+    monkeypatch.setenv("RW_SWEEPS_BACKEND", backend)
+
+    def cfg(seed):
+        c = RunConfig(seed=seed, data=data_config("markov_matrix", K=2, Pi=[[0.7, 0.3], [0.1, 0.9]], N=5, n_train=8,
+                                                  n_test=50_000))
+        c.optim.steps = 1
+        return validate(c)
+
+    got, before = [], torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            got.append(training.train([cfg(0)], [tmp_path / f"a{threads}"], progress=False)[0].opt_acc)
+        packed = training.train([cfg(0), cfg(1)], [tmp_path / "p0", tmp_path / "p1"], progress=False)[0].opt_acc
+    finally:
+        torch.set_num_threads(before)
+    assert got[0] is not None and 0.5 < got[0] < 1
+    assert got == [got[0]] * 3 and packed == got[0]
 
 
 def test_torch_serial_leaves_the_kernels_threads_and_restores_torchs(monkeypatch):

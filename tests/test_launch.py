@@ -163,6 +163,24 @@ def test_a_bad_variable_is_one_line_before_any_job(tmp_path, var, value, allowed
     assert not sweep.exists()
 
 
+@pytest.mark.e2e
+def test_an_env_set_that_interpolates_is_checked_as_each_job_will_have_it(tmp_path):
+    """`hydra.job.env_set.X=${data.p}` gives each job its own value, resolved as Hydra's run_job resolves it:
+    a value no job may have is one line before any folder; one every job may have trains."""
+    bad = tmp_path / "bad"
+    r = launch("-m", "data.p=0.5", *TINY_RUN, "+hydra.job.env_set.RW_SWEEPS_THREADS=${data.p}",
+               f"hydra.sweep.dir={bad}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: invalid config: RW_SWEEPS_THREADS='0.5': must be a whole number of threads, at least 1 (0 or unset: "
+        "torch's count)"]
+    assert not bad.exists()
+    good = tmp_path / "good"
+    r = launch("-m", "data.p=0.5", "seed=1,2", *TINY_RUN, "+hydra.job.env_set.RW_SWEEPS_THREADS=${seed}",
+               "+hydra.job.env_set.RW_SWEEPS_PROGRESS_S=${data.p}", f"hydra.sweep.dir={good}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(s["status"] for s in summaries(good).values()) == ["done", "done"]
+
+
 def test_every_variable_a_run_reads_has_one_reader_that_the_front_door_checks():
     """Each RW_SWEEPS_* name in the package's code is read by `env_vars` (whose `check` the front door runs) or is
     free text its one owner reads (a cache folder, a key); a good value passes the check, and `check` reads
@@ -178,6 +196,10 @@ def test_every_variable_a_run_reads_has_one_reader_that_the_front_door_checks():
     assert checked == set(readers) - set(free), (checked, readers)
     for name, owner in free.items():
         assert owner in readers[name]
+    for f in (ROOT / "rw_sweeps").rglob("*.py"):  # nowhere else is a checked one read from the environment
+        if f.name != "env_vars.py":
+            read = set(re.findall(r"(?:environ(?:\.get|\.setdefault|\.pop)?|getenv)\W{1,12}(RW_SWEEPS_[A-Z_]+[A-Z])", f.read_text()))
+            assert not read & checked, (f, read & checked)
     for name in checked:
         with pytest.raises(env_vars.EnvVarError, match=f"^invalid config: {name}='x y': must be"):
             env_vars.check({name: "x y"})

@@ -14,8 +14,8 @@ K ≤ 127, on CPU tensors (AVX-512 for 3 ≤ K ≤ 8; plain C for other K, on CP
 RW_SWEEPS_FUSED_ISA=generic). Everything else — the FFN model, gram=numeric, optim=adam, GPU tensors, no
 working compiler — runs `engine`'s PyTorch code, which stays the specification.
 RW_SWEEPS_BACKEND=torch|fused|auto (default auto) forces a path (`fused` raises where the kernel cannot
-run); RW_SWEEPS_THREADS sets the threads (default torch.get_num_threads()); runs are the unit of
-parallelism, so R = 1 uses one thread.
+run); RW_SWEEPS_THREADS sets the threads (default torch's count, as it is outside `torch_serial`); runs are
+the unit of parallelism, so R = 1 uses one thread.
 """
 from __future__ import annotations
 
@@ -385,9 +385,11 @@ def torch_serial():
     milliseconds on the cores the kernel's next call needs; over the 1,000-run §5 grid that was 5 % of its CPU
     samples (perf, docs/speed.md), and the ops it follows (the initial state, data checks, the trap and
     prediction checks, the flush) are small. Their results do not depend on the split: torch parallelises
-    these ops over their outputs, each computed whole by one thread (the reductions with one output among
-    them are integer or boolean), and run folders written with and without this scope are byte-identical
-    (`tests/test_fused.py::test_torch_serial_changes_no_result`, and the grids in docs/speed.md)."""
+    these ops over their outputs, each computed whole by one thread; a reduction with one output (which torch
+    splits among its threads) is integer or boolean, but for a one-run chunk's `opt_acc`, which
+    `training._train` takes on one thread in every chunk. Run folders written with and without this scope
+    are byte-identical (`tests/test_fused.py::test_torch_serial_changes_no_result`, the grids in
+    docs/speed.md)."""
     _cores.append(_cores[-1] if _cores else torch.get_num_threads())
     torch.set_num_threads(1)
     try:
@@ -403,11 +405,13 @@ def symmetric_h(data: engine.Batch, K: int, dtype) -> torch.Tensor:
     200 MB for a chunk of 250 §5 runs)."""
     tokens = data.tokens
     b = backend()
-    lib = library() if b != "torch" and tokens.device.type == "cpu" and tokens.dim() == 3 else None
+    why = ("a non-CPU device" if tokens.device.type != "cpu" else f"K = {K} (at most {MAX_K})" if not 1 <= K <= MAX_K
+           else f"tokens of shape {tuple(tokens.shape)}" if tokens.dim() != 3 else None)
+    lib = library() if b != "torch" and why is None else None
     if lib is None:
         if b == "fused":
-            raise RuntimeError("RW_SWEEPS_BACKEND=fused, but the fused kernel cannot count these histograms: "
-                               + ("no compiled kernel" if tokens.device.type == "cpu" else "a non-CPU device"))
+            raise RuntimeError(f"RW_SWEEPS_BACKEND=fused, but the fused kernel cannot count these histograms: "
+                               f"{why or 'no compiled kernel'}")
         return engine.symmetric_h(data, K, dtype)
     R, n, L = tokens.shape
     tok = _as_bytes(tokens, K)

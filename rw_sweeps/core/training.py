@@ -180,7 +180,11 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None, r
     train_set, test_set = (engine.Batch(s.tokens.to(dev), s.y.to(dev), s.P_true.to(dev, dtype)) for s in splits)
     recs = [Record(cfg, d) for cfg, d in zip(cfgs, run_dirs)]
     if c0.opt_acc is None:  # mean over the test set of max_j P(y = j | context), measured once, on the host
-        best = test_set.P_true.double().amax(-1).mean(-1).tolist()
+        # on one thread: torch splits a mean with one output (a chunk of one run) among its threads, so the
+        # value would depend on the machine's thread count and on whether the run trained alone or packed
+        rows = test_set.P_true.amax(-1).double().cpu()
+        with fused.torch_serial():
+            best = rows.mean(-1).tolist()
         for rec, b in zip(recs, best):
             rec.opt_acc = b
     for rec, b in zip(recs, bayes_test_acc(test_set.P_true, test_set.y)):

@@ -63,6 +63,8 @@ class Spec:
     checked_in: int | None = None  # the process whose resource check found it can run (the rw sweeper's)
     placed_in: int | None = None  # the process whose placement found it not done (a requeued job asks again)
     varies: list = field(default_factory=list)  # its overrides of the keys the sweep varies (`varying`)
+    env: tuple | None = None  # hydra.job.env_set as the job's environment gets it, where it interpolates:
+    # resolved against this job's config, as Hydra's run_job does (None: its values as written)
 
     @property
     def tag(self) -> str:
@@ -258,6 +260,12 @@ class Planner:
         spec.output_dir = self.output_dir(spec)
         spec.sweep_dir = self.sweep_dir
         spec.set_hydra("runtime.output_dir", spec.output_dir)
+        if _has_interpolation((spec.base_hydra.get("job") or {}).get("env_set")):
+            # `${data.p}` in env_set: the value this job's environment gets, from its own composition
+            template = spec.template if isinstance(spec.template, DictConfig) else self.compose(overrides, num)
+            HydraConfig.instance().set_config(template)
+            env = OmegaConf.to_container(template.hydra.job.env_set, resolve=True)
+            spec.env = tuple(sorted((str(k), str(v)) for k, v in env.items()))
         return spec
 
     def _kind(self, overrides: list[str], num: int) -> tuple:

@@ -26,7 +26,7 @@ def mk(**kw) -> RunConfig:
     return validate(RunConfig(wandb=OFF, **kw))
 
 
-def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
+def test_mixed_shape_grids_split_into_the_right_groups(tmp_path, monkeypatch):
     cfgs = ([mk(data=data_config(p=p), seed=s) for p in (0.1, 0.5) for s in range(3)]  # one shape, 6 runs
             + [mk(data=data_config(K=20, N=101, p=0.5))]  # another K, N
             + [mk(precision="float32"), mk(optim=Gd(steps=20)), mk(model=ModelConfig(M=500))]
@@ -41,6 +41,14 @@ def test_mixed_shape_grids_split_into_the_right_groups(tmp_path):
     small = packing.chunks(runs[:6], memory_gb=3 * resources.bytes_per_run(cfgs[0]) / 2**30)
     assert [len(g) for g in small] == [3, 3]
     assert [len(g) for g in packing.chunks(runs[:6], memory_gb=100, max_runs=4)] == [3, 3]
+    # the launch's first runs are a chunk of their own (the first training line of a large grid comes as soon as
+    # a small grid's); the rest of their group, and every other group, is cut as before
+    cut = [[r.num for r in g] for g in packing.chunks(runs, memory_gb=100, first=2)]
+    assert cut == [[0, 1], [2, 3, 4, 5, 10], [6], [7], [8], [9]]
+    assert [len(g) for g in packing.chunks(runs[:6], memory_gb=100, max_runs=3, first=2)] == [2, 2, 2]
+    assert [len(g) for g in packing.chunks(runs[:6], memory_gb=100, first=6)] == [6]
+    monkeypatch.setattr(packing, "FIRST_RUNS", 2)  # what the CPU's plan cuts first
+    assert [[r.num for r in g] for g in packing.plan_in_process(runs, {"memory_gb": None}, True).jobs] == cut
 
 
 def test_a_diverging_run_does_not_disturb_its_chunk(tmp_path):

@@ -43,9 +43,11 @@ def trap_flags(tokens: torch.Tensor, K: int, classes: list | None = None) -> lis
     dev = tokens.device
     # each sequence's class: that of its last state; one class for every sequence where a run has no Π
     cls = torch.zeros((R, n), dtype=torch.long, device=dev)
-    for r, c in enumerate(classes or ()):
-        if c is not None:
-            cls[r] = torch.as_tensor(c, dtype=torch.long, device=dev)[tokens[r, :, -1].long()] + 1
+    runs = [r for r, c in enumerate(classes or ()) if c is not None]
+    if runs:  # one gather for the batch: its runs' chains have the same K states
+        idx = torch.tensor(runs, device=dev)
+        table = torch.tensor([classes[r] for r in runs], dtype=torch.long, device=dev) + 1
+        cls[idx] = table.gather(1, tokens[idx, :, -1].long())
     # a histogram row must equal the row of its class's first sequence (ref[r, i] <= i). The first PROBE
     # sequences settle it for almost every run that is not trapped; the rest are checked whole, in blocks of
     # runs that bound the (runs, n, K) histograms to TRAP_BLOCK counts

@@ -24,6 +24,9 @@ CPU_CHUNK_GB = 2.0  # a chunk's budget on a CPU when memory_gb is null
 # A chunk's runs on a CPU when max_runs_per_job is null: a chunk's envelopes and data are made before it
 # trains, so the first chunk of a 100,000-run grid starts as soon as a 4,096-run grid's, and memory is bounded.
 CPU_MAX_RUNS = 4096
+# The first chunk a launch trains in this process holds at most this many runs (its group's other runs are cut
+# as above): a grid's first training line then comes as soon as a 1,000-run grid's, whatever its size.
+FIRST_RUNS = 1024
 SLURM_GPU_PLAN_GB = 16.0  # packed_slurm with GPUs, memory_gb null: chunks planned for a 16 GB share of a GPU
 GPU_FREE_SHARE = 0.8  # of a GPU's free memory, a chunk plans to use (the rest: CUDA, the allocator's slack)
 GB = 2**30
@@ -47,7 +50,8 @@ def env_set_of(spec: Any) -> tuple:
     `rw_sweeps.sweeps.hydra_job.Chunk` sets around its training)."""
     if getattr(spec, "env", None) is not None:
         return spec.env
-    return tuple(sorted((str(k), str(v)) for k, v in (spec.base_hydra["job"].get("env_set") or {}).items()))
+    env_set = spec.base_hydra["job"].get("env_set")
+    return tuple(sorted((str(k), str(v)) for k, v in env_set.items())) if env_set else ()
 
 
 def _groups(specs: list) -> list[list]:
@@ -59,14 +63,18 @@ def _groups(specs: list) -> list[list]:
     return list(out.values())
 
 
-def chunks(specs: list, memory_gb: float, max_runs: Optional[int] = None) -> list[list]:
-    """The specs in chunks of one group each, every chunk within `memory_gb` and `max_runs`."""
+def chunks(specs: list, memory_gb: float, max_runs: Optional[int] = None, first: Optional[int] = None) -> list[list]:
+    """The specs in chunks of one group each, every chunk within `memory_gb` and `max_runs`; with `first`, the
+    first `first` runs of the first group are cut on their own (`FIRST_RUNS`)."""
     out = []
     for group in _groups(specs):
-        start = 0
-        for size in chunk_sizes(len(group), bytes_per_run(group[0].cfg), memory_gb * GB, max_runs):
-            out.append(group[start:start + size])
-            start += size
+        per = bytes_per_run(group[0].cfg)
+        parts = [group[:first], group[first:]] if first and not out and len(group) > first else [group]
+        for part in parts:
+            start = 0
+            for size in chunk_sizes(len(part), per, memory_gb * GB, max_runs):
+                out.append(part[start:start + size])
+                start += size
     return out
 
 
@@ -178,7 +186,7 @@ def plan_in_process(todo: list, p: dict[str, Any], pack: bool) -> Plan:
     if not pack:
         return _one_job_per_run(todo, "cpu")
     budget = p["memory_gb"] if p["memory_gb"] is not None else CPU_CHUNK_GB
-    return Plan(chunks(todo, budget, p.get("max_runs_per_job") or CPU_MAX_RUNS), None, True, "cpu")
+    return Plan(chunks(todo, budget, p.get("max_runs_per_job") or CPU_MAX_RUNS, FIRST_RUNS), None, True, "cpu")
 
 
 def plan_local_gpus(todo: list, p: dict[str, Any], pack: bool) -> Plan:

@@ -183,6 +183,7 @@ class Planner:
         self._parsed: dict[str, Override] = {}  # grids repeat their override strings: parse each once
         self._group_keys: dict[str, bool] = {}
         self._kinds: dict[tuple, tuple] = {}  # a job's overrides but its seed → what they make of it (`_kind`)
+        self._env_sets: dict[int, tuple] = {}  # id of an env_set → (it, whether it interpolates)
         sweep = primary.hydra.sweep
         self.sweep_dir = os.path.abspath(str(sweep.dir))
         self.subdir = OmegaConf.to_container(sweep, resolve=False)["subdir"]
@@ -214,6 +215,15 @@ class Planner:
             hydra = full.pop("hydra")
             self._templates[key] = (cfg, None if _has_interpolation(full) else full, hydra)
         return self._templates[key]
+
+    def _interpolates(self, env_set) -> bool:
+        """Does this env_set (a composition's, shared by its jobs) interpolate? Asked once per composition."""
+        hit = self._env_sets.get(id(env_set))
+        if hit is None or hit[0] is not env_set:
+            if len(self._env_sets) > 4096:  # jobs Hydra composed itself each have their own: kept bounded
+                self._env_sets.clear()
+            hit = self._env_sets[id(env_set)] = (env_set, _has_interpolation(env_set))
+        return hit[1]
 
     def _parse(self, overrides: list[str]) -> list[Override]:
         new = [s for s in overrides if s not in self._parsed]
@@ -260,7 +270,7 @@ class Planner:
         spec.output_dir = self.output_dir(spec)
         spec.sweep_dir = self.sweep_dir
         spec.set_hydra("runtime.output_dir", spec.output_dir)
-        if _has_interpolation((spec.base_hydra.get("job") or {}).get("env_set")):
+        if self._interpolates((spec.base_hydra.get("job") or {}).get("env_set")):
             # `${data.p}` in env_set: the value this job's environment gets, from its own composition
             template = spec.template if isinstance(spec.template, DictConfig) else self.compose(overrides, num)
             HydraConfig.instance().set_config(template)

@@ -164,19 +164,26 @@ def test_a_bad_variable_is_one_line_before_any_job(tmp_path, var, value, allowed
 
 
 @pytest.mark.e2e
-def test_an_env_set_that_interpolates_is_checked_as_each_job_will_have_it(tmp_path):
-    """`hydra.job.env_set.X=${data.p}` gives each job its own value, resolved as Hydra's run_job resolves it:
-    a value no job may have is one line before any folder; one every job may have trains."""
-    bad = tmp_path / "bad"
-    r = launch("-m", "data.p=0.5", *TINY_RUN, "+hydra.job.env_set.RW_SWEEPS_THREADS=${data.p}",
-               f"hydra.sweep.dir={bad}", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: invalid config: RW_SWEEPS_THREADS='0.5': must be a whole number of threads, at least 1 (0 or unset: "
-        "torch's count)"]
-    assert not bad.exists()
+def test_an_env_set_that_interpolates_is_resolved_and_checked_as_each_job_will_have_it(tmp_path):
+    """Hydra's run_job resolves hydra.job.env_set against the job's `hydra` node alone: `${hydra:job.num}` is each
+    job's own, a task key such as `${data.p}` cannot be resolved (Hydra's job fails on it). Both, and a resolved
+    value no job may have, are one line before any folder; one every job may have trains."""
+    for value, line in (
+            ("${data.p}", "error: invalid config: hydra.job.env_set.RW_SWEEPS_THREADS='${data.p}': cannot be resolved: "
+                          "Hydra resolves env_set against the job's hydra node alone (${hydra:job.num} is there, a task key "
+                          "is not): Interpolation key 'data.p' not found"),
+            ("x${hydra:job.num}", "error: invalid config: RW_SWEEPS_THREADS='x0': must be a whole number of threads, at "
+                                  "least 1 (0 or unset: torch's count)")):
+        bad = tmp_path / "bad"
+        r = launch("-m", "data.p=0.5", *TINY_RUN, f"+hydra.job.env_set.RW_SWEEPS_THREADS={value}",
+                   f"hydra.sweep.dir={bad}", cwd=tmp_path)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.strip().startswith(line), r.stderr
+        assert not bad.exists()
     good = tmp_path / "good"
-    r = launch("-m", "data.p=0.5", "seed=1,2", *TINY_RUN, "+hydra.job.env_set.RW_SWEEPS_THREADS=${seed}",
-               "+hydra.job.env_set.RW_SWEEPS_PROGRESS_S=${data.p}", f"hydra.sweep.dir={good}", cwd=tmp_path)
+    r = launch("-m", "data.p=0.5", "seed=1,2", *TINY_RUN, "+hydra.job.env_set.RW_SWEEPS_THREADS=${hydra:job.num}",
+               "+hydra.job.env_set.RW_SWEEPS_PROGRESS_S=${oc.env:RW_SWEEPS_NO_SUCH_VARIABLE,0.5}",
+               f"hydra.sweep.dir={good}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(s["status"] for s in summaries(good).values()) == ["done", "done"]
 

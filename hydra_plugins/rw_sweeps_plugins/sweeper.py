@@ -32,7 +32,6 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 
-from rw_sweeps.core import env_vars
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
 from rw_sweeps.core.resources import problems
 from rw_sweeps.core.results import read_summary
@@ -40,7 +39,6 @@ from rw_sweeps.core.safefs import atomic_write, ensure_dir
 from rw_sweeps.sweeps import placement, writer
 from rw_sweeps.sweeps.app import batch_function, note_failed, note_varies
 from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_value
-from rw_sweeps.sweeps.packing import env_set_of
 from rw_sweeps.sweeps.planner import Planner
 from rw_sweeps.sweeps.status import summary_line
 
@@ -105,8 +103,6 @@ class RwSweeper(basic_sweeper()):
                 specs = planner.plan(jobs)
                 specs = self._once_each(jobs, specs, planner)
                 note_varies(specs)  # for Hydra's launchers that run the jobs in this process
-                for env in dict.fromkeys(env_set_of(s) for s in specs):  # each job's environment, as it will be
-                    env_vars.check({**os.environ, **dict(env)})  # (an env_set that interpolates, resolved per job)
                 # runs that cannot work here fail now, in one line, not after training, where the launcher's
                 # jobs train on this machine (the rw launcher's backend declares it; SLURM's jobs check in the
                 # job; any other launcher's are taken to run here)

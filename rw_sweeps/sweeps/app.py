@@ -239,8 +239,11 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
                                                            or RunMode.RUN)
             cfg = hydra_app.compose_config(config_name=name, overrides=overrides + [f"hydra.mode={mode.name}"],
                                            run_mode=mode, with_log_configuration=False)
-            env_set = OmegaConf.select(cfg, "hydra.job.env_set", default=None) or {}
-            env_vars.check({**os.environ, **{str(k): str(v) for k, v in env_set.items()}})  # a job's environment
+            # a job's environment: env_set as written; a value that interpolates (`${hydra:job.num}`) is the job's
+            # own, resolved as Hydra resolves it and checked by the planner for each job of a multirun
+            env_set = OmegaConf.to_container(cfg.hydra.job, resolve=False).get("env_set") or {}
+            plain = {str(k): str(v) for k, v in env_set.items() if not (isinstance(v, str) and "${" in v)}
+            env_vars.check({**os.environ, **plain})
             no_group_deleted(overrides)
             if mode == RunMode.RUN:
                 HydraConfig.instance().set_config(cfg)

@@ -45,7 +45,7 @@ def chunk_sizes(n: int, per_run: int, budget_bytes: float, max_runs: Optional[in
 
 
 def env_set_of(spec: Any) -> tuple:
-    """The job's hydra.job.env_set as its environment gets it (interpolations resolved: `Spec.env`), as a key
+    """The job's hydra.job.env_set as its environment gets it (interpolations resolved as Hydra does: `Spec.env`), as a key
     for grouping runs into chunks (it is process-wide: a chunk trains under one, which
     `rw_sweeps.sweeps.hydra_job.Chunk` sets around its training)."""
     if getattr(spec, "env", None) is not None:

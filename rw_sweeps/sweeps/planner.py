@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Sequence
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -30,6 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType, ValueType
 from hydra.types import RunMode
 
+from rw_sweeps.core import env_vars
 from rw_sweeps.core.config import ConfigError, RunConfig, convert, from_dict, shape_key, with_seed
 
 from .hydra_adapter import split_arguments
@@ -64,7 +65,7 @@ class Spec:
     placed_in: int | None = None  # the process whose placement found it not done (a requeued job asks again)
     varies: list = field(default_factory=list)  # its overrides of the keys the sweep varies (`varying`)
     env: tuple | None = None  # hydra.job.env_set as the job's environment gets it, where it interpolates:
-    # resolved against this job's config, as Hydra's run_job does (None: its values as written)
+    # resolved against this job's `hydra` node alone, as Hydra's run_job does (None: its values as written)
 
     @property
     def tag(self) -> str:
@@ -184,6 +185,7 @@ class Planner:
         self._group_keys: dict[str, bool] = {}
         self._kinds: dict[tuple, tuple] = {}  # a job's overrides but its seed → what they make of it (`_kind`)
         self._env_sets: dict[int, tuple] = {}  # id of an env_set → (it, whether it interpolates)
+        self._env_cfgs: dict[tuple, DictConfig] = {}  # a composition → its copy that resolves its jobs' env_sets
         sweep = primary.hydra.sweep
         self.sweep_dir = os.path.abspath(str(sweep.dir))
         self.subdir = OmegaConf.to_container(sweep, resolve=False)["subdir"]
@@ -271,12 +273,35 @@ class Planner:
         spec.sweep_dir = self.sweep_dir
         spec.set_hydra("runtime.output_dir", spec.output_dir)
         if self._interpolates((spec.base_hydra.get("job") or {}).get("env_set")):
-            # `${data.p}` in env_set: the value this job's environment gets, from its own composition
-            template = spec.template if isinstance(spec.template, DictConfig) else self.compose(overrides, num)
-            HydraConfig.instance().set_config(template)
-            env = OmegaConf.to_container(template.hydra.job.env_set, resolve=True)
-            spec.env = tuple(sorted((str(k), str(v)) for k, v in env.items()))
+            spec.env = self._job_env(spec)
+            env_vars.check({**os.environ, **dict(spec.env)})  # before any job: the front door saw `${…}`
         return spec
+
+    def _job_env(self, spec: Spec) -> tuple:
+        """The job's hydra.job.env_set as Hydra's run_job gives it to the job: its composition with the job's own
+        hydra values (num, id, output_dir, …) set, then env_set resolved against the `hydra` node alone
+        (HydraConfig's copy), so `${hydra:job.num}` and `${oc.env:…}` resolve and a task key such as `${seed}`
+        does not (Hydra's job fails on it; here it is one line before any job). Sorted (name, value) pairs."""
+        if isinstance(spec.template, DictConfig):
+            cfg = spec.template  # the job's own composition
+        else:  # its composition's, copied once: the jobs' values are set on it in turn
+            if spec.template not in self._env_cfgs:
+                self._env_cfgs[spec.template] = copy.deepcopy(self._templates[spec.template][0])
+            cfg = self._env_cfgs[spec.template]
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            for key, value in spec.hydra_changes.items():
+                OmegaConf.update(cfg.hydra, key, value, merge=False, force_add=True)
+        HydraConfig.instance().set_config(cfg)
+        raw = spec.hydra["job"]["env_set"]
+        try:
+            # run_job's own copy: its hydra node's parent is then a root holding that node alone
+            env = OmegaConf.to_container(copy.deepcopy(HydraConfig.instance().cfg).hydra.job.env_set, resolve=True)
+        except Exception as e:  # noqa: BLE001 - OmegaConf's resolution errors: one line naming the key
+            key = next((k for k in raw if _has_interpolation(raw[k])), next(iter(raw)))
+            raise ConfigError(f"hydra.job.env_set.{key}", raw[key],
+                              "cannot be resolved: Hydra resolves env_set against the job's hydra node alone "
+                              f"(${{hydra:job.num}} is there, a task key is not): {' '.join(str(e).split())[:160]}") from None
+        return tuple(sorted((str(k), str(v)) for k, v in env.items()))
 
     def _kind(self, overrides: list[str], num: int) -> tuple:
         """What these overrides (a job's, but its integer seed) make of a job: (composition key, its task dict,

@@ -25,6 +25,7 @@ Every ratio is against a baseline measured in the same invocation: this VM's spe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -203,6 +204,21 @@ def breakdown(tmp: Path) -> dict:
 TINY = ["data.K=4", "data.N=9", "model.M=16", "data.n_train=4", "data.n_test=4", "optim.steps=1", "wandb.mode=disabled"]
 
 
+@contextlib.contextmanager
+def kept_to_the_end():
+    """A list for `first_line`'s and `grid_once`'s `keep`: the folders put in it are deleted when the block ends,
+    not between grids. Creating a file or folder on this VM's ext4 (no journal) skips every inode freed in the
+    last minutes (`recently_deleted`), one buffer lookup each, so deleting one grid's 10,000 right before the
+    next put 5.6–6.0 CPU s of the next grid's ~19 into the kernel's inode search (perf, two grids), whichever
+    tree it was."""
+    kept: list = []
+    try:
+        yield kept
+    finally:
+        for folder in kept:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def first_line(tree: Path, runs: int, keep: list | None = None) -> tuple[float, float]:
     """Seconds from process start to the first `training …` line of a `seed=range(0,runs)` grid of tiny runs,
     and the launcher's peak RSS (VmHWM) at that moment in MB; the process is then stopped, and its folder
@@ -231,17 +247,14 @@ def first_line(tree: Path, runs: int, keep: list | None = None) -> tuple[float, 
 
 def streaming(reps: int = 3) -> dict:
     """The first training line and the launcher's memory of a 100,000-run grid against a 1,000-run grid,
-    measured side by side (alternating), medians of `reps`. The folders stay to the end (see `cpu_against`):
-    the 100,000-run grid makes its first chunk's 8,192 folders before its first line, and right after a
-    deletion each mkdir took ~0.3 ms of inode search (2.3 of its ~10 s, cProfile)."""
-    small, big, kept = [], [], []
-    try:
+    measured side by side (alternating), medians of `reps`, the folders kept to the end (`kept_to_the_end`: the
+    100,000-run grid makes its first chunk's folders before its first line, and right after a deletion each
+    mkdir took ~0.3 ms of inode search, 2.3 of its ~10 s under cProfile)."""
+    small, big = [], []
+    with kept_to_the_end() as kept:
         for _ in range(reps):
             small.append(first_line(ROOT, 1000, kept))
             big.append(first_line(ROOT, 100000, kept))
-    finally:
-        for folder in kept:
-            shutil.rmtree(folder, ignore_errors=True)
     med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
     return {"t_1k": med(small, 0), "t_100k": med(big, 0), "mb_1k": med(small, 1), "mb_100k": med(big, 1)}
 
@@ -271,14 +284,11 @@ def grid_against(tree: Path, seeds: int = 1000, reps: int = 1) -> tuple[tuple[fl
     """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` (another checkout of the project,
     e.g. the commit before a change) side by side: ((wall, CPU seconds) here, (wall, CPU seconds) there),
     medians of `reps`."""
-    ours, theirs, kept = [], [], []
-    try:
+    ours, theirs = [], []
+    with kept_to_the_end() as kept:
         for _ in range(reps):
             for root, out in ((ROOT, ours), (tree, theirs)):
-                out.append(grid_once(root, seeds, keep=kept))  # deleted at the end: see `cpu_against`
-    finally:
-        for folder in kept:
-            shutil.rmtree(folder, ignore_errors=True)
+                out.append(grid_once(root, seeds, keep=kept))
     med = lambda xs: (statistics.median(w for w, _ in xs), statistics.median(c for _, c in xs))  # noqa: E731
     return med(ours), med(theirs)
 
@@ -287,26 +297,17 @@ def cpu_against(tree: Path, seeds: int = 100, reps: int = 2) -> dict:
     """The §5 grid of 10 × `seeds` runs end to end, this tree and `tree` alternating, with wandb offline and
     disabled, and here also offline without the sweep's analysis run (`wandb.analysis=false`, a key `tree` may
     not have): {(where, what): (wall seconds, CPU seconds of the launch and the processes it waited for), each
-    the median of `reps` runs (with 2, their mean)}.
-
-    Every grid's folder stays until the end. Creating a file or folder on this VM's ext4 (no journal) skips
-    every inode freed in the last minutes (`recently_deleted`), one buffer lookup each, so deleting one grid's
-    10,000 right before the next put 5.6–6.0 CPU s of the next grid's ~19 into the kernel's inode search
-    (perf, two grids), whichever tree it was."""
+    the median of `reps` runs (with 2, their mean)}; every grid's folder kept to the end (`kept_to_the_end`)."""
     cases = [("offline", ["wandb.mode=offline"]), ("offline, no analysis run", ["wandb.mode=offline", "wandb.analysis=false"]),
              ("disabled", ["wandb.mode=disabled"])]
     out: dict = {}
-    kept: list = []
-    try:
+    with kept_to_the_end() as kept:
         for _ in range(reps):
             for what, extra in cases:
                 for where, root in (("here", ROOT), ("there", tree)):
                     if where == "there" and "wandb.analysis=false" in extra:
                         continue
                     out.setdefault((where, what), []).append(grid_once(root, seeds, *extra, keep=kept))
-    finally:
-        for folder in kept:
-            shutil.rmtree(folder, ignore_errors=True)
     return {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in out.items()}
 
 

@@ -54,9 +54,6 @@ VARIANTS = {
 assert tuple(VARIANTS) == env_vars.ISA_VARIANTS
 MAX_K = 127  # tokens travel as bytes
 
-_lock = threading.Lock()
-_libs: dict[str, Optional[ctypes.CDLL]] = {}
-_errors: dict[str, str] = {}
 
 
 # ----------------------------------------------------------------------------------------------- building
@@ -248,21 +245,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).restype = ctypes.c_int
 
 
-def library(variant: Optional[str] = None) -> Optional[ctypes.CDLL]:
-    """The loaded kernel, compiling it on first use; None when no build works (reason: `last_error()`)."""
-    variant = variant or isa_variant()
-    with _lock:
-        if variant in _libs:
-            return _libs[variant]
-        lib, errors = compiled(SOURCE, variant, _accept)
-        _libs[variant] = lib
-        _errors[variant] = "\n".join(errors)
-        if lib is None and backend() != "torch":
-            print(f"rw_sweeps.core.fused: no compiled kernel, using PyTorch ({errors[-1].splitlines()[0]})",
-                  file=sys.stderr)
-        return lib
-
-
 def _accept(lib: ctypes.CDLL) -> None:
     _declare(lib)
     if lib.rw_abi() != ABI:
@@ -291,15 +273,41 @@ def compiled(source: Path, variant: str, accept, links: tuple = ((),)) -> tuple[
     return None, errors
 
 
-def last_error(variant: Optional[str] = None) -> str:
-    return _errors.get(variant or isa_variant(), "")
+class Library:
+    """One C source's shared object per ISA variant: built on first use (`compiled`), loaded once, cached with
+    why each build failed. `accept(lib)` declares its functions and raises if it is not the expected library;
+    `links`: the link alternatives, best first; `notice`: how stderr names it when no build works."""
+
+    def __init__(self, source: Path, accept, links: tuple = ((),), notice: str = ""):
+        self.source, self.accept, self.links = source, accept, links
+        self.notice = notice or f"rw_sweeps: no compiled {source.name}"
+        self._lock = threading.Lock()
+        self._libs: dict[str, Optional[ctypes.CDLL]] = {}
+        self._errors: dict[str, str] = {}
+
+    def library(self, variant: Optional[str] = None) -> Optional[ctypes.CDLL]:
+        """The loaded library, compiled on first use; None when no build works (why: `last_error()`)."""
+        variant = variant or isa_variant()
+        with self._lock:
+            if variant not in self._libs:
+                self._libs[variant], errors = compiled(self.source, variant, self.accept, self.links)
+                self._errors[variant] = "\n".join(errors)
+                if self._libs[variant] is None and backend() != "torch":
+                    print(f"{self.notice}, using PyTorch ({errors[-1].splitlines()[0]})", file=sys.stderr)
+            return self._libs[variant]
+
+    def last_error(self, variant: Optional[str] = None) -> str:
+        return self._errors.get(variant or isa_variant(), "")
+
+    def reset(self) -> None:
+        """Forget the loaded library (tests: after changing CC, RW_SWEEPS_CACHE or RW_SWEEPS_FUSED_ISA)."""
+        with self._lock:
+            self._libs.clear()
+            self._errors.clear()
 
 
-def reset() -> None:
-    """Forget loaded kernels (tests: after changing CC, RW_SWEEPS_CACHE or RW_SWEEPS_FUSED_ISA)."""
-    with _lock:
-        _libs.clear()
-        _errors.clear()
+_KERNEL = Library(SOURCE, _accept, notice="rw_sweeps.core.fused: no compiled kernel")
+library, last_error, reset = _KERNEL.library, _KERNEL.last_error, _KERNEL.reset
 
 
 def info() -> dict:
@@ -596,7 +604,7 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
     query columns (attention[:, −2:]) are then set, h_example and h_var may be NaN; every other field is
     the same. once=True: a data set evaluated once (the training set's final loss), so the true
     conditionals are read where they lie rather than laid out in blocks first, which pays only over many
-    evaluations (0.35 CPU s of the 1,000-run §5 grid); the metrics of P (kl, pred_dist) then take the
+    evaluations (half of the 0.65 s cProfile gave its builds on the 1,000-run §5 grid's main thread); the metrics of P (kl, pred_dist) then take the
     kernel's gathered path, within its rounding of the blocked one, and every other field is the same bits."""
     lib = _kernel_for(state, data, geo)
     if lib is None:

@@ -97,10 +97,14 @@ def closed_classes(Pi) -> list[int] | None:
     return out
 
 
+def in_kernel(cfg: RunConfig) -> bool:
+    """Do runs like this one train and evaluate in the compiled kernel (on a CPU)?"""
+    return device_of(cfg).type == "cpu" and fused.available(cfg)
+
+
 def data_dtypes(cfg: RunConfig) -> tuple[torch.dtype, torch.dtype]:
     """(P_true's dtype, the tokens' dtype) of a batch of these runs: bytes where the fused kernel reads them."""
-    fused_here = device_of(cfg).type == "cpu" and fused.available(cfg)
-    return getattr(torch, cfg.precision), torch.uint8 if fused_here else torch.int64
+    return getattr(torch, cfg.precision), torch.uint8 if in_kernel(cfg) else torch.int64
 
 
 def batch_bytes(c: RunConfig) -> int:
@@ -165,7 +169,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
 
     A chunk whose steps and evaluations are the compiled kernel's (on a CPU) runs torch's own ops on one
     thread: the kernel's threads do its parallel work (`fused.torch_serial`)."""
-    kernel = device_of(cfgs[0]).type == "cpu" and fused.available(cfgs[0])
+    kernel = in_kernel(cfgs[0])
     with fused.torch_serial() if kernel else contextlib.nullcontext():
         return _train(cfgs, run_dirs, progress, resumed, live, kernel)
 

@@ -34,7 +34,7 @@ from . import run, tracking, writer
 from .hydra_adapter import command_line, errors_reach_caller
 from .hydra_errors import one_line_errors
 from .placement import check_run_folder
-from .planner import no_group_deleted, packaged_conf
+from .planner import has_interpolation, no_group_deleted, packaged_conf
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
             # a job's environment: env_set as written; a value that interpolates (`${hydra:job.num}`) is the job's
             # own, resolved as Hydra resolves it and checked by the planner for each job of a multirun
             env_set = OmegaConf.to_container(cfg.hydra.job, resolve=False).get("env_set") or {}
-            plain = {str(k): str(v) for k, v in env_set.items() if not (isinstance(v, str) and "${" in v)}
+            plain = {str(k): str(v) for k, v in env_set.items() if not has_interpolation(v)}
             env_vars.check({**os.environ, **plain})
             no_group_deleted(overrides)
             if mode == RunMode.RUN:

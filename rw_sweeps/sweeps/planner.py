@@ -120,11 +120,12 @@ def quick_override(line: str, loader=None) -> Override | None:
                     _value=int(m.group(2)), package=None, input_line=line, config_loader=loader)
 
 
-def _has_interpolation(node: Any) -> bool:
+def has_interpolation(node: Any) -> bool:
+    """Does this node of a config (plain dicts, lists and values) hold a `${…}` anywhere?"""
     if isinstance(node, dict):
-        return any(_has_interpolation(v) for v in node.values())
+        return any(has_interpolation(v) for v in node.values())
     if isinstance(node, list):
-        return any(_has_interpolation(v) for v in node)
+        return any(has_interpolation(v) for v in node)
     return isinstance(node, str) and "${" in node
 
 
@@ -215,7 +216,7 @@ class Planner:
             cfg = self.compose(overrides, num)
             full = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
             hydra = full.pop("hydra")
-            self._templates[key] = (cfg, None if _has_interpolation(full) else full, hydra)
+            self._templates[key] = (cfg, None if has_interpolation(full) else full, hydra)
         return self._templates[key]
 
     def _interpolates(self, env_set) -> bool:
@@ -224,7 +225,7 @@ class Planner:
         if hit is None or hit[0] is not env_set:
             if len(self._env_sets) > 4096:  # jobs Hydra composed itself each have their own: kept bounded
                 self._env_sets.clear()
-            hit = self._env_sets[id(env_set)] = (env_set, _has_interpolation(env_set))
+            hit = self._env_sets[id(env_set)] = (env_set, has_interpolation(env_set))
         return hit[1]
 
     def _parse(self, overrides: list[str]) -> list[Override]:
@@ -297,7 +298,7 @@ class Planner:
             # run_job's own copy: its hydra node's parent is then a root holding that node alone
             env = OmegaConf.to_container(copy.deepcopy(HydraConfig.instance().cfg).hydra.job.env_set, resolve=True)
         except Exception as e:  # noqa: BLE001 - OmegaConf's resolution errors: one line naming the key
-            key = next((k for k in raw if _has_interpolation(raw[k])), next(iter(raw)))
+            key = next((k for k in raw if has_interpolation(raw[k])), next(iter(raw)))
             raise ConfigError(f"hydra.job.env_set.{key}", raw[key],
                               "cannot be resolved: Hydra resolves env_set against the job's hydra node alone "
                               f"(${{hydra:job.num}} is there, a task key is not): {' '.join(str(e).split())[:160]}") from None

@@ -11,8 +11,6 @@ on this project's 2-core VM. Where OpenMP does not build, pthreads.
 from __future__ import annotations
 
 import ctypes
-import sys
-import threading
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -24,36 +22,13 @@ SFX = {torch.float64: "f64", torch.float32: "f32"}  # the dtypes every kernel is
 LINKS = (("-fopenmp",), ())
 
 
-class CKernel:
-    """One C source's library: `declare(lib)` sets its functions' ctypes signatures (and raises if the library
-    is not the one expected, so that the next, more portable build is tried)."""
+class CKernel(fused.Library):
+    """One C source's library (`fused.Library`, with torch's OpenMP first) and how a caller dispatches to it:
+    `declare(lib)` sets its functions' ctypes signatures (and raises if the library is not the one expected,
+    so that the next, more portable build is tried)."""
 
     def __init__(self, source: Path, declare: Callable[[ctypes.CDLL], None]):
-        self.source, self.declare = source, declare
-        self._lock = threading.Lock()
-        self._libs: dict[str, Optional[ctypes.CDLL]] = {}
-        self._errors: dict[str, str] = {}
-
-    def library(self) -> Optional[ctypes.CDLL]:
-        """The loaded library, compiled on first use; None when no build works (why: `last_error()`)."""
-        variant = fused.isa_variant()
-        with self._lock:
-            if variant not in self._libs:
-                self._libs[variant], errors = fused.compiled(self.source, variant, self.declare, LINKS)
-                self._errors[variant] = "\n".join(errors)
-                if self._libs[variant] is None and fused.backend() != "torch":
-                    print(f"rw_sweeps: no compiled {self.source.name}, using PyTorch ({errors[-1].splitlines()[0]})",
-                          file=sys.stderr)
-            return self._libs[variant]
-
-    def last_error(self) -> str:
-        return self._errors.get(fused.isa_variant(), "")
-
-    def reset(self) -> None:
-        """Forget the loaded library (tests: after changing CC, RW_SWEEPS_CACHE or RW_SWEEPS_FUSED_ISA)."""
-        with self._lock:
-            self._libs.clear()
-            self._errors.clear()
+        super().__init__(source, declare, LINKS)
 
     def why_not(self, x: torch.Tensor, backend: str, unfit: Optional[str] = None,
                 slower: Optional[str] = None) -> Optional[str]:

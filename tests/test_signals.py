@@ -304,14 +304,20 @@ def alive(pid: int) -> bool:
 
 # ------------------------------------------------------------------------------------ killed writes
 def test_stale_temp_files_of_killed_writes_are_removed_by_the_next_launch(tmp_path):
+    """Only in the folders the sweep's record names (its own and its runs'), never by walking a tree."""
     sweep, outside = tmp_path / "S", tmp_path / "outside"
-    (sweep / "0" / ".hydra").mkdir(parents=True)
+    r = launch("-m", *QUIET, "optim.steps=10", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    for n in "01":  # the runs are done: the next launch must write (retrain) something to hold the lock
+        (sweep / n / "summary.json").unlink()
+    (sweep / "notes" / "deep").mkdir(parents=True)
     outside.mkdir()
     old = time.time() - 3600
     stale = [sweep / ".multirun.yaml.0123456789abcdef.tmp", sweep / "0" / ".summary.json.0123456789abcdef.tmp",
              sweep / "0" / ".hydra" / ".config.yaml.fedcba9876543210.tmp"]
     kept = [sweep / "0" / ".history.jsonl.0123456789ABCDEF.tmp",  # not a name of ours (upper-case hex)
             sweep / "0" / "notes.0123456789abcdef.tmp",            # nor this (no leading dot)
+            sweep / "notes" / "deep" / ".n.0123456789abcdef.tmp",   # a folder no record names: not walked
             outside / ".x.0123456789abcdef.tmp"]                   # outside the sweep: reached only by a link
     for f in stale + kept:
         f.write_text("partial")

@@ -19,7 +19,7 @@ from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 
 from rw_sweeps.core import trainer
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core.safefs import refuse_links
+from rw_sweeps.core.safefs import hold, refuse_links
 from rw_sweeps.sweeps import packing, tracking, writer
 from rw_sweeps.sweeps.hydra_adapter import job_value
 
@@ -84,10 +84,12 @@ class HydraJob(Requeued, Payload):
         self.hydra_context, self.task_function = launcher.hydra_context, launcher.task_function
         self.config, self.overrides, self.num, self.project = launcher.config, list(overrides), num, project
         self.output_dir = output_dir  # the project's runs: checked for planted links before run_job writes
+        self.sweep_dir = str(launcher.sweep_dir) if output_dir is not None else None  # absolute
         super().__init__()
 
     def run(self, job_id: Optional[str]) -> JobReturn:
         if self.output_dir is not None:  # Hydra's run_job writes `.hydra/` and the log with plain open()
+            hold(self.sweep_dir)  # the project's own writes: through the sweep's handle
             refuse_links(Path(self.output_dir), self.config.hydra.output_subdir)
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
         with open_dict(cfg.hydra.job):

@@ -34,7 +34,7 @@ from hydra.plugins.launcher import Launcher
 from rw_sweeps.core import signals
 from rw_sweeps.core.errors import ConfigError, Interrupted, one_line
 from rw_sweeps.core.metrics import OBJECTIVES
-from rw_sweeps.core.safefs import remove_stale_temps
+from rw_sweeps.core import safefs
 from rw_sweeps.sweeps import app, lock, packing, placement, status
 from rw_sweeps.sweeps.hydra_adapter import observes_jobs
 from rw_sweeps.sweeps.hydra_job import Chunk, LazyJobReturn
@@ -241,11 +241,13 @@ class RwLauncher(Launcher):
         writes left in the folder are removed (no other launch can be writing them)."""
         if self.record is not None or getattr(self, "_locked", None) == self.sweep_dir:
             return  # a later batch of this sweep: already held
+        lock.claim(self.sweep_dir)  # NotASweep: someone else's folder, refused in one line
+        safefs.hold(self.sweep_dir)  # every later path below it is reached through this handle
         lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])  # SweepLocked: refused, in one line
         self._locked = sweep_dir = self.sweep_dir
         atexit.register(lock.release, sweep_dir)
         signals.on_stop(lambda: lock.release(sweep_dir))
-        remove_stale_temps(sweep_dir)
+        safefs.remove_stale_temps(sweep_dir, _recorded_runs(sweep_dir))
 
     # ---------------------------------------------------------------------------------------- record
     def _record(self, specs, done, todo) -> dict:
@@ -403,6 +405,16 @@ class SlurmLauncher(RwLauncher):
 # again gets that class's own subclasses.
 BACKENDS = RwLauncher.backends = {cls.backend: cls for cls in (InProcessLauncher, LocalGpusLauncher, SlurmLauncher)}
 
+
+
+def _recorded_runs(sweep_dir: Path) -> list:
+    """The run folders the sweep's record names (where a killed write's temp files may be); none when there is
+    no record or it cannot be read (status says why)."""
+    try:
+        rec = status.read_record(sweep_dir)
+    except Exception:  # noqa: BLE001 - a broken record is status's to report; cleanup then touches no run folder
+        return []
+    return list(rec["runs"]) if rec else []
 
 
 def _from_folder(spec, error: Any, summary: Optional[dict]) -> JobReturn:

@@ -29,6 +29,8 @@ from typing import Iterator
 import orjson
 import yaml
 
+from . import safefs
+
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 MAX_DEPTH = 64  # the deepest a contract file nests is 4 (a snapshot's matrix in a row): 64 is generous
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
@@ -46,7 +48,9 @@ class Broken(ValueError):
 def open_regular(path, what: str):
     """A binary file object for a regular file at `path`, never through a link, never blocking."""
     try:
-        fd = os.open(path, _READ)
+        fd = safefs.open_file(path, _READ)  # in its folder's handle: no link on the way is followed
+    except safefs.PlantedLink:
+        raise Broken(path, f"{what} is reached through a symbolic link; it is not followed") from None
     except OSError as e:
         if e.errno == errno.ENOENT:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path)) from None

@@ -1,13 +1,24 @@
 """The one way this project writes into a sweep folder, which strangers may share.
 
-Every file is written to a fresh, unpredictable temporary name opened with O_CREAT|O_EXCL|O_NOFOLLOW (a
-link or file planted at that name makes the open fail instead of redirecting the write) and renamed over
-its target (a rename replaces a planted link itself, never what it points to); readers so see the old
-file or the new one, never half of one. Logs are appended through O_NOFOLLOW, and a run folder or its
-`.hydra` that is a symbolic link is refused (`PlantedLink`) rather than followed. Files get the
-permissions the umask allows, as `open` would give them (group-readable on a shared file system). A write
-killed outright (SIGKILL, a second signal) leaves its temp file; `remove_stale_temps` removes those of a
-sweep folder when the next launch holds its lock.
+A path checked and then used by name is a race: a co-worker who can write the sweep folder may swap a run
+folder for a link between the check and the write. So this module does its file-system work through
+folder *handles*. A sweep folder is opened once (`hold`: O_DIRECTORY|O_NOFOLLOW) by each process that
+writes or reads it; every path below it is then reached from that handle one folder at a time
+(`openat(…, O_DIRECTORY|O_NOFOLLOW)`, made with `mkdirat` where missing), so a link anywhere below the
+sweep folder is refused (`PlantedLink`) at the moment it is met, never followed. A path under no held
+folder is reached from its own parent folder, opened the same way (a link at its last folder is refused).
+
+Every file is written to a fresh, unpredictable temporary name created with O_CREAT|O_EXCL|O_NOFOLLOW in
+its folder's handle and renamed over its target with `os.replace(…, src_dir_fd=, dst_dir_fd=)` (a rename
+replaces a planted link itself, never what it points to); readers so see the old file or the new one, never
+half of one. Logs are appended through O_NOFOLLOW in their folder's handle. Files get the permissions the
+umask allows, as `open` would give them (group-readable on a shared file system). A write killed outright
+(SIGKILL, a second signal) leaves its temp file; `remove_stale_temps` removes those, only in the folders
+the sweep's record names, when the next launch holds its lock.
+
+Why a process-wide table of held folders rather than a handle passed down every call: every writer of the
+project (results, Hydra's per-job files, logs, the lock, the record, the analysis cache and report) asks
+for a path, and one table makes each of them go through the handle without a second way to write.
 """
 from __future__ import annotations
 
@@ -18,34 +29,162 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW, _CLOEXEC = getattr(os, "O_NOFOLLOW", 0), getattr(os, "O_CLOEXEC", 0)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+_APPEND = os.O_WRONLY | os.O_CREAT | os.O_APPEND | _NOFOLLOW | _CLOEXEC
+_READ = os.O_RDONLY | _NOFOLLOW | _CLOEXEC
+_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{16}\.tmp", re.DOTALL)  # `write_with`'s temp names, and only those
 STALE_TEMP_S = 10.0  # a temp file untouched this long has no writer left (a live write keeps it fresh)
-_NOT_OURS = frozenset({"wandb", ".wandb_data", ".submitit"})  # folders other programs write: never ours
-_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class PlantedLink(OSError):
     """A folder the project writes into is a symbolic link: followed, it would send files elsewhere."""
 
 
-def ensure_dir(path: Path) -> Path:
-    """The folder, created if missing (with its parents); a link at its place is refused, not followed."""
-    path = Path(path)
-    if path.is_symlink():
-        raise PlantedLink(f"{path} is a symbolic link; refusing to write through it")
+def _link_error(path) -> PlantedLink:
+    return PlantedLink(f"{path} is a symbolic link; refusing to write through it")
+
+
+# ------------------------------------------------------------------------------------------ held folders
+_held: dict[str, int] = {}  # absolute sweep folder (as given, not resolved) → its handle
+_held_lock = threading.Lock()
+
+
+def hold(root, create: bool = True) -> None:
+    """Open the folder `root` (made if missing and `create`) once for this process: every later path below it is reached
+    from this handle, folder by folder, never through a link. Holding a held folder again re-opens it if the
+    folder at that name is no longer the one held (removed and made again)."""
+    key = os.path.abspath(root)
+    with _held_lock:
+        fd = _held.get(key)
+        if fd is not None:
+            try:
+                now, held = os.stat(key, follow_symlinks=False), os.fstat(fd)
+                if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                    return
+            except OSError:
+                pass
+            del _held[key]
+            os.close(fd)
+        if create:
+            _mkdirs(key)
+        _held[key] = _open_dir_at(None, key, key)
+
+
+def release(root) -> None:
+    """Stop holding `root` (its handle closed); a path below it is then reached from its own parent."""
+    with _held_lock:
+        fd = _held.pop(os.path.abspath(root), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _anchor(path: str) -> tuple[int | None, str, list[str]]:
+    """The held folder `path` is under (its handle, its path) and the names leading from it to `path`; (None,
+    "", []) when no held folder holds it, or the held one was removed (a handle of a removed folder would
+    write where no one can read)."""
+    best, held = None, dict(_held)  # a copy: another thread may hold a folder meanwhile
+    for root in held:
+        if (path == root or path.startswith(root.rstrip(os.sep) + os.sep)) and (best is None or len(root) > len(best)):
+            best = root
+    if best is None:
+        return None, "", []
+    fd = held[best]
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        removed = os.fstat(fd).st_nlink == 0
+    except OSError:
+        removed = True
+    if removed:
+        release(best)  # reached by path from now on, until a launch holds the folder at that name again
+        return _anchor(path)
+    return fd, best, [part for part in path[len(best):].split(os.sep) if part]
+
+
+def _open_dir_at(dir_fd: int | None, name: str, shown) -> int:
+    """A handle of the folder `name` (relative to `dir_fd`, or a path), never through a link."""
+    try:
+        return os.open(name, _DIR, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW|O_DIRECTORY at a link says ENOTDIR on Linux
+            try:
+                if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    raise _link_error(shown) from None
+            except FileNotFoundError:
+                pass
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(shown)) from None
+        raise
+
+
+def _mkdirs(path: str) -> None:
+    """`mkdir -p` of a path under no held folder, refusing a link at its last name (as `ensure_dir` did)."""
+    if os.path.islink(path):
+        raise _link_error(path)
+    try:
+        os.makedirs(path, exist_ok=True)
     except FileExistsError:  # a file at the folder's place
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
-    if path.is_symlink():  # planted between the check and the mkdir
-        raise PlantedLink(f"{path} is a symbolic link; refusing to write through it")
-    return path
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+
+
+def open_dir(path, create: bool = False) -> int:
+    """A new handle of the folder `path` (the caller closes it): from the held folder above it, one name at a
+    time, each made if missing when `create`; else from the folder's own path. A link on the way is
+    `PlantedLink`, a file `NotADirectoryError`, a missing folder `FileNotFoundError`."""
+    path = os.path.abspath(path)
+    fd, root, parts = _anchor(path)
+    if fd is None:
+        if create:
+            _mkdirs(path)
+        return _open_dir_at(None, path, path)
+    if any(part in (".", "..") for part in parts):  # abspath removed them; a defence, not a case
+        raise ValueError(f"{path}: not a plain path below {root}")
+    cur, shown = os.dup(fd), root
+    try:
+        for part in parts:
+            shown = os.path.join(shown, part)
+            try:
+                nxt = _open_dir_at(cur, part, shown)
+            except FileNotFoundError:
+                if not create:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), shown) from None
+                try:
+                    os.mkdir(part, 0o777, dir_fd=cur)
+                except FileExistsError:
+                    pass  # made meanwhile (another writer), or a link planted there: the open below decides
+                nxt = _open_dir_at(cur, part, shown)
+            os.close(cur)
+            cur = nxt
+    except BaseException:
+        os.close(cur)
+        raise
+    return cur
+
+
+class _InDir:
+    """`with _InDir(path, create) as (dir_fd, name):` the handle of a file's folder, and the file's name."""
+
+    def __init__(self, path, create: bool) -> None:
+        self.path, self.create = os.path.abspath(path), create
+
+    def __enter__(self) -> tuple[int, str]:
+        parent, name = os.path.split(self.path)
+        self.fd = open_dir(parent, self.create)
+        return self.fd, name
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+# ------------------------------------------------------------------------------------------ folders
+def ensure_dir(path: Path) -> Path:
+    """The folder, created if missing (with its parents); a link on its way is refused, not followed."""
+    os.close(open_dir(path, create=True))
+    return Path(path)
 
 
 def owned_dirs(root: Path, *parts: str) -> Path:
@@ -65,63 +204,65 @@ def refuse_links(run_dir: Path, hydra_subdir: str | None = ".hydra") -> None:
     folders = [run_dir] + ([run_dir / hydra_subdir] if hydra_subdir else [])
     for folder in folders:
         if folder.is_symlink():
-            raise PlantedLink(f"{folder} is a symbolic link; refusing to write through it")
+            raise _link_error(folder)
         if folder.is_dir():
             for entry in os.scandir(folder):
                 if entry.is_symlink():
-                    raise PlantedLink(f"{entry.path} is a symbolic link; refusing to write through it")
+                    raise _link_error(entry.path)
 
 
-def remove_stale_temps(root: Path, older_than_s: float = STALE_TEMP_S) -> int:
-    """Remove the temp files that killed writes left under `root` (a sweep folder whose lock the caller
-    holds, so no other launch writes there): only names `write_with` makes (`.<name>.<16 hex digits>.tmp`),
-    only regular files and links (a link itself, never what it points to), only those unmodified for
-    `older_than_s` seconds (a write still going keeps its file fresh). Folders are entered only when they
-    are real folders (a link to a folder is never followed), except those of wandb and submitit. Returns
-    how many were removed; a file that cannot be looked at or removed is left as it is."""
+def remove_stale_temps(root: Path, folders: Iterable[str] = (), older_than_s: float = STALE_TEMP_S) -> int:
+    """Remove the temp files that killed writes left in the sweep folder `root` (whose lock the caller holds,
+    so no other launch writes there) and in the run folders its record names (`folders`, relative to `root`)
+    and their `.hydra/`: never by walking a tree, never below a link. Only names `write_with` makes
+    (`.<name>.<16 hex digits>.tmp`), only regular files and links (a link itself, never what it points to),
+    only those unmodified for `older_than_s` seconds (a write still going keeps its file fresh). Returns how
+    many were removed; a folder or file that cannot be looked at or removed is left as it is."""
     now, removed = time.time(), 0
-    stack = [os.fspath(root)]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except OSError:
+    seen: set[str] = set()
+    for rel in [""] + [f for name in folders for f in (name, f"{name}/.hydra")]:
+        if rel in seen:
             continue
-        with entries:
-            for entry in entries:
+        seen.add(rel)
+        try:
+            fd = open_dir(os.path.join(os.fspath(root), rel) if rel else root)
+        except (OSError, ValueError):
+            continue
+        try:
+            for name in os.listdir(fd):
+                if not (name.endswith(".tmp") and TEMP_NAME.fullmatch(name)):
+                    continue
                 try:
-                    if entry.name.endswith(".tmp") and TEMP_NAME.fullmatch(entry.name):
-                        st = entry.stat(follow_symlinks=False)
-                        if (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and now - st.st_mtime >= older_than_s:
-                            os.unlink(entry.path)
-                            removed += 1
-                    elif entry.name not in _NOT_OURS and entry.is_dir(follow_symlinks=False):
-                        stack.append(entry.path)
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) and now - st.st_mtime >= older_than_s:
+                        os.unlink(name, dir_fd=fd)
+                        removed += 1
                 except OSError:
                     continue
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     return removed
 
 
+# ------------------------------------------------------------------------------------------ files
 def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
-    """`write(fh)` into a fresh temp file beside `path`, then rename it into place (the one writer)."""
-    path = Path(path)
-    if path.parent.is_symlink():
-        raise PlantedLink(f"{path.parent} is a symbolic link; refusing to write through it")
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    try:
-        fd = os.open(tmp, _CREATE, 0o666)
-    except FileNotFoundError:
-        ensure_dir(path.parent)
-        fd = os.open(tmp, _CREATE, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, path)
-    except BaseException:
+    """`write(fh)` into a fresh temp file in `path`'s folder (made if missing), then renamed into place, both
+    through the folder's handle (the one writer)."""
+    with _InDir(path, create=True) as (dfd, name):
+        tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, _CREATE, 0o666, dir_fd=dfd)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:
@@ -131,25 +272,51 @@ def atomic_write(path: Path, data: str | bytes) -> None:
 
 
 def append_text(path: Path, text: str) -> None:
-    """Append to a log file, never through a link planted at its name or its folder's."""
-    if Path(path).parent.is_symlink():
-        raise PlantedLink(f"{Path(path).parent} is a symbolic link; refusing to write through it")
-    fd = os.open(path, _APPEND, 0o666)
+    """Append to a log file in an existing folder, never through a link on its way or at its name."""
+    with _InDir(path, create=False) as (dfd, name):
+        fd = os.open(name, _APPEND, 0o666, dir_fd=dfd)
     with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(text)
 
 
+def open_file(path, flags: int = _READ) -> int:
+    """A file descriptor of the file `path` opened with `flags` (O_NOFOLLOW added) in its folder's handle:
+    the readers' way in (`rw_sweeps.core.readers`)."""
+    with _InDir(path, create=False) as (dfd, name):
+        return os.open(name, flags | _NOFOLLOW | _CLOEXEC, dir_fd=dfd)
+
+
 def read_bytes(path: Path) -> bytes:
-    """A file's bytes, never through a link at its name (raises OSError for one)."""
-    fd = os.open(path, _READ)
-    with os.fdopen(fd, "rb") as fh:
+    """A file's bytes, never through a link on its way or at its name (raises OSError for one)."""
+    with os.fdopen(open_file(path), "rb") as fh:
         return fh.read()
 
 
+def unlink(path: Path, missing_ok: bool = True) -> None:
+    """Remove the file `path` (a link at its name itself, never what it points to) through its folder's handle."""
+    try:
+        with _InDir(path, create=False) as (dfd, name):
+            os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def lexists(path: Path) -> bool:
+    """Whether anything (a link included) is at `path`, looked up through its folder's handle."""
+    try:
+        with _InDir(path, create=False) as (dfd, name):
+            os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return True
+    except (FileNotFoundError, NotADirectoryError, PlantedLink):
+        return False
+
+
 class NoFollowFileHandler(logging.FileHandler):
-    """logging.FileHandler that opens its file with O_NOFOLLOW (a run's `<job>.log` in the sweep folder)."""
+    """logging.FileHandler that opens its file with O_NOFOLLOW in its folder's handle (a run's `<job>.log`)."""
 
     def _open(self):  # noqa: D401 - the one method FileHandler documents for opening its stream
         flags = _APPEND if "a" in self.mode else (_CREATE & ~os.O_EXCL) | os.O_TRUNC
-        fd = os.open(self.baseFilename, flags, 0o666)
+        with _InDir(self.baseFilename, create=False) as (dfd, name):
+            fd = os.open(name, flags, 0o666, dir_fd=dfd)
         return os.fdopen(fd, self.mode.replace("b", ""), encoding=self.encoding, errors=self.errors)

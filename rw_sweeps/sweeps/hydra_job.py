@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, env_override
 
-from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir
+from rw_sweeps.core.safefs import append_text, atomic_write as _write, ensure_dir, hold
 from rw_sweeps.core import signals
 
 from . import writer
@@ -131,6 +131,8 @@ class Chunk:
 
     def __call__(self) -> list[JobReturn]:
         specs = self.specs
+        if specs[0].sweep_dir:  # in this process too (a submitit or SLURM job), through the sweep's handle
+            hold(specs[0].sweep_dir)
         callbacks = self.hydra_context.callbacks if self.hydra_context is not None else None
         observed = callbacks is not None and observes_jobs(callbacks)
         console, file_fmt = _formatters(specs[0].base_hydra)

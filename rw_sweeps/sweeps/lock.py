@@ -20,7 +20,7 @@ import socket
 import time
 from pathlib import Path
 
-from rw_sweeps.core import readers
+from rw_sweeps.core import readers, safefs
 from rw_sweeps.core.contract import LOCK_CAP
 from rw_sweeps.core.errors import Refused
 from rw_sweeps.core.safefs import atomic_write, ensure_dir
@@ -28,6 +28,33 @@ from rw_sweeps.core.safefs import atomic_write, ensure_dir
 from .status import PENDING, RUNNING, alive, is_pid, is_start, process_start, shown, slurm_states
 
 LOCK = ".rw_lock"
+RECORD = ".rw_sweep.json"  # status.STATE: the sweep's record, which makes a folder the project's
+# What a launch of this project can leave before its record: its lock, the config Hydra's sweepers save, and
+# the temp files of a write killed there (`safefs.TEMP_NAME`)
+_BEFORE_RECORD = frozenset({LOCK, "multirun.yaml"})
+
+
+class NotASweep(Refused):
+    """`hydra.sweep.dir` is a folder of someone else's files (the message names some of them)."""
+
+
+def claim(sweep_dir: Path) -> None:
+    """Refuse, in one line, a sweep folder that holds files and is not a sweep this project made: a launch
+    into a home or project folder would otherwise write over the user's own `multirun.yaml` or take their
+    folder `0/` for run 0. A folder is the project's when it holds the sweep's record or lock (or only what a
+    launch writes before them); a missing or empty folder is free."""
+    try:
+        names = os.listdir(sweep_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # made by the launch; a file at its name is placement's one line
+    if RECORD in names or LOCK in names:
+        return
+    foreign = sorted(n for n in names if n not in _BEFORE_RECORD and not safefs.TEMP_NAME.fullmatch(n))
+    if foreign:
+        shown_names = ", ".join(shown(n) + ("/" if os.path.isdir(os.path.join(sweep_dir, n)) else "")
+                                for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise NotASweep(f"invalid config: hydra.sweep.dir={shown(str(sweep_dir))}: the folder holds files this project "
+                        f"did not make ({shown_names}); choose a new or empty folder, or a sweep folder of rw-sweeps")
 
 
 YOUNG_S = 10.0  # an empty lock younger than this is being written by its holder: held

@@ -1,0 +1,182 @@
+"""The sweep folder is a file-system boundary (issue "Edges III", items 1, 2 and 5).
+
+A co-worker who can write a shared sweep folder swaps run folders for links while a launch writes; the
+project works through the sweep folder's handle, folder by folder, so nothing lands outside it in any try.
+A launch into a folder of someone else's files is refused in one line, and nothing there is touched.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from rw_sweeps.core import safefs
+from .conftest import ROOT, launch, start_launch
+
+TINY = ["data.n_train=64", "data.n_test=64", "data.N=17", "model.M=20", "wandb.mode=disabled"]
+_libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """renameat2(RENAME_EXCHANGE): the two names swap what they hold, atomically (the attacker's move)."""
+    return _libc.renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0
+
+
+class Swapper(threading.Thread):
+    """Swaps each of `names` (run folders) with a link to the victim's folder, back and forth, until stopped."""
+
+    def __init__(self, sweep: Path, victim: Path, names: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.sweep, self.names, self.stop, self.swaps = sweep, names, threading.Event(), 0
+        self.links = []
+        for n in names:
+            link = sweep.parent / f"link-{sweep.name}-{n}"
+            os.symlink(victim, link)
+            self.links.append(link)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for n, link in zip(self.names, self.links):
+                if exchange(self.sweep / n, link):
+                    self.swaps += 1
+
+    def put_back(self) -> None:
+        self.stop.set()
+        self.join()
+        for n, link in zip(self.names, self.links):
+            if os.path.islink(self.sweep / n):  # left swapped: put the real folder back where it belongs
+                exchange(self.sweep / n, link)
+
+
+def everything_in(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_item1_run_folders_swapped_for_links_while_launches_write_land_nothing_outside(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "mine.txt").write_text("the victim's own file")
+    for attempt in range(2):
+        sweep = tmp_path / f"tc{attempt}"
+        first = launch("-m", *TINY, "data.p=0,0.5", "optim.steps=300", f"hydra.sweep.dir={sweep}")
+        assert first.returncode == 0, first.stderr
+        for n in "01":  # unfinished again: the relaunch under attack writes every file of both runs
+            (sweep / n / "summary.json").unlink()
+        swapper = Swapper(sweep, victim, ["0", "1"])
+        swapper.start()
+        try:
+            p = start_launch("-m", *TINY, "data.p=0,0.5", "optim.steps=300", f"hydra.sweep.dir={sweep}")
+            out, err = p.communicate(timeout=600)
+            an = subprocess.run([sys.executable, "-m", "analysis", str(sweep)], cwd=ROOT, capture_output=True,
+                                text=True, timeout=600)
+        finally:
+            swapper.put_back()
+        assert swapper.swaps > 0
+        said = [ln for ln in out.splitlines() if ln.startswith(("done:", "failed:", "skipped"))]
+        assert len(said) == 2, out  # both runs were written (or failed on a link) under attack, not refused
+        assert everything_in(victim) == ["mine.txt"], (attempt, out, err)  # nothing landed outside, in any try
+        assert "Traceback" not in err + out and "Traceback" not in an.stderr, (err, an.stderr)
+        for n in "01":  # the runs the attack made fail are trained on a quiet relaunch; every file is ours
+            assert not (sweep / n).is_symlink()
+    again = launch("-m", *TINY, "data.p=0,0.5", "optim.steps=300", f"hydra.sweep.dir={sweep}")
+    assert again.returncode == 0, again.stderr
+    assert all((sweep / n / "summary.json").is_file() for n in "01")
+
+
+def test_item2_a_launch_into_a_folder_of_someone_elses_files_is_one_line_and_touches_nothing(tmp_path):
+    home = tmp_path / "project"
+    (home / "0").mkdir(parents=True)
+    (home / "0" / "data.csv").write_text("x,y\n1,2\n")
+    (home / "a" / "b").mkdir(parents=True)
+    planted = home / "a" / "b" / ".notes.txt.0123456789abcdef.tmp"  # named like our temp files, two hours old
+    planted.write_text("keep me")
+    os.utime(planted, (1, 1))
+    (home / "multirun.yaml").write_text("mine: true\n")
+    before = {p: p.read_bytes() for p in home.rglob("*") if p.is_file()}
+    r = launch("-m", *TINY, "data.p=0,0.5", "optim.steps=5", f"hydra.sweep.dir={home}")
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "the folder holds files this project did not make" in lines[0], r.stderr
+    assert "0/" in lines[0] and "a/" in lines[0]
+    assert {p: p.read_bytes() for p in home.rglob("*") if p.is_file()} == before  # nothing written, nothing removed
+    assert not (home / ".rw_lock").exists() and not (home / ".rw_sweep.json").exists()
+
+
+def test_item2_an_empty_folder_and_a_sweep_of_ours_are_launched_into(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = launch("-m", *TINY, "data.p=0.5", "optim.steps=5", f"hydra.sweep.dir={empty}")
+    assert r.returncode == 0, r.stderr
+    again = launch("-m", *TINY, "data.p=0,0.5", "optim.steps=5", f"hydra.sweep.dir={empty}")  # ours now: it grows
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.parent.name for p in empty.glob("*/summary.json")) == ["0", "1"]
+
+
+# ------------------------------------------------------------------------------------------ the handle itself
+def test_writes_below_a_held_folder_refuse_a_link_at_any_depth(tmp_path):
+    root, victim = tmp_path / "sweep", tmp_path / "victim"
+    (root / "3" / ".hydra").mkdir(parents=True)
+    victim.mkdir()
+    safefs.hold(root)
+    try:
+        safefs.atomic_write(root / "3" / ".hydra" / "config.yaml", "a: 1\n")
+        assert (root / "3" / ".hydra" / "config.yaml").read_text() == "a: 1\n"
+        os.rename(root / "3", tmp_path / "aside")
+        os.symlink(victim, root / "3")  # a run folder that is now a link: refused, at whatever depth is written
+        for target in (root / "3" / "summary.json", root / "3" / ".hydra" / "config.yaml"):
+            with pytest.raises(safefs.PlantedLink, match="3 is a symbolic link"):
+                safefs.atomic_write(target, "x")
+        with pytest.raises(safefs.PlantedLink):
+            safefs.append_text(root / "3" / "rw.log", "line\n")
+        with pytest.raises(safefs.PlantedLink):
+            safefs.ensure_dir(root / "3" / "wandb")
+        assert list(victim.iterdir()) == []
+        safefs.atomic_write(root / "4" / "new" / "f", "made through the handle")  # folders made as it goes
+        assert (root / "4" / "new" / "f").read_text() == "made through the handle"
+    finally:
+        safefs.release(root)
+
+
+def test_a_held_folder_moved_is_still_the_sweep_and_one_removed_is_let_go(tmp_path):
+    root = tmp_path / "sweep"
+    safefs.hold(root)
+    try:
+        os.rename(root, tmp_path / "moved")  # moved away (by whoever can write its parent): the held folder is
+        root.mkdir()                          # the sweep, wherever it is now; nothing goes to the new one
+        safefs.atomic_write(root / "g", "held")
+        assert (tmp_path / "moved" / "g").read_text() == "held" and not (root / "g").exists()
+        (tmp_path / "moved" / "g").unlink()
+        os.rmdir(tmp_path / "moved")  # removed: its handle would write where no one can read
+        safefs.atomic_write(root / "f", "here")
+        assert (root / "f").read_text() == "here"
+        safefs.hold(root)  # holding it again takes the folder now at the name
+        safefs.atomic_write(root / "h", "here too")
+        assert (root / "h").read_text() == "here too"
+    finally:
+        safefs.release(root)
+
+
+def test_no_module_but_safefs_writes_a_sweep_file_by_path():
+    """One owner: the project's sweep-side writers go through safefs (open for writing, rename, unlink,
+    mkdir by path are safefs's alone)."""
+    import re
+    forbidden = re.compile(r"os\.(replace|rename|unlink|mkdir|makedirs)\(|\.write_text\(|\.write_bytes\(|open\([^)]*['\"][wa]")
+    allowed = {"rw_sweeps/core/safefs.py", "rw_sweeps/core/fused.py", "rw_sweeps/core/seal.py",  # outside any sweep
+               "rw_sweeps/sweeps/lock.py",  # the lock's own atomic link at the sweep folder's top
+               "rw_sweeps/sweeps/predict.py", "analysis/report.py", "analysis/__main__.py"}  # a report folder of the user's
+    offenders = []
+    for base in ("rw_sweeps", "analysis", "hydra_plugins"):
+        for path in (ROOT / base).rglob("*.py"):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in allowed:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if forbidden.search(line.split("#")[0]):
+                    offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert offenders == []

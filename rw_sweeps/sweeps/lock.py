@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from rw_sweeps.core import readers, safefs
-from rw_sweeps.core.contract import LOCK_CAP
+from rw_sweeps.core.contract import CHECKPOINT, CONFIG, HISTORY, LOCK_CAP, SNAPSHOTS, SUMMARY, job_number
 from rw_sweeps.core.errors import Refused
 from rw_sweeps.core.safefs import atomic_write, ensure_dir
 
@@ -29,9 +29,16 @@ from .status import PENDING, RUNNING, alive, is_pid, is_start, process_start, sh
 
 LOCK = ".rw_lock"
 RECORD = ".rw_sweep.json"  # status.STATE: the sweep's record, which makes a folder the project's
-# What a launch of this project can leave before its record: its lock, the config Hydra's sweepers save, and
-# the temp files of a write killed there (`safefs.TEMP_NAME`)
-_BEFORE_RECORD = frozenset({LOCK, "multirun.yaml"})
+# What a launch of this project leaves in a sweep folder before its record (its lock, the config Hydra's
+# sweepers save, a killed write's temp files), and what a run folder of any launcher holds: a folder of only
+# these is the project's (a sweep of an older version, or one whose first launch stopped early)
+_TOP = frozenset({LOCK, "multirun.yaml"})
+_IN_RUN = frozenset({CONFIG, SUMMARY, HISTORY, SNAPSHOTS, CHECKPOINT, ".hydra", "wandb", ".wandb_exported.json"})
+_LOOKED_AT = 10_000  # entries judged before a folder without a record is taken for someone else's
+
+
+YOUNG_S = 10.0  # an empty lock younger than this is being written by its holder: held
+_HELD: set[str] = set()  # the sweep folders this process holds
 
 
 class NotASweep(Refused):
@@ -39,26 +46,40 @@ class NotASweep(Refused):
 
 
 def claim(sweep_dir: Path) -> None:
-    """Refuse, in one line, a sweep folder that holds files and is not a sweep this project made: a launch
-    into a home or project folder would otherwise write over the user's own `multirun.yaml` or take their
-    folder `0/` for run 0. A folder is the project's when it holds the sweep's record or lock (or only what a
-    launch writes before them); a missing or empty folder is free."""
+    """Refuse, in one line, a sweep folder that holds files this project did not make: a launch into a home or
+    project folder would otherwise write over the user's own `multirun.yaml`, or take their folder `0/` for
+    run 0. A folder is the project's when it holds the sweep's record or lock, or only what the project
+    writes (numbered run folders of run files, `multirun.yaml`); a missing or empty folder is free."""
     try:
         names = os.listdir(sweep_dir)
     except (FileNotFoundError, NotADirectoryError):
         return  # made by the launch; a file at its name is placement's one line
     if RECORD in names or LOCK in names:
         return
-    foreign = sorted(n for n in names if n not in _BEFORE_RECORD and not safefs.TEMP_NAME.fullmatch(n))
+    foreign = [n for n in sorted(names)[:_LOOKED_AT] if not _ours(Path(sweep_dir), n)]
+    if len(names) > _LOOKED_AT and not foreign:
+        foreign = [f"{len(names) - _LOOKED_AT:,} entries not looked at"]
     if foreign:
-        shown_names = ", ".join(shown(n) + ("/" if os.path.isdir(os.path.join(sweep_dir, n)) else "")
-                                for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise NotASweep(f"invalid config: hydra.sweep.dir={shown(str(sweep_dir))}: the folder holds files this project "
-                        f"did not make ({shown_names}); choose a new or empty folder, or a sweep folder of rw-sweeps")
+        listed = ", ".join(shown(n) + ("/" if os.path.isdir(os.path.join(sweep_dir, n)) else "") for n in foreign[:3])
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise NotASweep(f"invalid config: hydra.sweep.dir={shown(str(sweep_dir))}: the folder holds files this "
+                        f"project did not make ({listed}{more}); choose a new or empty folder, or a sweep folder "
+                        f"of rw-sweeps")
 
 
-YOUNG_S = 10.0  # an empty lock younger than this is being written by its holder: held
-_HELD: set[str] = set()  # the sweep folders this process holds
+def _ours(sweep_dir: Path, name: str) -> bool:
+    """Whether an entry of a sweep folder without a record is one the project writes."""
+    if name in _TOP or safefs.TEMP_NAME.fullmatch(name):
+        return True
+    if job_number(name) is None:
+        return False
+    try:
+        inside = os.listdir(sweep_dir / name)
+    except NotADirectoryError:
+        return True  # a file at a run's place: that run fails in one line; nothing of it is written over
+    except OSError:
+        return False
+    return all(n in _IN_RUN or n.endswith(".log") or safefs.TEMP_NAME.fullmatch(n) for n in inside)
 
 
 class SweepLocked(Refused):

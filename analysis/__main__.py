@@ -18,7 +18,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from rw_sweeps.core import signals
+from rw_sweeps.core import seal, signals
 from rw_sweeps.core.console import prog
 
 from rw_sweeps.core.readers import Broken
@@ -235,10 +235,14 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     ap, args = parse_args(argv)
     try:
+        seal.check()  # the runs' cache is sealed: a key that cannot be used is one line, before anything is written
         rep = build(args.sweeps, args.out, args.x, args.y, args.row, args.col, args.metric, args.tol,
                     args.paper, args.refresh)
     except UsageError as e:
         ap.error(str(e))
+    except seal.SealKeyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not len(rep.runs):
         print(f"error: no finished runs in {' '.join(map(str, args.sweeps))} "
               f"({len(rep.skipped)} folders skipped); see {rep.path}", file=sys.stderr)

@@ -13,7 +13,7 @@ from pathlib import Path
 from rw_sweeps.core.safefs import owned_dirs
 from rw_sweeps.core import contract, readers
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, runs_table, table
-from rw_sweeps.core.wandb_io import wandb as _wandb
+from rw_sweeps.core.wandb_io import said, say, wandb as _wandb
 
 
 def analysis_id(sweep_dir: Path) -> str:
@@ -37,11 +37,26 @@ def warm() -> None:
     _wandb()
 
 
+LEAD = "warning: wandb analysis run incomplete: "  # beside the callback's `… not logged: …` for an error
+AGAIN = "the same launch again logs the sweep's analysis run"
+
+
 def log_analysis(sweep_dir: Path, w: dict) -> None:
     """One wandb run, job_type=analysis, in the sweep's group: every figure of the sweep's report (`python -m
     analysis SWEEP`'s, built into `<sweep>/wandb_analysis/report/` by `analysis.__main__.build`), the runs
     table (`runs_table`: one row per run, its config keys at their config.yaml paths, its summary fields and
-    `success`) and every column of every run as a Parquet artifact."""
+    `success`) and every column of every run as a Parquet artifact. What wandb failed to write of it (a full
+    disk fails every message of its log) is one line (`wandb_io.say`); an error it raises is the caller's
+    one line, and the failed writes that came with it are not said again."""
+    try:
+        _log_analysis(sweep_dir, w)
+    except Exception:
+        said()
+        raise
+    say(lead=LEAD, again=AGAIN)
+
+
+def _log_analysis(sweep_dir: Path, w: dict) -> None:
     # matplotlib: only once a sweep has ended; the callback that imports this module is instantiated by
     # Hydra at every launch
     import matplotlib

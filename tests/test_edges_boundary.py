@@ -1,4 +1,4 @@
-"""The sweep folder is a file-system boundary (issue "Edges III", items 1, 2 and 5).
+"""The sweep folder is a file-system boundary (the file-system edges a shared folder has).
 
 A co-worker who can write a shared sweep folder swaps run folders for links while a launch writes; the
 project works through the sweep folder's handle, folder by folder, so nothing lands outside it in any try.
@@ -58,7 +58,7 @@ def everything_in(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-def test_item1_run_folders_swapped_for_links_while_launches_write_land_nothing_outside(tmp_path):
+def test_run_folders_swapped_for_links_while_launches_write_land_nothing_outside(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "mine.txt").write_text("the victim's own file")
@@ -89,7 +89,7 @@ def test_item1_run_folders_swapped_for_links_while_launches_write_land_nothing_o
     assert all((sweep / n / "summary.json").is_file() for n in "01")
 
 
-def test_item2_a_launch_into_a_folder_of_someone_elses_files_is_one_line_and_touches_nothing(tmp_path):
+def test_a_launch_into_a_folder_of_someone_elses_files_is_one_line_and_touches_nothing(tmp_path):
     home = tmp_path / "project"
     (home / "0").mkdir(parents=True)
     (home / "0" / "data.csv").write_text("x,y\n1,2\n")
@@ -108,7 +108,7 @@ def test_item2_a_launch_into_a_folder_of_someone_elses_files_is_one_line_and_tou
     assert not (home / ".rw_lock").exists() and not (home / ".rw_sweep.json").exists()
 
 
-def test_item2_an_empty_folder_and_a_sweep_of_ours_are_launched_into(tmp_path):
+def test_an_empty_folder_and_a_sweep_of_ours_are_launched_into(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     r = launch("-m", *TINY, "data.p=0.5", "optim.steps=5", f"hydra.sweep.dir={empty}")

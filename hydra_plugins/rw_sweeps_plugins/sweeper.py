@@ -8,6 +8,8 @@
    diverged runs, and the exit status is non-zero if any failed. The exit comes from the front door
    after Hydra is done, so `on_multirun_end` always fires first.
 3. The sweep's JobReturns are returned, batch by batch, as Hydra's sweepers return them.
+4. A grid is counted before Hydra lists its jobs (`grid_size`, without building one): one of more than
+   `hydra.sweeper.max_runs` runs is refused in one line, before anything is written.
 The sweep's analysis run is not the sweeper's: `conf/config.yaml` attaches it as a Hydra callback
 (`analysis.callback.WandbAnalysis`, on `on_multirun_end`).
 
@@ -16,8 +18,10 @@ a study in which no trial completed (every run diverged or failed) ends with one
 kept, instead of Optuna's `ValueError: No trials are completed yet` and a traceback.
 """
 
+import decimal
 import functools
 import logging
+import math
 import os
 import sys
 from collections import Counter
@@ -30,6 +34,7 @@ from omegaconf import OmegaConf
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, Glob, Override, RangeSweep
 from hydra.core.utils import JobStatus
 
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
@@ -45,11 +50,21 @@ from rw_sweeps.sweeps.status import summary_line
 log = logging.getLogger(__name__)
 
 
+MAX_RUNS = 1_000_000
+EXACT_FLOAT_RANGE = 10_000  # a float range's values listed to be counted exactly (~2 µs each), at most
+
+
 @dataclass
 class RwSweeperConf:
     _target_: str = "hydra_plugins.rw_sweeps_plugins.sweeper.RwSweeper"
     max_batch_size: Optional[int] = None
     params: Optional[Dict[str, str]] = None
+    # The most runs a grid may have. Every job of a grid is expanded, validated and placed in this process's
+    # memory before any starts, ~2 KB a run (a 100,000-run dry run held 180 MB more than a 10-run one, this VM,
+    # 2026-12-07): a million runs ~2 GB, which one machine holds; ten million ~20 GB, which most do not, and a
+    # slip such as seed='range(0,10000000)' would fill the memory for minutes before anything is said. So the
+    # grid is counted first (`grid_size`) and one over the limit refused in one line; a larger grid raises it.
+    max_runs: int = MAX_RUNS
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="rw", node=RwSweeperConf, provider="rw_sweeps")
@@ -68,7 +83,59 @@ def outcome(ret, skipped: bool = False) -> str:
     return str(summary.get("status", "done")) if isinstance(summary, dict) else "done"
 
 
+def _range_size(key: str, sweep: RangeSweep) -> int:
+    """How many values `range(start, stop, step)` gives, computed, not listed: as Python's range for
+    integers; for floats the quotient, or where that is small, Hydra's own FloatRange listed (its sums are
+    rounded to 28 digits, so its last value can fall either side of a stop the quotient says it reaches)."""
+    if sweep.step == 0:  # Python's range refuses it with a traceback; Hydra's FloatRange yields None for ever
+        raise ConfigError(key, f"range({sweep.start},{sweep.stop},{sweep.step})", "a range's step must not be 0")
+    r = sweep.range()
+    if isinstance(r, range):
+        return len(r)
+    start, stop, step = (decimal.Decimal(v) for v in (r.start, r.stop, r.step))
+    with decimal.localcontext(prec=60):
+        estimate = max(0, math.ceil((stop - start) / step))
+    # beyond this the count is the quotient's, at most one off Hydra's: it only decides a refusal
+    return sum(1 for _ in r) if estimate <= EXACT_FLOAT_RANGE else estimate
+
+
+def grid_size(overrides: List[Override]) -> tuple[int, Dict[str, int]]:
+    """The number of jobs Hydra's grid expansion (`split_arguments`) makes of these overrides, and each
+    swept key's number of values, without building one: a later override of a key replaces an earlier one,
+    as there; a range counted by arithmetic, a list by its length, a glob by its matches (a group's options).
+    Time and memory do not grow with the count."""
+    sizes: Dict[str, int] = {}
+    for o in overrides:
+        key, value = o.get_key_element(), o.value()
+        if isinstance(value, RangeSweep):
+            sizes[key] = _range_size(key, value)
+        elif isinstance(value, ChoiceSweep):
+            sizes[key] = len(value.list)
+        elif isinstance(value, Glob):
+            sizes[key] = sum(1 for _ in o.sweep_string_iterator())
+        else:  # a plain value (or an interval, which Hydra's expansion refuses itself)
+            sizes[key] = 1
+    return math.prod(sizes.values()), sizes
+
+
+def refuse_large_grid(overrides: List[Override], max_runs: Any) -> None:
+    """ConfigError (one line, before anything is written) if the grid has more than `max_runs` jobs, naming
+    the count, the limit and the keys that make it."""
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+        raise ConfigError("hydra.sweeper.max_runs", max_runs, "must be a whole number of runs, at least 1")
+    n, sizes = grid_size(overrides)
+    if n > max_runs:
+        swept = " × ".join(f"{k}: {v:,} values" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]) if v > 1)
+        raise ConfigError("hydra.sweeper.max_runs", max_runs, f"this sweep has {n:,} runs ({swept}); "
+                          "raise hydra.sweeper.max_runs to launch it")
+
+
 class RwSweeper(basic_sweeper()):
+    def __init__(self, max_batch_size: Optional[int], params: Optional[Dict[str, str]] = None,
+                 max_runs: int = MAX_RUNS) -> None:
+        super().__init__(max_batch_size, params)
+        self.max_runs = max_runs
+
     def _once_each(self, jobs: list, specs: list, planner) -> list:
         """A grid that names one run twice (`optim.lr=1,1.0`, `seed=0,0`) trains it once, and says so in one
         line; the jobs left are numbered as Hydra numbers a grid without the repeats."""
@@ -93,7 +160,9 @@ class RwSweeper(basic_sweeper()):
     def sweep(self, arguments: List[str]) -> Any:
         params_conf = self._parse_config() + list(arguments)
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        self.overrides = self.split_arguments(parser.parse_overrides(params_conf), self.max_batch_size)
+        parsed = parser.parse_overrides(params_conf)
+        refuse_large_grid(parsed, self.max_runs)  # counted before Hydra lists it: a huge grid is one line
+        self.overrides = self.split_arguments(parsed, self.max_batch_size)
         twin = batch_function(self.task_function)
         specs = planner = None
         if twin is not None:

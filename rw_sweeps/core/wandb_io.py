@@ -1,11 +1,18 @@
-"""wandb's import, its per-run settings, its offline folders, the runs' names and the runs table: what the
-run logger (`rw_sweeps.sweeps.tracking`) and the sweep's analysis run (`analysis.wandb_run`) share."""
+"""wandb's import, its per-run settings, its offline folders, the runs' names, the runs table and its
+failures gathered into one line: what the run logger (`rw_sweeps.sweeps.tracking`), the export
+(`rw_sweeps.sweeps.wandb_export`) and the sweep's analysis run (`analysis.wandb_run`) share."""
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import shutil
+import sys
+import threading
+from collections import Counter
 from pathlib import Path
 
+from .errors import one_line
 from .summary_fields import ECHOES
 
 # disable_job_creation is wandb's documented switch for W&B Launch jobs (already its default in 0.31); wandb
@@ -19,7 +26,146 @@ def wandb():
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb  # lazily: importing wandb alone costs ~1.5 s
 
+    _gather_log_errors()
     return wandb
+
+
+# ------------------------------------------------------------------------------ wandb's failures, gathered
+# On a full disk every message wandb logs to a run's `logs/debug.log` fails, and logging's Handler.handleError
+# prints each as a `--- Logging error ---` block with two tracebacks (2,205 lines for a 4-run grid). wandb's
+# logger is its own (it does not propagate to the root logger), so its handlers' failures are counted here
+# instead, and said once, with the failures of the logging tasks, as one line (`said`). The project's own
+# handlers (a run's log) are not touched.
+WANDB_LOGGER = "wandb"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # what freeing space cures: the line then says how to log again
+
+
+class _Failures:
+    """What wandb failed to do in this process since it was last said: logging tasks that raised (by
+    reason), writes of wandb's own log files that failed (by reason), and the folders whose offline wandb
+    runs they leave incomplete."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # handlers fail on wandb's threads and the logger's alike
+        self.tasks: Counter = Counter()
+        self.writes: Counter = Counter()
+        self.folders: set = set()
+        self.disk_full = False
+
+    def note(self, counter: Counter, exc: BaseException, reason: str, folder: Path | None) -> None:
+        with self.lock:
+            counter[reason] += 1
+            self.disk_full |= isinstance(exc, OSError) and exc.errno in DISK_FULL
+            if folder is not None:
+                self.folders.add(_real(folder))
+
+    def take(self) -> "_Failures":
+        with self.lock:
+            taken = _Failures()
+            taken.tasks, taken.writes, taken.folders, taken.disk_full = \
+                self.tasks, self.writes, self.folders, self.disk_full
+            self.tasks, self.writes, self.folders, self.disk_full = Counter(), Counter(), set(), False
+        return taken
+
+
+_failures = _Failures()
+# a forked child starts with nothing to say: its parent says its own
+os.register_at_fork(after_in_child=lambda: globals().update(_failures=_Failures()))
+
+
+def _real(folder) -> Path:
+    """One spelling of a folder: wandb names its log files by the absolute path, a caller by its own."""
+    return Path(os.path.realpath(folder))
+
+
+def _gather_log_errors() -> None:
+    """Every handler wandb attaches to its logger (one a run, on `<run>/wandb/offline-run-*/logs/debug.log`)
+    counts its failed writes in `_failures` instead of printing a traceback for each. wandb adds them with
+    `logging.getLogger("wandb").addHandler` inside `wandb.init`, so that logger's addHandler is wrapped, once
+    per process; no other logger changes."""
+    logger = logging.getLogger(WANDB_LOGGER)
+    if getattr(logger, "_rw_gathered", False):
+        return
+    add = logger.addHandler
+
+    def add_handler(handler: logging.Handler) -> None:
+        _gathered(handler)
+        add(handler)
+
+    logger.addHandler = add_handler  # type: ignore[method-assign]
+    logger._rw_gathered = True  # type: ignore[attr-defined]
+    for handler in list(logger.handlers):
+        _gathered(handler)
+
+
+def _gathered(handler: logging.Handler) -> None:
+    def handle_error(record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, RecursionError):  # as logging's own handleError: never swallowed
+            raise exc
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else one_line(exc) if exc else "?"
+        _failures.note(_failures.writes, exc, reason, offline_owner(getattr(handler, "baseFilename", None)))
+
+    handler.handleError = handle_error  # type: ignore[method-assign]
+
+
+def offline_owner(log_file: str | None) -> Path | None:
+    """The folder whose offline wandb run writes `log_file` (`<folder>/wandb/offline-run-*/logs/debug.log`):
+    a run folder, a packed job's `<sweep>/wandb_jobs/<id>` or the sweep's `wandb_analysis`; None for another
+    file."""
+    if not log_file:
+        return None
+    p = Path(log_file)
+    return p.parents[3] if len(p.parents) > 3 and p.parents[2].name == "wandb" else None
+
+
+def task_failed(exc: BaseException, folder: Path | None = None) -> None:
+    """A logging task (a run's wandb run, a packed job's, an export's) raised `exc`: counted, said by `said`."""
+    _failures.note(_failures.tasks, exc, one_line(exc), folder)
+
+
+def failed_in(folder: Path) -> bool:
+    """Whether wandb failed in `folder` (a write of its logs, a task) since the last `said`: a run with such
+    a failure is not vouched for as exported (`tracking.mark_exported`), its offline run may be incomplete."""
+    with _failures.lock:
+        return _real(folder) in _failures.folders
+
+
+def _sweep_of(folder: Path) -> Path:
+    """The sweep folder of a run folder, a packed job's folder or the analysis run's."""
+    if folder.parent.name == "wandb_jobs":
+        return folder.parent.parent
+    return folder.parent if folder.name == "wandb_analysis" else folder
+
+
+EXPORT_AGAIN = "python -m rw_sweeps.sweeps.wandb_export {sweep} logs the finished runs wandb lacks"
+LEAD = "warning: wandb logging failed: "
+
+
+def said(lead: str = LEAD, again: str | None = EXPORT_AGAIN) -> str | None:
+    """The failures since the last call as one line (`warning: wandb logging failed: …`), or None; each
+    is said once. The tasks' reasons as they were raised, the writes of wandb's logs counted by reason,
+    where the offline runs they leave incomplete are, and, for a full disk, the command (`again`, of the
+    sweep folder) that logs them again once there is space."""
+    f = _failures.take()
+    parts = [r if n == 1 else f"{r} ({n} times)" for r, n in f.tasks.items()]
+    parts += [f"{n} write{'s' if n > 1 else ''} of wandb's own logs failed ({r})" for r, n in f.writes.items()]
+    if not parts:
+        return None
+    line = lead + "; ".join(parts)
+    if f.folders:
+        where = Path(os.path.commonpath([str(p) for p in f.folders]))
+        line += f"; its offline runs in {where} may be incomplete"
+        if f.disk_full and again:
+            line += ": once there is space, " + again.format(sweep=_sweep_of(where))
+    return line
+
+
+def say(lead: str = LEAD, again: str | None = EXPORT_AGAIN) -> None:
+    """Print `said()`'s line, if any, on stderr."""
+    line = said(lead, again)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
 
 
 def table(columns: list[str], rows: list[list]):

@@ -21,8 +21,11 @@ Off the critical path: `log_runs` only queues its entries; one worker thread per
 logging, in order, while the next batch trains (wandb itself writes through its own service process).
 `wait()` blocks until everything queued is logged; the launcher calls it when a process's work ends (the end
 of a launch, a packed SLURM/submitit job), `rw_sweeps.sweeps.app.train` after a single run, and an exit hook calls it
-before the interpreter (and wandb's own teardown) shuts down. A failure is one warning line, never an
-exception: the run folders are the source of truth.
+before the interpreter (and wandb's own teardown) shuts down. Failures are never an exception (the run
+folders are the source of truth): a task that raises and every failed write of wandb's own logs (a full
+disk fails each message wandb logs) are counted, and `wait()` says them in one warning line
+(`rw_sweeps.core.wandb_io.said`); a run whose wandb writes failed is not marked exported, so
+`wandb_export` replays it.
 
 Recovery: a run's summary.json is written *before* its wandb run (a background logger cannot keep the old
 "log, then mark done" order), so a process killed in between leaves a finished run with no wandb run (or a
@@ -40,22 +43,22 @@ import hashlib
 import json
 import os
 import queue
-import sys
 import threading
 from pathlib import Path
 
-from rw_sweeps.core.errors import one_line
 from rw_sweeps.core import readers, results
 from rw_sweeps.core.contract import CAPS, SUMMARY
 from rw_sweeps.core.safefs import PlantedLink, atomic_write, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
+from rw_sweeps.core.wandb_io import failed_in, say, task_failed
 from rw_sweeps.core.wandb_io import leaves, run_name, runs_table, shared, table  # noqa: F401 - run_name: the names' owner
 
 EXPORTED = ".wandb_exported.json"  # in a run folder: the wandb run that holds it (see `mark_exported`)
 
 # ------------------------------------------------------------------------------------ the background logger
 class _Logger:
-    """One worker thread and its queue, per process: tasks run in order, each failure is one warning line."""
+    """One worker thread and its queue, per process: tasks run in order, each failure counted (`wait` says
+    them in one line)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -65,12 +68,11 @@ class _Logger:
 
     def _work(self) -> None:
         while True:
-            fn, args = self.queue.get()
+            fn, args, where = self.queue.get()
             try:
                 fn(*args)
             except BaseException as exc:  # noqa: BLE001 - the local results are the source of truth
-                print(f"warning: wandb logging failed: {one_line(exc)}",
-                      file=sys.stderr, flush=True)
+                task_failed(exc, where)
             finally:
                 self.queue.task_done()
 
@@ -80,8 +82,9 @@ _lock = threading.Lock()
 _hooked = False  # the exit hooks, registered once (a forked child inherits them, and they find its logger)
 
 
-def submit(fn, *args) -> None:
-    """Run fn(*args) on this process's wandb worker thread, after everything queued before it."""
+def submit(fn, *args, where: Path | None = None) -> None:
+    """Run fn(*args) on this process's wandb worker thread, after everything queued before it; `where`: the
+    folder whose wandb run it writes (named in the failure line)."""
     global _logger, _hooked
     with _lock:
         if _logger is None or _logger.pid != os.getpid():  # none yet, or inherited through a fork
@@ -93,15 +96,19 @@ def submit(fn, *args) -> None:
             except (AttributeError, RuntimeError):
                 pass
             atexit.register(wait)  # the safety net; a no-op once the queue is drained
-    _logger.queue.put((fn, args))
+    _logger.queue.put((fn, args, where))
 
 
 def wait() -> None:
-    """Block until every entry queued in this process is logged. Raises nothing (failures were warned)."""
+    """Block until every entry queued in this process is logged, then say its failures in one line (on
+    stderr, none if nothing failed). Raises nothing."""
     logger = _logger
-    if logger is None or logger.pid != os.getpid() or threading.current_thread() is logger.thread:
-        return
-    logger.queue.join()
+    mine = logger is not None and logger.pid == os.getpid()
+    if mine and threading.current_thread() is logger.thread:
+        return  # a task waiting for itself: the worker's own failures are said by the waiter
+    if mine:
+        logger.queue.join()
+    say()
 
 
 def per_run(w: dict, runs: int) -> bool:
@@ -133,7 +140,7 @@ class Live:
         self.walls: dict = {}
         self.refused: set = set()
         for r in range(len(cfgs)):
-            submit(self._start, r)
+            submit(self._start, r, where=self.run_dirs[r])
 
     def _start(self, r: int) -> None:
         try:
@@ -148,7 +155,8 @@ class Live:
             new = rec.history[self.sent[r]:]
             if new:
                 self.sent[r] = len(rec.history)
-                submit(self._rows, r, [dict(row) for row in new], {row["step"]: walls.get(row["step"]) for row in new})
+                submit(self._rows, r, [dict(row) for row in new], {row["step"]: walls.get(row["step"]) for row in new},
+                       where=self.run_dirs[r])
 
     def _rows(self, r: int, rows: list, walls: dict) -> None:
         if self.runs[r] is not None:
@@ -160,7 +168,8 @@ class Live:
         for r in range(len(self.cfgs)):
             e = entries.get(r)
             rest = e["history"][self.sent[r]:] if e is not None else []
-            submit(self._end, r, [dict(row) for row in rest], dict(e["summary"]) if e is not None else None)
+            submit(self._end, r, [dict(row) for row in rest], dict(e["summary"]) if e is not None else None,
+                   where=self.run_dirs[r])
 
     def _end(self, r: int, rest: list, summary: dict | None) -> None:
         run, self.runs[r] = self.runs[r], None
@@ -176,16 +185,24 @@ def log_runs(entries: list[dict]) -> None:
     """entries: dicts with cfg (resolved config dict), run_dir, run_id, history, summary. Returns at once:
     the logging happens on the background logger (`wait()` waits for it)."""
     entries = [{**e, "summary": dict(e["summary"])} for e in entries if e["cfg"]["wandb"]["mode"] != "disabled"]
-    if entries:
-        submit(_log_runs, entries)
+    for fn, arg, where in _tasks(entries):
+        submit(fn, arg, where=where)
 
 
 def _log_runs(entries: list[dict]) -> None:
+    """`log_runs`, now, on the calling thread."""
+    for fn, arg, _ in _tasks(entries):
+        fn(arg)
+
+
+def _tasks(entries: list[dict]) -> list[tuple]:
+    """(function, its argument, the folder it writes) for each logging task of a batch's ended runs: a task a
+    run where each gets its own wandb run (one that fails leaves the others logged), else the packed job's."""
+    if not entries:
+        return []
     if per_run(entries[0]["cfg"]["wandb"], len(entries)):
-        for e in entries:
-            replay_run(e)
-    else:
-        _log_job(entries)
+        return [(replay_run, e, Path(e["run_dir"])) for e in entries]
+    return [(_log_job, entries, Path(entries[0]["run_dir"]).parent)]
 
 
 def name_of(overrides: list[str]) -> str:
@@ -225,7 +242,7 @@ def _close(run, rows: list, summary: dict | None, run_dir: Path, run_id: str, mo
             run.summary.update({k: v for k, v in summary.items() if v is not None})
     finally:
         run.finish()
-    if summary is not None:
+    if summary is not None and not failed_in(run_dir):  # a failed write of its logs: maybe incomplete
         mark_exported(run_dir, run_id, mode)
 
 

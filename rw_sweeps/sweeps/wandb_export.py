@@ -8,7 +8,9 @@ offline files in `<run>/wandb/`. Per-run dashboards for a sweep of any size, wit
 Runs already exported (the marker `tracking.EXPORTED` in the run folder names this run id and mode, and the
 hash of its summary.json; per-run logging during a sweep writes it too) are skipped, `--force` redoes them;
 unfinished runs (no summary.json) are skipped. N worker processes, each with one wandb service, take
-contiguous slices of the runs. Prints one line: exported, skipped (already / unfinished), failed.
+contiguous slices of the runs. Prints one line: exported, skipped (already / unfinished), failed; before
+it, the first failures, a line each. A run whose wandb run raised, or any of whose writes of wandb's own logs
+failed (a full disk), is failed, not marked exported, and exported by the next call.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import multiprocessing as mp
 import sys
 from pathlib import Path
 
-from rw_sweeps.core import contract, readers, results
+from rw_sweeps.core import contract, readers, results, wandb_io
 from rw_sweeps.core.errors import one_line
 
 from . import tracking
@@ -94,10 +96,17 @@ def _export(args: tuple) -> tuple[int, int, int, list[str]]:
             continue
         try:
             tracking.replay_run(e)
-            done += 1
         except Exception as exc:  # noqa: BLE001 - one bad run never stops the others
             failed += 1
             errors.append(f"{d}: {one_line(exc)}")
+            wandb_io.said()  # its failed log writes: the error above says this run failed
+            continue
+        lost = wandb_io.said(lead="", again=None)  # writes of its logs that failed (a full disk): not exported
+        if lost is None:
+            done += 1
+        else:
+            failed += 1
+            errors.append(f"{d}: {lost}")
     return done, unfinished, failed, errors
 
 

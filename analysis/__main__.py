@@ -100,8 +100,9 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
     skipped = runs.attrs["skipped"]
     title = "rw-sweeps analysis: " + ", ".join(Path(p).name for p in sweeps)
     if skipped:
-        notes.append(f"{len(skipped)} run folders skipped (unfinished or corrupt): "
+        notes.append(f"{len(skipped)} run folders skipped (unfinished, corrupt or a copy of another): "
                      "listed at the end of this page.")
+    notes += [f"{s['path']}: {s['reason']}" for s in skipped if s["status"] == "copy"]
     if not len(runs):
         return Report(write_report(out, runs, skipped, [], notes, title=title), runs, skipped, [], notes,
                       (None,) * 4)
@@ -252,7 +253,8 @@ def _main(argv=None) -> int:
         log_to_wandb(args.out, rep.runs, rep.figures, args.wandb_mode, config={
             "sweeps": [str(p) for p in args.sweeps], "tol": args.tol, "metric": args.metric,
             "x": x, "y": y, "row": row, "col": col})
-    c = counts(rep.runs, rep.skipped)[["runs", "done", "failed", "diverged", "unfinished", "corrupt"]]
+    c = counts(rep.runs, rep.skipped)[["runs", "done", "failed", "diverged", "unfinished", "corrupt", "copies"]]
+    c = c.drop(columns=["copies"]) if not c["copies"].any() else c
     print(f"{rep.path}: {sum('file' in f for f in rep.figures)} figures; " + ", ".join(
         f"{k} {v}" for k, v in c.sum().items()))
     for n in rep.notes:

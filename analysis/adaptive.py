@@ -1,6 +1,7 @@
 """Phase diagrams of adaptive sweeps (`hydra/sweeper=adaptive`): runs at scattered points, not on a grid.
 
-A sweep's `adaptive.json` names its axes (key, bounds, log or not), the metric its learner learned, the level
+A sweep's `adaptive.json` (sealed by the sweeper with the user's key; a record that is not is ignored and the
+sweep drawn as a grid) names its axes (key, bounds, log or not), the metric its learner learned, the level
 whose set is the boundary and the success tolerance; the values are read from the run folders (the runs
 table), each point's the mean over its seeds; every combination of the other crossed keys is a panel with
 points of its own (its own learner's).
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.tri import Triangulation
 
-from rw_sweeps.core import readers          # noqa: E402
+from rw_sweeps.core import layout, readers, seal    # noqa: E402
 from rw_sweeps.core.metrics import OBJECTIVES, SUCCESS, metric_value   # noqa: E402
 from rw_sweeps.core.readers import Broken, MiB   # noqa: E402
 
@@ -34,7 +35,9 @@ RECORD_CAP = 64 * MiB
 
 def read_record(sweep) -> dict | None:
     """A sweep's adaptive.json, checked (axes with finite bounds lo < hi, > 0 on a log axis; a metric the
-    sweeper learns; a finite level and tol), or None if it has none. Broken if it is malformed."""
+    sweeper learns; a finite level and tol; sealed by this user's sweeper; every run it names a folder inside the
+    sweep), or None if it has none. Broken if it is malformed, unsealed or names a run outside the sweep: the
+    sweep is then drawn as a grid, with the reason as a note."""
     path = Path(sweep) / RECORD
     try:
         rec = readers.read_json(path, RECORD_CAP, RECORD)
@@ -59,7 +62,23 @@ def read_record(sweep) -> dict | None:
     pts = rec.get("points", [])
     if not (isinstance(pts, list) and all(isinstance(p, dict) for p in pts)):
         raise Broken(path, f"{RECORD}: points is not a list of objects")
+    if not seal.record_sealed(RECORD, rec):  # a stranger's record replaced a grid's phase diagrams
+        raise Broken(path, f"{RECORD} is not sealed by you (planted, edited, another user's, or of a version "
+                     "before seals: the sweep's command run again, which trains nothing, seals it): ignored")
+    outside = next((r for p in pts for r in _names(p.get("runs")) if not _inside(Path(sweep), r)), None)
+    if outside is not None:  # sealed, yet naming a run that is not the sweep's: not trusted
+        raise Broken(path, f"{RECORD} names the run {str(outside)[:80]!r}, which is not a folder inside the sweep")
     return rec
+
+
+def _names(runs) -> list:
+    return runs if isinstance(runs, list) else []
+
+
+def _inside(sweep: Path, name) -> bool:
+    """Is `name` a run folder inside the sweep (`rw_sweeps.core.layout`): a relative path without `..`, with no
+    link on it (which would lead out of it) and nothing but a folder there, if anything is?"""
+    return layout.valid_name(name) and layout.problem(sweep, name) is None
 
 
 def run_values(runs: pd.DataFrame, metric: str, tol: float) -> pd.Series:

@@ -23,10 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from rw_sweeps.core import contract, readers, seal
+from rw_sweeps.core import contract, layout, readers, seal
 from rw_sweeps.core.config import RunConfig, WandbConfig, canonical   # (importing it registers every option)
 from rw_sweeps.core.registry import GROUPS, OPTIONS
 from rw_sweeps.core.errors import one_line
+from rw_sweeps.core import results, safefs
 from rw_sweeps.core.safefs import atomic_write, write_with
 
 CACHE_NAME = "runs.parquet"
@@ -145,41 +146,43 @@ def load_snapshots(runs, columns=None) -> pd.DataFrame:
 # one sweep, through its Parquet cache
 
 def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
+    try:  # its files are read, and its cache written, through the sweep folder's handle
+        safefs.hold(sweep, create=False)
+    except OSError:
+        pass  # a link given as the sweep (the user's own choice) or a missing one: reached by path, as given
     cached, meta = (pd.DataFrame(), {}) if refresh or not cache else _read_cache(sweep)
     # run folder -> (its row in the cache, the digest of the files that row was read from)
     known = ({r: (i, d) for i, (r, d) in enumerate(zip(cached["_run"].tolist(), cached["_digest"].tolist()))}
              if len(cached) else {})
     keep, todo, skipped = [], [], []
-    for entry in _run_entries(sweep):
-        if entry.is_symlink():
-            skipped.append(_skip(entry.path, "corrupt", "the run folder is a symbolic link; it is not followed"))
-            continue
-        if not entry.is_dir(follow_symlinks=False):
-            skipped.append(_skip(entry.path, "corrupt", "not a folder"))
+    for name, why in layout.runs(sweep).items():  # at every depth hydra.sweep.subdir puts them (`0/run`)
+        path = os.path.join(sweep, name)
+        if why is not None:  # a link on its path (never followed), a file at a run's place
+            skipped.append(_skip(path, "corrupt", why))
             continue
         try:
-            digest = _digest(entry.path)
+            digest = _digest(path)
         except readers.Broken:
             # a file the key cannot hash within its caps (one the judge may never read: a failed run's
             # snapshots): the judge alone decides, every time, and the row is never taken from the cache
             digest = ""
         if digest is None:                 # a numbered job folder with nothing in it yet
-            skipped.append(_skip(entry.path, "unfinished", "no config.yaml or summary.json"))
+            skipped.append(_skip(path, "unfinished", "no config.yaml or summary.json"))
             continue
-        i, old = known.get(entry.name, (None, None))
+        i, old = known.get(name, (None, None))
         if digest and old == digest:
             keep.append(i)
         else:
-            todo.append((entry, digest))
+            todo.append((name, digest))
 
     new_rows, config_keys = [], set(meta.get("config_keys", []))
     bar = tqdm(todo, desc=f"reading {sweep.name}", unit="run", disable=_quiet(progress, len(todo)))
-    for entry, digest in bar:
-        row, cfg_keys, problem = _read_run(Path(entry.path))
+    for name, digest in bar:
+        row, cfg_keys, problem = _read_run(Path(sweep, name))
         if problem:
             skipped.append(problem)
             continue
-        row.update(_run=entry.name, _digest=digest)
+        row.update(_run=name, _digest=digest)
         new_rows.append(row)
         config_keys |= cfg_keys
 
@@ -198,22 +201,31 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
         df["sweep"] = str(sweep)
         df["run"] = df.pop("_run")
         df = df.drop(columns=[c for c in _BOOK if c in df.columns])
+        df, copies = _without_copies(df)
+        skipped += copies
     return df, skipped, config_keys
 
 
-def _run_entries(sweep: Path):
-    """Candidate run folders: numbered job folders (even empty ones count as unfinished), and
-    any other visible sub-folder holding a run's files; a link at a folder's place is reported, not followed."""
-    with os.scandir(sweep) as it:
-        for e in it:
-            if e.name.startswith((".", "_")):
-                continue
-            numbered = contract.job_number(e.name) is not None
-            if e.is_dir(follow_symlinks=False):
-                if numbered or _is_run_dir(Path(e.path)):
-                    yield e
-            elif numbered or (e.is_symlink() and e.is_dir()):  # a link, a file or a FIFO at a run's place
-                yield e
+def _without_copies(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
+    """A run is counted once however many folders hold it: a copy of a run folder (a backup `cp -a 0 X`)
+    carries the run's own `run_id`, which no other run of the sweep has (it is made from the folder the run
+    was trained in). Of the folders with one run_id the one it was made from stays (else the first in run
+    order); the others are listed as copies, each in one line."""
+    if "run_id" not in df.columns or not df["run_id"].duplicated().any():
+        return df, []
+    drop, copies = [], []
+    for rid, idx in df.groupby("run_id", sort=False).groups.items():
+        if len(idx) < 2 or not isinstance(rid, str):
+            continue
+        rows = list(idx)
+        own = [i for i in rows if results.run_id(df.at[i, "path"]) == rid]
+        keep = own[0] if own else rows[0]
+        for i in rows:
+            if i != keep:
+                drop.append(i)
+                copies.append(_skip(df.at[i, "path"], "copy", f"a copy of {df.at[keep, 'run']} (the same run_id "
+                                                             f"{rid}); counted once"))
+    return df.drop(index=drop).reset_index(drop=True), copies
 
 
 _FILES = ((contract.CONFIG, contract.CAPS[contract.CONFIG], None),
@@ -473,6 +485,5 @@ def _quiet(progress, n) -> bool:
 
 
 def _run_order(name: str):
-    """Job folders in numeric order (2 before 10), others after, by name."""
-    num = contract.job_number(name)
-    return (0, num, "") if num is not None else (1, 0, name)
+    """Job folders in numeric order (2 before 10, 2/run before 10/run), others after, by name."""
+    return layout.order(name)

@@ -21,7 +21,8 @@ img{max-width:100%;border:1px solid #eee}figcaption{color:#444;font-size:14px}
 
 
 def counts(runs: pd.DataFrame, skipped: list[dict]) -> pd.DataFrame:
-    """Per sweep: runs read, done/failed/diverged, and folders skipped as unfinished/corrupt."""
+    """Per sweep: runs read, done/failed/diverged, and folders skipped as unfinished/corrupt or as copies of a
+    run counted already."""
     sweeps = sorted(set(runs.get("sweep", pd.Series(dtype=str)))
                     | {str(Path(s["path"]).parent) for s in skipped})
     rows = []
@@ -32,6 +33,7 @@ def counts(runs: pd.DataFrame, skipped: list[dict]) -> pd.DataFrame:
         rows.append({"sweep": sw, "runs": len(sub), **{s: st.get(s, 0) for s in STATUSES},
                      "other status": sum(v for k, v in st.items() if k not in STATUSES),
                      "unfinished": sk.get("unfinished", 0), "corrupt": sk.get("corrupt", 0),
+                     "copies": sk.get("copy", 0),
                      "success": int(sub["success"].sum()) if "success" in sub else 0})
     return pd.DataFrame(rows)
 

@@ -180,3 +180,25 @@ def test_no_module_but_safefs_writes_a_sweep_file_by_path():
                 if forbidden.search(line.split("#")[0]):
                     offenders.append(f"{rel}:{n}: {line.strip()}")
     assert offenders == []
+
+
+def test_a_copy_of_a_finished_run_folder_is_counted_once_with_one_line(tmp_path):
+    import shutil
+    sweep = tmp_path / "S"
+    r = launch("-m", *TINY, "data.p=0,0.5", "optim.steps=5", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    shutil.copytree(sweep / "0", sweep / "X", symlinks=True)  # a backup: cp -a 0 X
+    an = subprocess.run([sys.executable, "-m", "analysis", str(sweep), "--out", str(tmp_path / "rep")], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600)
+    assert an.returncode == 0, an.stderr
+    assert "runs 2, done 2," in an.stdout and "copies 1" in an.stdout, an.stdout
+    said = [ln for ln in an.stderr.splitlines() if ": a copy of" in ln]
+    assert len(said) == 1 and said[0].startswith(f"note: {sweep / 'X'}: a copy of 0 "), an.stderr
+    from analysis import load_runs
+    runs = load_runs(sweep)
+    assert sorted(runs["run"]) == ["0", "1"] and [s["status"] for s in runs.attrs["skipped"]] == ["copy"]
+    st = subprocess.run([sys.executable, "-m", "rw_sweeps.sweeps.status", str(sweep)], cwd=ROOT, capture_output=True,
+                        text=True, timeout=600)
+    assert st.returncode == 0, st.stderr
+    assert st.stdout.startswith(f"sweep {sweep}: 2 runs: 2 done, 0 skipped,") and "1 copy not counted" in st.stdout
+    assert st.stderr.strip() == f"note: {sweep / 'X'}: a copy of 0 (the same run_id {runs['run_id'][0]}); counted once"

@@ -1,4 +1,4 @@
-"""Issue 43, items 10 and 11 (README, "Faults"): the seal key is made whole in one step, and every problem
+"""README, "Faults": the seal key is made whole in one step, and every problem
 with it is one line naming the file and the fix, in every command that seals; a grid is counted before it
 is built, and one over `hydra.sweeper.max_runs` is one line before anything is written."""
 from __future__ import annotations

@@ -11,8 +11,10 @@ Every key is checked, and the axes' corners planned and validated, before any jo
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
 import logging
 import os
+import stat
 import sys
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -24,7 +26,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 
-from rw_sweeps.core import contract, results
+from rw_sweeps.core import contract, layout, results
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
 from rw_sweeps.core.metrics import SUCCESS_TOL
 from rw_sweeps.core.resources import problems
@@ -57,41 +59,52 @@ ConfigStore.instance().store(group="schema/hydra/sweeper", name="adaptive", node
 
 
 def _interrupted(folder: str) -> bool:
-    """A folder that holds a checkpoint and nothing else (Hydra's own `.hydra` aside): a run a signal stopped
-    before it wrote its config."""
+    """The contract's judgement of a run a signal stopped: unfinished (no summary yet) with a checkpoint that is
+    a regular file, whatever else its folder holds (its `wandb/`, its log, its `.hydra`): it resumes in place.
+    Whose run it is, `load_checkpoint` decides (its seal and config)."""
     try:
-        return sorted(n for n in os.listdir(folder) if not n.startswith(".")) == [contract.CHECKPOINT]
+        regular = stat.S_ISREG(os.lstat(os.path.join(folder, contract.CHECKPOINT)).st_mode)
     except OSError:
         return False
+    return regular and contract.judge(Path(folder)).state == "unfinished"
 
 
 def _resume_in_place(specs: list, sweep_dir: Path) -> None:
     """Each run an interrupt stopped goes back to its own folder (where its checkpoint is: a replayed round
     asks it again, and it resumes there rather than starting over above every folder). A folder is taken by
-    the run whose checkpoint it holds alone (`rw_sweeps.core.results.load_checkpoint`: its seal and config)."""
-    try:
-        stopped = sorted((e.path for e in os.scandir(sweep_dir) if e.is_dir(follow_symlinks=False)
-                          and contract.job_number(e.name) is not None and _interrupted(e.path)),
-                         key=lambda f: contract.job_number(os.path.basename(f)))
-    except OSError:
-        return
+    the run whose checkpoint it holds (`rw_sweeps.core.results.load_checkpoint`: its seal and config). Run
+    folders are found as every reader finds them (`rw_sweeps.core.layout`: `3/run` under a nested subdir), never
+    through a link."""
+    stopped = [n for n in layout.run_folders(sweep_dir)
+               if layout.problem(sweep_dir, n) is None and _interrupted(os.path.join(sweep_dir, n))]
     for s in specs:
         if not stopped:
             return
-        mine = next((f for f in stopped if results.load_checkpoint(s.cfg.to_dict(), Path(f), None) is not None), None)
+        mine = next((n for n in stopped
+                     if results.load_checkpoint(s.cfg.to_dict(), Path(sweep_dir, n), None) is not None), None)
         if mine is not None:
             stopped.remove(mine)
-            s.relocate(contract.job_number(os.path.basename(mine)), mine)
+            num = contract.job_number(mine.split("/")[0])
+            s.relocate(s.num if num is None else num, os.path.join(s.sweep_dir or str(sweep_dir), mine))
 
 
-def _free_number(sweep_dir: Path) -> int:
-    """The first job number above every numbered entry of the sweep folder (a round's new runs never land in a
-    folder that holds another run, nor on a link or a file someone put there)."""
-    try:
-        nums = [contract.job_number(e.name) for e in os.scandir(sweep_dir)]
-    except OSError:
-        return 0
-    return 1 + max((n for n in nums if n is not None), default=-1)
+class NotWritten(Exception):
+    """A file of the sweep's own (its record, multirun.yaml) could not be written: a full disk, a quota. The
+    sweep stops there in one line and exits as a sweep with failed runs does; every finished run is in its
+    folder, and the same command again replays the rounds from them and writes the record."""
+
+    def __init__(self, path: Path, exc: OSError):
+        why = exc.strerror or one_line(exc)
+        super().__init__(f"{path}: not written ({why}); every finished run is kept in its folder: free space "
+                         "(or make the folder writable) and run the same command again to go on")
+
+    @staticmethod
+    @contextmanager
+    def where(path: Path):
+        try:
+            yield
+        except OSError as exc:
+            raise NotWritten(path, exc) from exc
 
 
 def _output_dir(ret) -> Optional[str]:
@@ -172,13 +185,24 @@ class AdaptiveSweeper(Sweeper):
             if os.path.lexists(there) and not there.is_symlink() and not there.is_file():
                 raise ConfigError("hydra.sweep.dir", str(sweep_dir), f"{name} there is not a file: the adaptive "
                                   "sweep writes it after each round; move it away")
+        counts: Counter = Counter()
+        returns: list = []
+        try:
+            return self._rounds(axes, crossed, crossed_keys, planner, twin, sweep_dir, dry_run, counts, returns)
+        except NotWritten as e:  # a full disk (or a quota, a folder gone read-only): one line, the runs kept
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            print(summary_line(str(sweep_dir), counts), flush=True)
+            note_failed()  # the exit status of a sweep whose runs failed
+            return returns
+
+    def _rounds(self, axes, crossed, crossed_keys, planner, twin, sweep_dir: Path, dry_run: bool, counts: Counter,
+                returns: list) -> Any:
         if not dry_run:
             if hasattr(self.launcher, "take_lock"):
                 self.launcher.take_lock()
-            ensure_dir(sweep_dir)
-            atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
-        counts: Counter = Counter()
-        returns: list = []
+            with NotWritten.where(sweep_dir / "multirun.yaml"):
+                ensure_dir(sweep_dir)
+                atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))
         where: dict = {}  # a job's overrides -> its run folder's name, for the record's runs of each point
 
         groups = adaptive.panels(crossed)
@@ -186,12 +210,20 @@ class AdaptiveSweeper(Sweeper):
         def record(told: dict) -> None:
             runs = {(panel, p): [where[tuple(j)] for j in adaptive.jobs_at(axes, groups[panel], p) if tuple(j) in where]
                     for panel, mine in told.items() for p in mine}
-            adaptive.write_record(sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, told, runs)
+            with NotWritten.where(sweep_dir / adaptive.RECORD):
+                adaptive.write_record(sweep_dir, axes, crossed_keys, self.metric, self.level, self.tol, told, runs)
 
         def evaluate(jobs: list) -> Optional[tuple]:
-            start = _free_number(sweep_dir)
+            # the lowest free numbers, one by one where the rw launcher runs specs in Hydra's default subdir;
+            # else the lowest free block, as Hydra's own launchers number a launch's jobs from one start
+            own = twin is not None and hasattr(self.launcher, "launch_specs") and planner.subdir == "${hydra.job.num}"
+            numbers = placement.free_numbers(sweep_dir, len(jobs), consecutive=not own)
+            start = numbers[0]
             if twin is not None:
                 specs = planner.plan(jobs, start)
+                for s, num in zip(specs, numbers) if own else ():
+                    if s.num != num:
+                        s.relocate(num, os.path.join(planner.sweep_dir, str(num)))
                 _resume_in_place(specs, sweep_dir)
                 if hasattr(self.launcher, "place"):
                     done = self.launcher.place(specs, planner)
@@ -219,7 +251,9 @@ class AdaptiveSweeper(Sweeper):
                 returns.append(res)
                 folders = [_output_dir(r) for r in res]
                 fresh = set(folders)
-            where.update((tuple(j), Path(f).name) for j, f in zip(jobs, folders) if f)
+            # each run by its name in the sweep folder (`0/run` under hydra.sweep.subdir=${hydra.job.num}/run)
+            where.update((tuple(j), name) for j, f in zip(jobs, folders)
+                         if f and (name := layout.name_of(sweep_dir, f)) is not None)
             values = []
             for f in folders:
                 verdict = contract.judge(Path(f)) if f else contract.Verdict("unfinished")

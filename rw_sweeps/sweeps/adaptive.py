@@ -19,8 +19,9 @@ learner's own coordinates are the ones it asked (a point's value is told to it a
 at one read back from a config file), so the replay is exact.
 
 `adaptive.json` in the sweep folder records the axes, the metric, the level whose set is the boundary and
-each point's panel and run folders, for the analysis (`python -m analysis` draws an adaptive sweep as a phase diagram
-over its axes, from those runs alone); the values are always read from the run folders.
+each point's panel and run folders, sealed with the user's key (`rw_sweeps.core.seal`), for the analysis
+(`python -m analysis` draws an adaptive sweep as a phase diagram over its axes, from those runs alone; an
+unsealed record is ignored); the values are always read from the run folders.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 from hydra.core.override_parser.types import Override, ValueType
 
-from rw_sweeps.core import contract
+from rw_sweeps.core import contract, seal
 from rw_sweeps.core.errors import ConfigError
 from rw_sweeps.core.metrics import OBJECTIVES, SUCCESS, metric_value
 from rw_sweeps.core.safefs import atomic_write
@@ -354,5 +355,7 @@ def write_record(sweep_dir: Path, axes: list[Axis], crossed_keys: list[str], met
     record = {"version": 2, "axes": [asdict(a) for a in axes], "crossed": crossed_keys, "metric": metric,
               "level": level, "tol": tol,
               "points": [entry(panel, p, v) for panel, mine in told.items() for p, v in mine.items()]}
-    atomic_write(Path(sweep_dir) / RECORD, json.dumps(record, indent=1, allow_nan=False,
-                                                      default=lambda v: None) + "\n")
+    # sealed as it will be read back (plain JSON values): a record someone else put in a sweep folder does not
+    # verify, and the analysis ignores it (a planted one replaced a grid's phase diagrams)
+    plain = json.loads(json.dumps(record, allow_nan=False, default=lambda v: None))
+    atomic_write(Path(sweep_dir) / RECORD, json.dumps(seal.seal_record(RECORD, plain), indent=1) + "\n")

@@ -27,7 +27,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from rw_sweeps.core import contract, results
+from rw_sweeps.core import contract, layout, results
 from rw_sweeps.core.config import ConfigError, RunConfig
 from rw_sweeps.core.errors import shown
 from rw_sweeps.core.readers import Broken
@@ -99,17 +99,16 @@ def _run_config(folder: Path) -> tuple[dict | None, str | None]:
 
 
 def existing(sweep_dir: Path, extra: list[str]) -> tuple[dict[str, dict], dict[str, str]]:
-    """Every run folder of the sweep with a readable config, by path (its direct subfolders and `extra`
-    ones), and the folders whose config.yaml cannot be judged, with why."""
-    folders: list[str] = []
-    try:
-        with os.scandir(sweep_dir) as it:
-            folders = [e.path for e in it if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
-    except OSError:
-        pass
+    """Every run folder of the sweep with a readable config, by path (its run folders at any depth,
+    `layout.run_folders`, and `extra` ones), and the folders whose config.yaml cannot be judged, with why.
+    A link or a file at a run's place (`layout.problem`) is nobody's run."""
+    root = str(sweep_dir)
+    folders = [os.path.join(root, n) for n, why in layout.runs(root).items() if why is None]
+    # the walk saw every direct subfolder that can hold a config; a launch's own folder deeper than it looks
+    # (or below a name it skips) is looked up
     seen = set(folders)
-    root = str(sweep_dir)  # the sweep's direct subfolders were all seen above; a run elsewhere is looked up
-    folders += [f for f in extra if os.path.dirname(f) != root and f not in seen and os.path.exists(f)]
+    folders += [f for f in extra if os.path.dirname(f) != root and f not in seen and os.path.isdir(f)
+                and layout.problem(root, os.path.relpath(f, root)) is None]
     out, damaged = {}, {}
     for f in folders:
         cfg, why = _run_config(Path(f))
@@ -163,8 +162,9 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
     # a new run whose number's folder holds another run of this launch takes the lowest number that no
     # folder and no run staying in its own number's folder has
     staying = {own[i] for i in range(len(specs)) if i not in matched and own[i] not in claimed} if claimed else set()
-    used = {os.path.basename(f) for f in (*found, *staying, *claimed)}
-    fresh = 0
+    used = {contract.job_number(os.path.basename(f)) for f in (*found, *staying, *claimed)}
+    fresh = iter(free_numbers(sweep_dir, sum(i not in matched and own[i] in claimed for i in range(len(specs))),
+                              taken=used))
     out = Placement()
     conflicts = []
     for i, s in enumerate(specs):
@@ -177,10 +177,8 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
         elif own[i] in claimed:  # its number's folder holds another run of this launch: the next free number
             if not default_subdir:
                 raise FolderTaken("hydra.sweep.subdir", os.path.basename(own[i]), f"two runs of this launch share {own[i]}")
-            while str(fresh) in used or os.path.lexists(sweep_dir / str(fresh)):
-                fresh += 1
-            s.relocate(fresh, str(sweep_dir / str(fresh)))
-            fresh += 1
+            num = next(fresh)
+            s.relocate(num, str(sweep_dir / str(num)))
         elif own[i] in found and not overwrite:
             conflicts.append((own[i], found[own[i]], s.cfg.to_dict()))
     if conflicts:
@@ -201,6 +199,31 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
             out.retrain[i] = damaged[s.output_dir]
         if i in out.retrain:
             print(f"retraining {s.output_dir}: {out.retrain[i]}", flush=True)
+    return out
+
+
+def free_numbers(sweep_dir: Path, count: int, taken=(), consecutive: bool = False) -> list[int]:
+    """The `count` lowest job numbers that no entry of the sweep folder is named by (a run folder, but also a
+    file or a link a stranger put there: any name `contract.job_number` reads) and that are not in `taken`
+    (folders this launch is about to make); `consecutive`: the lowest `count` free numbers in a row (Hydra's
+    own launchers number a launch's jobs from one start). Every sweeper's new runs are numbered here. Gaps are
+    filled, so a planted name of 255 digits cannot push the next folder's name past the file system's limit."""
+    if count <= 0:
+        return []
+    used = {n for n in taken if n is not None}
+    try:
+        with os.scandir(sweep_dir) as it:
+            used.update(n for n in (contract.job_number(e.name) for e in it) if n is not None)
+    except OSError:  # no folder yet (or none we can list: placing there fails on its own, in one line)
+        pass
+    out: list[int] = []
+    n = 0
+    while len(out) < count:
+        if n in used:
+            out = [] if consecutive else out
+        else:
+            out.append(n)
+        n += 1
     return out
 
 

@@ -1,14 +1,19 @@
 """`python -m rw_sweeps.sweeps.status SWEEP_DIR [--wait] [--interval S]`: where a sweep stands.
 
-The run folders are the source of truth for finished runs (`summary.json`: done, failed or diverged); the
-launcher's record `<sweep>/.rw_sweep.json` says which runs the sweep expects, which were already done when
-it was submitted (skipped), and which job trains which run; SLURM's accounting (`sacct`, or `squeue` where
-accounting is off) says whether an unfinished run's job is pending, running or gone. A run whose job ended
-without writing its summary (cancelled, killed at its time limit, out of memory, a dead node) is failed.
+The sweep folder's runs are every run folder in it (`rw_sweeps.core.layout`: at whatever depth
+`hydra.sweep.subdir` puts them), of every launch and sweeper, each judged by the contract
+(`contract.judge`: done, failed, diverged, corrupt — counted failed — or unfinished). The launcher's record
+`<sweep>/.rw_sweep.json` is the last launch's: which runs it expects, which it found done (skipped), and which
+job trains which run; SLURM's accounting (`sacct`, or `squeue` where accounting is off) says whether an
+unfinished run's job is pending, running or gone. A run whose job ended without writing its summary
+(cancelled, killed at its time limit, out of memory, a dead node) is failed; an unfinished run that the last
+launch does not train is `unfinished` (a relaunch trains it). Given one run's folder, status prints the
+contract's verdict of that run. Lines name the folder as it was given.
 
-`--wait` follows the sweep until every run is finished and every job has ended, then prints exactly the
-line a blocking sweep prints (`sweep DIR: N runs: a done, b skipped, c failed, d diverged`) and exits 1 if
-a run failed. The blocking SLURM launcher waits through the same code, so the two lines always agree.
+`--wait` follows the sweep until every run is finished and every job has ended, then prints the line a
+blocking sweep prints (`sweep DIR: N runs: a done, b skipped, c failed, d diverged`, with `, e unfinished`
+where the folder holds such runs) and exits 1 if a run failed. The blocking SLURM launcher waits through the
+same code.
 """
 from __future__ import annotations
 
@@ -24,13 +29,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rw_sweeps.core import contract, readers, results
+from rw_sweeps.core import contract, layout, readers, results
 from rw_sweeps.core.console import prog
 from rw_sweeps.core.contract import RECORD_CAP
 from rw_sweeps.core.readers import Broken
 
 STATE = ".rw_sweep.json"
 FINAL = ("done", "skipped", "failed", "diverged")
+# A run of the sweep folder that no summary finishes and the last launch does not train (an earlier launch
+# was stopped): final too, as nothing running will change it; a relaunch trains it.
+UNFINISHED = "unfinished"
+# A folder holding a copy of a run counted already (a backup `cp -a 0 X`: it carries that run's run_id)
+COPY = "copy"
+DONE_WITH = (*FINAL, UNFINISHED, COPY)  # the states no running job changes
 # SLURM job states (sacct/squeue). A requeued or preempted job comes back: it is waiting, not gone.
 PENDING = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SUSPENDED", "PREEMPTED",
            "RESIZING", "UNKNOWN"}
@@ -40,9 +51,11 @@ GRACE_S = 15.0  # how long an ended job's summaries may take to show up (shared 
 
 
 def summary_line(label: str, counts: Counter) -> str:
-    """The one line that ends every sweep, blocking or followed."""
-    return (f"sweep {shown(label)}: {sum(counts[k] for k in FINAL)} runs: {counts['done']} done, "
-            f"{counts['skipped']} skipped, {counts['failed']} failed, {counts['diverged']} diverged")
+    """The one line that ends every sweep, blocking or followed (with the runs of earlier launches that no
+    launch finished, where a followed sweep folder holds any)."""
+    left = f", {counts[UNFINISHED]} {UNFINISHED}" if counts[UNFINISHED] else ""
+    return (f"sweep {shown(label)}: {sum(counts[k] for k in (*FINAL, UNFINISHED))} runs: {counts['done']} done, "
+            f"{counts['skipped']} skipped, {counts['failed']} failed, {counts['diverged']} diverged{left}")
 
 
 def fingerprint(run_dir: Path) -> list | None:
@@ -102,7 +115,7 @@ def _texts(v) -> bool:
 def _run_names(v) -> bool:
     """Run folders relative to the sweep folder and inside it (the launcher places every run there): a
     record naming /elsewhere or ../x would make status judge runs that are not the sweep's."""
-    return _texts(v) and all(n and not n.startswith("/") and ".." not in n.split("/") for n in v)
+    return _texts(v) and all(map(layout.valid_name, v))
 
 
 # Every field status reads: (its check, what it must be). Required unless in OPTIONAL: `host`, `pid` and
@@ -267,38 +280,48 @@ class Snapshot:
 
 
 class Sweep:
-    """A sweep folder, its record and its jobs; `poll()` classifies every run."""
+    """A sweep folder, its record and its jobs; `poll()` classifies every run.
 
-    def __init__(self, sweep_dir: Path, record: dict | None = None, grace_s: float = GRACE_S):
+    `whole` (rw-status): every run of the folder (`layout.run_folders`: what the record names and the run
+    folders present, whichever launch or sweeper made them), each judged by the contract, the last launch's
+    live states kept for its own runs. Else (a launcher following its own launch): the record's runs alone.
+    `label` names the sweep in its lines (rw-status: the folder as given; else the record's)."""
+
+    def __init__(self, sweep_dir: Path, record: dict | None = None, grace_s: float = GRACE_S,
+                 whole: bool = False, label: str | None = None):
         self.dir = Path(sweep_dir)
         self.record = record if record is not None else read_record(self.dir)
         self.grace_s = grace_s
         self.ended_at: dict[str, float] = {}  # job id → when it was first seen ended
+        self.recorded = self.record is not None
         if self.record is None:  # Hydra's own launcher: no record; the folders are all we know
-            names = sorted({p.parent.relative_to(self.dir).as_posix()
-                            for pat in ("*/summary.json", "*/.hydra", "*/config.yaml") for p in self.dir.glob(pat)},
-                           key=lambda s: (len(s), s))
-            self.record = {"sweep": str(sweep_dir), "backend": None, "runs": names, "skipped": [], "stale": {},
+            self.record = {"sweep": str(sweep_dir), "backend": None, "runs": [], "skipped": [], "stale": {},
                            "jobs": {}, "arrays": []}
-            self.recorded = False
-        else:
-            self.recorded = True
-        self.label = self.record["sweep"]
-        self.runs = list(self.record["runs"])
+            whole = True
+        self.whole = whole
+        self.label = label if label is not None else self.record["sweep"]
+        self.launched = set(self.record["runs"])
+        self.runs = layout.run_folders(self.dir, self.record["runs"]) if whole else list(self.record["runs"])
         self.skipped = set(self.record["skipped"])
         self.job_of = {r: j for j, rs in self.record["jobs"].items() for r in rs}
         self._judged: dict = {}  # run name → (its summary's fingerprint, its verdict)
+        self.copies: dict = {}  # run name → why it is a copy of another (`_copies`)
 
     def verdict(self, name: str):
         """The contract's judgement of the run (`contract.judge`, as the launcher and analysis judge it) if this
         sweep wrote its summary (not one left over from an earlier one), else None; judged once per summary."""
         run_dir = self.dir / name
         fp = fingerprint(run_dir)
-        if fp is None or fp == self.record["stale"].get(name):
+        if fp is not None and fp == self.record["stale"].get(name):
             return None
         hit = self._judged.get(name)
-        if hit is not None and hit[0] == fp:
+        if hit is not None and hit[0] == fp and fp is not None:
             return hit[1]
+        why = layout.problem(self.dir, name)  # a link on its path is never followed, a file is no run folder
+        if why is not None:
+            return contract.Verdict("corrupt", why=why)
+        if fp is None:
+            return None
         v = contract.judge(run_dir)
         if v.state == "unfinished":
             return None
@@ -346,14 +369,19 @@ class Sweep:
         now = time.time()
         out, errors = {}, {}
         for name in self.runs:
-            if name in self.skipped:
+            if name in self.skipped and not self.whole:  # placement judged it done as this launch began
                 out[name] = "skipped"
                 continue
             v = self.verdict(name)
             if v is not None:  # a corrupt folder is failed: a relaunch trains it again
                 out[name] = v.state if v.state in contract.STATUSES else "failed"
+                if out[name] == "done" and name in self.skipped:  # found done by the last launch, not trained
+                    out[name] = "skipped"
                 if out[name] == "failed":
                     errors[name] = (v.summary or {}).get("error") or f"corrupt: {v.why}"
+                continue
+            if self.recorded and (name not in self.launched or name in self.skipped):
+                out[name] = UNFINISHED  # no launch is training it: an earlier one stopped, or its summary went
                 continue
             job = self.job_of.get(name)
             state = jobs.get(job, "UNKNOWN") if jobs is not None and job is not None else None
@@ -374,7 +402,9 @@ class Sweep:
                     errors[name] = f"job {job} ended ({state}) without writing this run's summary"
                 else:
                     out[name] = "running"
-        all_final = all(st in FINAL for st in out.values())
+        if self.whole:
+            self._copies(out, errors)
+        all_final = all(st in DONE_WITH for st in out.values())
         if jobs is None or not self.job_of:
             finished = all_final
         else:
@@ -382,6 +412,26 @@ class Sweep:
                 jobs.get(j, "UNKNOWN") not in RUNNING | PENDING | {"LIVE"} for j in self.record["jobs"])
         job_states = {j: jobs.get(j, "UNKNOWN") for j in self.record["jobs"]} if jobs is not None else {}
         return Snapshot(out, errors, job_states, finished)
+
+    def _copies(self, out: dict, notes: dict) -> None:
+        """A run is counted once however many folders hold it (the analysis's rule, `analysis.load`): of the
+        finished folders with one summary run_id, the one it was made in stays, else the first; the others
+        are copies, each named once."""
+        by_id: dict = {}
+        for name, st in out.items():
+            v = self._judged.get(name, (None, None))[1]
+            rid = (v.summary or {}).get("run_id") if v is not None and st in ("done", "skipped") else None
+            if isinstance(rid, str):
+                by_id.setdefault(rid, []).append(name)
+        for rid, names in by_id.items():
+            if len(names) < 2:
+                continue
+            own = [n for n in names if results.run_id(self.dir / n) == rid]
+            keep = own[0] if own else names[0]
+            for n in names:
+                if n != keep:
+                    out[n] = COPY
+                    self.copies[n] = f"a copy of {keep} (the same run_id {rid}); counted once"
 
     def follow(self, interval: float = 5.0, progress: bool | None = None, quiet: bool = False) -> Snapshot:
         """Poll until the sweep has finished; a progress bar on a terminal, a line per change otherwise."""
@@ -399,11 +449,11 @@ class Sweep:
             while True:
                 now = time.time()
                 # SLURM is asked every `interval` s, and every second once every run has its summary
-                near_end = snap is not None and all(st in FINAL for st in snap.states.values())
+                near_end = snap is not None and all(st in DONE_WITH for st in snap.states.values())
                 if now - last_ask >= (min(1.0, interval) if near_end else interval):
                     states, last_ask = self.job_states(), now
                 snap = self.poll(ask_slurm=False, states=states)
-                n_final = sum(snap.counts[k] for k in FINAL)
+                n_final = sum(snap.counts[k] for k in DONE_WITH)
                 if bar is not None:
                     bar.n = n_final
                     bar.set_postfix_str(_short_text(snap.counts), refresh=False)
@@ -438,29 +488,49 @@ def _short_text(c: Counter) -> str:
 
 
 def _progress_text(c: Counter) -> str:
+    left = f", {c[UNFINISHED]} {UNFINISHED}" if c[UNFINISHED] else ""
+    left += f", {c[COPY]} {'copies' if c[COPY] > 1 else COPY} not counted" if c[COPY] else ""
     return (f"{c['done']} done, {c['skipped']} skipped, {c['failed']} failed, {c['diverged']} diverged, "
-            f"{c['running']} running, {c['pending']} pending")
+            f"{c['running']} running, {c['pending']} pending{left}")
 
 
 # ------------------------------------------------------------------------------------------ CLI
+def is_run_folder(folder) -> bool:
+    """One run's folder rather than a sweep's: it holds a run's config or summary and no sweep record."""
+    return not os.path.lexists(os.path.join(folder, STATE)) and any(
+        os.path.lexists(os.path.join(folder, f)) for f in (contract.CONFIG, contract.SUMMARY))
+
+
+def run_status(given: str) -> int:
+    """`rw-status RUN`: the contract's verdict of that one run (`run RUN: done`, or the state and why)."""
+    v = contract.judge(Path(given))
+    why = (v.summary or {}).get("error") if v.state == "failed" else None
+    why = why or (v.why if v.state in ("corrupt", "unfinished") else None)
+    print(shown(f"run {given}: {v.state}" + (f": {' '.join(str(why).split())}" if why else "")), flush=True)
+    return 1 if v.state in ("failed", "corrupt") else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog("rw_sweeps.sweeps.status", "rw-status"), description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweep_dir", type=Path)
+    ap.add_argument("sweep_dir", help="a sweep folder, or one run's folder")
     ap.add_argument("--wait", action="store_true", help="follow the sweep to its end, then print its summary line")
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between questions to SLURM (10)")
     ap.add_argument("--grace", type=float, default=GRACE_S,
                     help=f"seconds an ended job's summaries may take to appear before its runs are failed ({GRACE_S:g})")
     args = ap.parse_args(argv)
-    if not args.sweep_dir.is_dir():
-        print(shown(f"error: no sweep folder {args.sweep_dir}"), file=sys.stderr)
+    given = args.sweep_dir  # named in every line as typed: the record's path may be another name for it
+    if not os.path.isdir(given):
+        print(shown(f"error: no sweep folder {given}"), file=sys.stderr)
         return 2
+    if is_run_folder(given):
+        return run_status(given)
     try:
-        sweep = Sweep(args.sweep_dir, grace_s=args.grace)
+        sweep = Sweep(Path(given), grace_s=args.grace, whole=True, label=given)
     except Broken as e:  # a record that breaks the contract: refused in one line, never guessed around
         print(shown(f"error: {e}"), file=sys.stderr)
         return 2
     if not sweep.recorded:
-        print(shown(f"note: {args.sweep_dir} has no {STATE} (Hydra's own launcher): runs counted from its folders"),
+        print(shown(f"note: {given} has no {STATE} (Hydra's own launcher): runs counted from its folders"),
               file=sys.stderr)
         if args.wait and not sweep.runs:
             print("error: nothing to follow", file=sys.stderr)
@@ -471,13 +541,16 @@ def main(argv: list[str] | None = None) -> int:
         sweep.grace_s = 0.0
         snap = sweep.poll()
     for name, err in snap.errors.items():
-        print(shown(f"failed {sweep.dir / name}: {err}"), file=sys.stderr)
+        print(shown(f"failed {os.path.join(given, name)}: {err}"), file=sys.stderr)
+    for name, why in sweep.copies.items():
+        print(shown(f"note: {os.path.join(given, name)}: {why}"), file=sys.stderr)
     if args.wait:
         print(summary_line(sweep.label, snap.counts), flush=True)
     else:
         jobs = Counter(snap.jobs.values())
         tail = f"; jobs: {', '.join(f'{n} {s}' for s, n in sorted(jobs.items()))}" if jobs else ""
-        print(shown(f"sweep {sweep.label}: {len(sweep.runs)} runs: {_progress_text(snap.counts)}{tail}"), flush=True)
+        runs = len(sweep.runs) - snap.counts[COPY]
+        print(shown(f"sweep {sweep.label}: {runs} runs: {_progress_text(snap.counts)}{tail}"), flush=True)
     return 1 if snap.counts["failed"] else 0
 
 

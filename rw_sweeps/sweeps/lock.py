@@ -17,6 +17,7 @@ import math
 import os
 import secrets
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -74,9 +75,9 @@ def _ours(sweep_dir: Path, name: str) -> bool:
     if job_number(name) is None:
         return False
     try:
+        if not stat.S_ISDIR(os.lstat(sweep_dir / name).st_mode):
+            return True  # a file or link at a run's place: stepped over or failed in one line, never written through
         inside = os.listdir(sweep_dir / name)
-    except NotADirectoryError:
-        return True  # a file at a run's place: that run fails in one line; nothing of it is written over
     except OSError:
         return False
     return all(n in _IN_RUN or n.endswith(".log") or safefs.TEMP_NAME.fullmatch(n) for n in inside)

@@ -41,7 +41,7 @@ def _first_use(path: str, barrier, results) -> None:
         results.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def test_8_processes_at_first_use_all_seal_with_one_32_byte_key(tmp_path):
+def test_eight_processes_at_first_use_all_seal_with_one_32_byte_key(tmp_path):
     """The issue's race: 17 of 200 trials of 8 processes found the key empty (created, then written). Made
     whole and linked into place, every process of every trial seals with the one key the file holds."""
     ctx = multiprocessing.get_context("fork")

@@ -1,4 +1,4 @@
-"""Issue 43, items 9 and 13: one function maps a run to its folder for every `hydra.sweep.subdir`
+"""One function maps a run to its folder for every `hydra.sweep.subdir`
 (`rw_sweeps.core.layout`), and `rw-status SWEEP` counts the sweep folder's runs by the contract, every launch
 and sweeper included, naming the folder as it was given.
 

@@ -18,11 +18,14 @@ wandb export all ask it, so they cannot disagree:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from . import readers
-from .config import canonical, stored
+from .config import RunConfig, canonical, stored
 from .errors import ConfigError
 from .readers import Broken, GiB, KiB, MiB
 from .summary_fields import ECHOES, SUMMARY_FIELDS, Field  # noqa: F401 - the format this contract checks
@@ -30,10 +33,14 @@ from .summary_fields import ECHOES, SUMMARY_FIELDS, Field  # noqa: F401 - the fo
 SUMMARY, CONFIG, HISTORY, SNAPSHOTS, CHECKPOINT = ("summary.json", "config.yaml", "history.jsonl",
                                                    "snapshots.jsonl", "checkpoint.pt")
 
-# Size caps, each far above what a run writes (a summary is ~1 KB, a config ~1 KB plus data.Pi, a history
-# row ~0.3 KB, a snapshot row K² floats): memory is bounded by these, whatever is planted.
-CAPS = {SUMMARY: 1 * MiB, CONFIG: 16 * MiB}
-LINE_CAPS = {HISTORY: 1 * MiB, SNAPSHOTS: 32 * MiB}  # a snapshot row of K = 1,000 (V alone) is ~20 MB
+# Size caps: memory is bounded by these, whatever is planted. What a valid run writes is bounded by them too:
+# `written` bounds each file from the config, and `too_large` refuses (before any job) a run that would pass
+# one. A summary is ~2 KB; a config ~1 KB plus data.Pi (K² numbers); a history row ~0.3 KB (model=gpt: two
+# numbers per layer and head more); a snapshot row ~K² numbers (V). The snapshot line's cap sets the largest
+# K any run may have (~1,150: V's K² numbers at 25 bytes each); the config's is set so that data=markov_matrix
+# holds its Π at every K the snapshot line allows (K² numbers at 36 bytes each: 46 MiB).
+CAPS = {SUMMARY: 1 * MiB, CONFIG: 64 * MiB}
+LINE_CAPS = {HISTORY: 1 * MiB, SNAPSHOTS: 32 * MiB}
 FILE_CAPS = {HISTORY: 1 * GiB, SNAPSHOTS: 8 * GiB}
 RECORD_CAP = 256 * MiB  # a sweep's `.rw_sweep.json` (100,000 runs is ~5 MB)
 LOCK_CAP = 64 * KiB     # a lock's holder record
@@ -239,3 +246,164 @@ def _snapshots_problem(snaps: list, summary: dict, config: dict, steps: int) -> 
             return (f"snapshots.jsonl's last attention gives parents_attention={_show(mine)}; summary.json says "
                     f"{_show(total)}")
     return None
+
+
+# ------------------------------------------------------------------------------------------ what a run writes
+# Upper bounds on a value's bytes as the writers write it (`rw_sweeps.core.results`): JSON (orjson, compact, one
+# row a line; summary.json indented) and block YAML (libyaml). A float's shortest repr is at most 24 characters
+# ('-2.2250738585072014e-308'); YAML adds '.0' to '5e-324'. A string's characters may each be escaped (JSON's
+# \u0001: 6 bytes for one).
+NUMBER = 26        # a number's text, at most
+JSON_NUMBER = 27   # … in a compact JSON row, with its comma (a list's brackets are counted as numbers)
+INDENT = 2         # per nesting level of an indented document (YAML's, summary.json's 1)
+ESCAPED = 6        # bytes a string's byte may take, escaped
+YAML_PER_JSON = 20  # a block YAML document's bytes per byte of the same value's compact JSON, at most
+
+
+def _text(x) -> int:
+    """A scalar's text, at most."""
+    if isinstance(x, str):
+        return ESCAPED * len(x.encode("utf-8", "surrogatepass")) + 2
+    if isinstance(x, bool) or x is None:
+        return 5
+    if isinstance(x, int):
+        return len(str(x)) + 1
+    return NUMBER
+
+
+def _doc(x, depth: int = 0) -> int:
+    """An upper bound on a value's bytes in an indented document (block YAML, indented JSON) at this depth:
+    every scalar on a line of its own, after its indent, its key or `- `, and a few bytes of punctuation."""
+    pad = INDENT * depth + 6
+    if dataclasses.is_dataclass(x):
+        x = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return sum(pad + _text(str(k)) + _doc(v, depth + 1) for k, v in x.items()) + pad
+    if isinstance(x, (list, tuple)):
+        if all(type(v) in (int, float) for v in x):  # the common case (a row of Π, snapshot_steps): by length
+            return len(x) * (pad + NUMBER) + pad
+        return sum(pad + _doc(v, depth + 1) for v in x) + pad
+    return pad + _text(x)
+
+
+def _config_bytes(cfg: RunConfig) -> int:
+    """config.yaml's bytes, at most: the config as the writer records it, its family's K×K matrices
+    (`DataConfig.MATRICES`) counted as K rows of K numbers from data.K, whatever the list holds."""
+    data, K = cfg.data, cfg.data.K
+    matrices = type(data).MATRICES
+    rest = dataclasses.replace(cfg, data=dataclasses.replace(data, **{k: None for k in matrices})) if matrices else cfg
+    # a block YAML document is at most YAML_PER_JSON times its compact JSON (every scalar on a line of its own,
+    # indented, each byte of a string escaped at worst): that bound, ~5 µs, serves where it is far below the
+    # cap; `_doc` walks the config where it is not
+    quick = YAML_PER_JSON * len(orjson.dumps(rest))
+    row = _doc([0.0] * K, 3) + INDENT * 2 + 6  # a row is an item of its matrix, two levels into the config
+    return (quick if quick <= CAPS[CONFIG] // 4 else _doc(rest)) + len(matrices) * K * row
+
+
+def _snapshot_count(cfg: RunConfig) -> int:
+    """How many snapshots a done run holds: the asked steps on the evaluation grid up to the last, and the last."""
+    steps, every = cfg.optim.steps, cfg.eval_every
+    return len({s for s in cfg.snapshot_steps if s <= steps and s % every == 0} | {steps})
+
+
+def written(cfg: RunConfig) -> dict[tuple[str, str], int]:
+    """Upper bounds on what a run of this (valid) config writes, from the config alone: (file, `file` or
+    `line`) → bytes, for each cap of the contract (`CAPS`, `LINE_CAPS`, `FILE_CAPS`)."""
+    history, snapshot = cfg.model.recorded(cfg)
+    history_line = history * (JSON_NUMBER + 24) + 64  # each number with its key
+    snapshot_line = snapshot * JSON_NUMBER + 256
+    # parent_positions: at most N − 1 positions; which ones (a Bayesian network's DAG) only where that matters
+    parents = [cfg.data.N] * cfg.data.N if cfg.data.N * (INDENT + 6 + NUMBER) < 256 * KiB else cfg.data.parents(cfg.seed) or []
+    heads = getattr(cfg.model, "n_layer", 0) * getattr(cfg.model, "n_head", 0)  # attn_parent, induction
+    summary = (8 * KiB + _doc(cfg.data.echoed(), 1) + _doc(parents, 1) + 2 * heads * (INDENT * 3 + 6 + NUMBER)
+               + 2 * _doc(0.0, 1) * getattr(cfg.model, "n_layer", 0))
+    rows = cfg.optim.steps // cfg.eval_every + 2  # step 0, the grid, the last step
+    return {(CONFIG, "file"): _config_bytes(cfg), (SUMMARY, "file"): summary,
+            (HISTORY, "line"): history_line, (SNAPSHOTS, "line"): snapshot_line,
+            (HISTORY, "file"): rows * (history_line + 1), (SNAPSHOTS, "file"): _snapshot_count(cfg) * (snapshot_line + 1)}
+
+
+def _cap(file: str, kind: str) -> int:
+    return (CAPS if kind == "file" and file in CAPS else FILE_CAPS if kind == "file" else LINE_CAPS)[file]
+
+
+def _over(cfg: RunConfig) -> tuple[str, str, int] | None:
+    """The first (file, kind, bytes) whose bound is above its cap, or None."""
+    for (file, kind), size in written(cfg).items():
+        if size > _cap(file, kind):
+            return file, kind, size
+    return None
+
+
+# The keys a refusal may name, each with the direction that shrinks what a run writes (+1: a smaller value)
+_DRIVERS = (("data", "K", 1), ("data", "N", 1), ("model", "m", 1), ("model", "n_layer", 1), ("model", "n_head", 1),
+            (None, "eval_every", -1), ("optim", "steps", 1))
+
+
+def _with(cfg: RunConfig, group: str | None, key: str, value: int) -> RunConfig:
+    if group is None:
+        return dataclasses.replace(cfg, **{key: value})
+    return dataclasses.replace(cfg, **{group: dataclasses.replace(getattr(cfg, group), **{key: value})})
+
+
+def _limit(cfg: RunConfig, group: str | None, key: str, sign: int) -> int | None:
+    """The value of `key` nearest the run's own (the others kept) at which every file fits its cap, or None
+    where none does (between 1 and the run's value; for eval_every, up to optim.steps)."""
+    value = getattr(getattr(cfg, group) if group else cfg, key)
+    fits = lambda v: _over(_with(cfg, group, key, v)) is None  # noqa: E731 - every file, not only this one
+    lo, hi = (1, value) if sign > 0 else (value, max(value, cfg.optim.steps + 1))
+    good = lo if sign > 0 else hi
+    if not fits(good):
+        return None
+    while hi - lo > 1:  # the bound grows with the key (shrinks, for eval_every): bisect for the edge
+        mid = (lo + hi) // 2
+        if fits(mid) == (sign > 0):
+            lo = mid
+        else:
+            hi = mid
+    return lo if sign > 0 else hi
+
+
+def too_large(cfg: RunConfig) -> ConfigError | None:
+    """None if every file a run of this config writes fits its reader's cap (`written`), else the one-line
+    refusal: the key whose change makes it fit, its value, the file, the bound and the limit (`invalid config:
+    data.K=2000: writes snapshots.jsonl lines of up to 108.0 MB (V: K² numbers), above the 32 MiB a line may
+    hold; data.K <= 1114 fits`)."""
+    over = _over(cfg)
+    if over is None:
+        return None
+    file, kind, size = over
+    where = f"{file} lines of up to" if kind == "line" else f"a {file} of up to"
+    cap = _cap(file, kind)
+    what = f"writes {where} {size / 1e6:,.1f} MB, above the {_size(cap)} its reader allows"
+    for group, key, sign in _DRIVERS:
+        part = getattr(cfg, group) if group else cfg
+        value = getattr(part, key, None)
+        if type(value) is not int or (group == "model" and key == "m" and not getattr(part, "is_ffn", False)):
+            continue
+        edge = _limit(cfg, group, key, sign)
+        if edge is not None and edge != value:
+            dotted = f"{group}.{key}" if group else key
+            return ConfigError(dotted, value, f"{_family(cfg)}{what}; {dotted} {'<=' if sign > 0 else '>='} {edge:,} fits")
+    biggest = max(((k, v) for k, v in _leaves(cfg) if isinstance(v, (list, str))), key=lambda kv: _doc(kv[1]),
+                  default=("data.K", cfg.data.K))
+    return ConfigError(biggest[0], biggest[1], f"{_family(cfg)}{what}; a shorter value fits")
+
+
+def _size(n: int) -> str:
+    return f"{n // GiB} GiB" if n % GiB == 0 else f"{n // MiB} MiB" if n % MiB == 0 else f"{n:,} bytes"
+
+
+def _family(cfg: RunConfig) -> str:
+    return f"data={cfg.data.name} model={cfg.model.name} "
+
+
+def _leaves(cfg: RunConfig):
+    """(dotted key, value) of every leaf of the config."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            for g in dataclasses.fields(value):
+                yield f"{f.name}.{g.name}", getattr(value, g.name)
+        else:
+            yield f.name, value

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -12,8 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol
 
-from . import env_vars
+from . import env_vars, results
 from .config import RunConfig
+from .errors import Refused, one_line
 
 BREAK_SPREAD = 1e-3  # attention spread above which Thm 4.1's symmetric point counts as broken
 
@@ -60,16 +62,20 @@ SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGUSR2", "SIGTERM", "SIGINT"
 
 class SaveOnSignal:
     """Defers USR2 (SLURM's warning before a preemption or the time limit; submitit requeues on it), SIGTERM,
-    SIGINT and SIGHUP to the end of the current step, where every run is checkpointed; then the signal's own
-    handler runs (submitit's requeue, the front door's interruption, Ctrl-C's KeyboardInterrupt, the default
-    exit). A preempted or interrupted batch so loses at most one step per run, even with checkpoint_every=0.
-    A handler that prints its own line (`speaks`, the front door's) gets no line from here; one that can
-    take a signal back for later (`later`, the front door's) gets the signal that came after the last step,
-    to raise once the batch's results are written (a finished batch needs no checkpoint)."""
+    SIGINT and SIGHUP to the end of the current step, where every run is checkpointed (`save`); then the
+    signal's own handler runs (submitit's requeue, the front door's interruption, Ctrl-C's KeyboardInterrupt,
+    the default exit). A preempted or interrupted batch so loses at most one step per run, even with
+    checkpoint_every=0. A handler that prints its own line (`speaks`, the front door's) gets no line from
+    here; one that can take a signal back for later (`later`, the front door's) gets the signal that came
+    after the last step, to raise once the batch's results are written (a finished batch needs no
+    checkpoint). A signal pending when the loop ends by an exception is handed over all the same (to `later`,
+    else to the handler itself): a stop is a deadline, and the caller's fallback (retrying the runs one by
+    one) must not train past it."""
 
     def __init__(self) -> None:
         self.pending: list[int] = []
         self.previous: dict[int, object] = {}
+        self.said: set = set()  # (run folder, why) of periodic checkpoints already said not to be written
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -78,16 +84,42 @@ class SaveOnSignal:
                     self.previous[sig] = signal.signal(sig, lambda signum, frame: self.pending.append(signum))
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind=None, *exc) -> None:
         previous = dict(self.previous)
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous.clear()
-        if self.pending:  # came after the last step: handed back to a handler that can take it later
+        if self.pending:  # came after the last step, or before an exception ended the loop
             signum, self.pending[:] = self.pending[0], []
             later = getattr(previous.get(signum), "later", None)
             if callable(later):
                 later(signum)
+            elif kind is not None:
+                _hand_over(previous.get(signum), signum)
+
+    def save(self, recs: list, blob: Callable[[int], dict]) -> None:
+        """Checkpoint every run (`results.save_checkpoint(rec.run_dir, blob(r))`). A run whose checkpoint
+        cannot be written (a folder planted at its name, a full disk, a folder it may not write, an unusable
+        seal key) costs only itself, in one line on stdout: the others are still checkpointed, and the loop
+        goes on as if it had been written, training (a periodic checkpoint; said once per run and cause) or
+        stopping (a signal's: the run stays unfinished). None of these is raised: an exception here makes the
+        batch retry its runs one by one, which a stop must not wait for; anything else (a bug) still is, and
+        a stop pending then goes first (`__exit__`, and `rw_sweeps.sweeps.run`'s check before any retry)."""
+        for r, rec in enumerate(recs):
+            try:
+                results.save_checkpoint(rec.run_dir, blob(r))
+            except (OSError, Refused) as exc:  # what a disk raises, and a one-line refusal (the seal key's)
+                self._unsaved(Path(rec.run_dir), exc)
+
+    def _unsaved(self, run_dir: Path, exc: BaseException) -> None:
+        why = checkpoint_error(run_dir, exc)
+        if self.pending:
+            kept = _regular(run_dir / results.CHECKPOINT)  # the last one written stays, whole (an atomic rename)
+            _say(f"{run_dir}: could not write its checkpoint ({why}); it stays unfinished and "
+                 f"{'resumes from its last checkpoint' if kept else 'starts over from step 0'} next time")
+        elif (run_dir, why) not in self.said:
+            self.said.add((run_dir, why))
+            _say(f"{run_dir}: could not write its checkpoint ({why}); training goes on")
 
     def deliver(self) -> None:
         if not self.pending:
@@ -96,11 +128,47 @@ class SaveOnSignal:
         handler = self.previous.get(signum)
         if not getattr(handler, "speaks", False):
             print(f"rw_sweeps: signal {signal.Signals(signum).name}: every run checkpointed", file=sys.stderr, flush=True)
-        if callable(handler):
-            handler(signum, None)  # may raise (KeyboardInterrupt) or exit (submitit's requeue)
-        elif handler == signal.SIG_DFL:
+        if handler == signal.SIG_DFL:
             self.__exit__()
-            os.kill(os.getpid(), signum)
+        _hand_over(handler, signum)
+
+
+def _hand_over(handler, signum: int) -> None:
+    """Run a signal's own handler now (it may raise, as Ctrl-C's does, or exit, as submitit's requeue does);
+    the default action by the signal itself, its handler restored."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
+
+
+def checkpoint_error(run_dir: Path, exc: BaseException) -> str:
+    """Why a checkpoint could not be written (or removed), on one line: the system's words and the file they are about
+    (`checkpoint.pt` for anything in the run's folder, the checkpoint's temp file included; the seal key by its
+    path), or the error's own line (the seal key's `SealKeyError` says which file and the fix)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        path = exc.filename2 or exc.filename
+        text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else ""
+        # a file in the run's folder (named by path, or relative to the folder's handle) is the checkpoint's
+        ours = not text or Path(text).parent in (Path(run_dir), Path("."))
+        return f"{results.CHECKPOINT if ours else text}: {exc.strerror}"
+    return one_line(exc)
+
+
+def _say(line: str) -> None:
+    """A line on stdout that cannot stop the loop: after SIGHUP the terminal may be gone (EIO, a closed pipe)."""
+    try:
+        print(line, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _regular(path: Path) -> bool:
+    """A regular file at `path` (not followed if a link)?"""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 class Ticker:

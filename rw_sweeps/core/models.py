@@ -52,6 +52,12 @@ class ModelBase:
     def validate(self, c: "RunConfig") -> None:
         """The model's own rules, given the whole run (ConfigError, one line)."""
 
+    def recorded(self, c: "RunConfig") -> tuple[int, int]:
+        """Numbers in one history row and in one snapshot row of a run of this model, as its trainer records
+        them: `rw_sweeps.core.contract.written` bounds a run's files with them, so that a run whose files its
+        readers would refuse is refused before it trains."""
+        raise NotImplementedError(f"model={self.name} does not say what its records hold (recorded)")
+
 
 @option("model")
 @dataclass
@@ -99,6 +105,13 @@ class ModelConfig(ModelBase):
         if d.online:
             raise ConfigError("data.online", d.online, f"model={self.name} trains full-batch on the fixed training "
                               "set; allowed: false (model=gpt draws fresh batches)")
+
+    def recorded(self, c: "RunConfig") -> tuple[int, int]:
+        """A history row: its step and metrics. A snapshot row: V (K×K; m×K with the FFN) and A (K×m), a (K),
+        c and the attention (a number per position each), h_example and h_var (one per row of V each)."""
+        K, N = c.data.K, c.data.N
+        rows = self.m if self.is_ffn else K
+        return 16, rows * K + (K * rows if self.is_ffn else 0) + K + 2 * N + 2 * rows + 8
 
     @property
     def is_ffn(self) -> bool:

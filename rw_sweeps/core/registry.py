@@ -217,7 +217,15 @@ def _plain(cls, name: str, value: Any) -> Any:
         return value
     if hint is float and kind in (int, float):
         return float(value)
+    if kind is list and hint in _MATRICES and all(type(row) is list and all(type(x) in (int, float) for x in row)
+                                                  for row in value):
+        # a matrix of numbers (data.Pi) as OmegaConf keeps Any items, without its node per number: ~90 s of a
+        # 900×900 Π's every read (the launch's, and each judgement of its run folder)
+        return [list(row) for row in value]
     return _NOT_PLAIN
+
+
+_MATRICES = (typing.List[typing.List[Any]], Optional[typing.List[typing.List[Any]]])
 
 
 _RULES = {int: "must be an integer", float: "must be a number", bool: "must be true or false", str: "must be a string"}

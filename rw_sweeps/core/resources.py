@@ -9,6 +9,7 @@ import os
 
 from . import trainer
 from .config import ConfigError, RunConfig, shape_key
+from .contract import too_large
 
 
 def bytes_per_run(c: RunConfig) -> int:
@@ -99,7 +100,8 @@ def resolve_device(device: str) -> str:
 
 
 def check(cfg: RunConfig) -> None:
-    """Raise ConfigError (one line) if the run's device is not visible or the run cannot fit its memory."""
+    """Raise ConfigError (one line) if the run would write a file its readers refuse (`contract.too_large`),
+    its device is not visible or the run cannot fit its memory."""
     device = resolve_device(cfg.device)
     need, key = run_bytes(cfg)
     free = available_bytes(device)
@@ -108,6 +110,9 @@ def check(cfg: RunConfig) -> None:
         value = getattr(getattr(cfg, group), name, None)
         raise ConfigError(key, value, f"one run needs ~{need / 2**30:.1f} GB (estimate), more than the "
                           f"{free / 2**30:.1f} GB free on {device} here")
+    problem = too_large(cfg)  # after the memory: a run that cannot run here is told that first
+    if problem is not None:
+        raise problem
 
 
 def problems(cfgs: list[RunConfig], shapes: list | None = None) -> list[ConfigError | None]:

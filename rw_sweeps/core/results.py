@@ -24,6 +24,7 @@ from . import contract, readers, seal
 from .config import canonical
 from .contract import CHECKPOINT, CONFIG, HISTORY, SNAPSHOTS, SUMMARY  # noqa: F401 - the contract's names
 from .readers import Broken, GiB
+from . import safefs
 from .safefs import atomic_write, write_with
 from .yamltext import Templates
 
@@ -150,7 +151,7 @@ def save_checkpoint(run_dir: Path, blob: dict) -> None:
 
 def has_checkpoint(run_dir: Path) -> bool:
     """Is there anything at the checkpoint's name (one stat; `load_checkpoint` judges what it is)?"""
-    return os.path.lexists(Path(run_dir) / CHECKPOINT)
+    return safefs.lexists(Path(run_dir) / CHECKPOINT)
 
 
 def _say(line: str) -> None:
@@ -281,4 +282,4 @@ def _walk(x, put) -> None:
 
 
 def drop_checkpoint(run_dir: Path) -> None:
-    (Path(run_dir) / CHECKPOINT).unlink(missing_ok=True)
+    safefs.unlink(Path(run_dir) / CHECKPOINT)

@@ -6,8 +6,11 @@ SIGINT, SIGTERM and SIGHUP (a signal that is ignored, as under `nohup`, stays ig
 every place that handles Ctrl-C handles the other two alike:
 
 - in the step loop, `rw_sweeps.core.loop.SaveOnSignal` holds the signal to the end of the current
-  step, checkpoints every run of the chunk, then calls this handler (which raises); a signal that comes
-  after the last step is handed back with `later` and raised once the chunk's results are written;
+  step, checkpoints every run of the chunk (one whose checkpoint cannot be written is one line and stays
+  unfinished; the others are saved), then calls this handler (which raises); a signal that comes after the
+  last step, or before an exception ended the loop, is handed back with `later` and raised at the next safe
+  point: once the chunk's results are written, or before anything more is trained (`check`, which
+  `rw_sweeps.sweeps.run` calls before each batch, its retries of a failed batch's runs included);
 - while finished results are written in the main thread (`deferred()`), the signal is held and raised
   when the block ends: nothing finished is lost;
 - anywhere else (start-up, waiting, the sweep's analysis run) it is raised at once, as Ctrl-C is.

@@ -254,8 +254,7 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None, r
                     ticker(state.step)
                 if (c0.checkpoint_every and state.step % c0.checkpoint_every == 0) or stop.pending:
                     log.flush(state.step)
-                    for r, rec in enumerate(recs):
-                        results.save_checkpoint(rec.run_dir, checkpoint(rec, state, r))
+                    stop.save(recs, lambda r: checkpoint(recs[r], state, r))  # one that fails is a line
                     stop.deliver()  # the signal's own handler now: submitit requeues, Ctrl-C interrupts, …
             if live is not None and evaluated is not None and time.monotonic() - shown >= LIVE_S:
                 log.flush(state.step)  # every evaluation so far: the last one's training loss is now known
@@ -280,8 +279,11 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None, r
 
 class _Block:
     """How many steps one kernel call takes: up to the next evaluation or checkpoint, and no more than
-    about BLOCK_S seconds, so that a signal (SLURM's USR2) is answered within a block."""
+    about BLOCK_S seconds, so that a signal (SLURM's USR2, a stop) is answered within a block. The batch's
+    first call, before a step's time is known, takes at most PROBE steps: sized by the evaluation interval
+    alone it could run for minutes past a signal."""
     BLOCK_S = 1.0
+    PROBE = 16
 
     def __init__(self) -> None:
         self.per_step = None
@@ -291,8 +293,7 @@ class _Block:
         n = to_eval
         if checkpoint_every:
             n = min(n, checkpoint_every - step % checkpoint_every)
-        if self.per_step is not None:
-            n = min(n, max(1, int(self.BLOCK_S / max(self.per_step, 1e-9))))
+        n = min(n, self.PROBE if self.per_step is None else max(1, int(self.BLOCK_S / max(self.per_step, 1e-9))))
         self.t = time.perf_counter()
         return n
 

@@ -24,7 +24,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rw_sweeps.core import env_vars, signals
+from rw_sweeps.core import env_vars, seal, signals
 from rw_sweeps.core.config import ConfigError, from_dict, wandb_group
 from rw_sweeps.core.errors import Interrupted, Refused, one_line
 from rw_sweeps.core.keys import describe, groups
@@ -232,6 +232,9 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
             read = command_line(argv, calling_file, config_path, config_name)
             if read is None:
                 return
+            # every launch may seal (a stop checkpoints the running chunk, a relaunch verifies checkpoints, the
+            # sweep's analysis seals its cache): a key that cannot be used is one line now, not a traceback per run
+            seal.check()
             args, hydra_app, name = read
             overrides = list(args.overrides)
             # `-m` is a multirun whatever the config's hydra.mode says: its composition (~0.2 s) is not needed then

@@ -32,6 +32,7 @@ from hydra.types import RunMode
 
 from rw_sweeps.core import env_vars
 from rw_sweeps.core.config import ConfigError, RunConfig, convert, from_dict, shape_key, with_seed
+from rw_sweeps.core.contract import too_large
 
 from .hydra_adapter import split_arguments
 from .hydra_errors import one_line_errors
@@ -175,6 +176,14 @@ def override_dirname(parsed: Sequence[Override], job_cfg: dict) -> str:
     return str(conf["item_sep"]).join(lines).replace("=", str(conf["kv_sep"]))
 
 
+def _readable(cfg: RunConfig) -> None:
+    """Every file the run would write fits its readers' caps (`contract.too_large`), else its one-line refusal:
+    checked for every job, whatever launcher runs it, before any folder is made."""
+    problem = too_large(cfg)
+    if problem is not None:
+        raise problem
+
+
 class Planner:
     """Specs for job override lists, composing once per distinct set of group choices."""
 
@@ -269,6 +278,7 @@ class Planner:
             resolved = OmegaConf.to_container(OmegaConf.masked_copy(template, task_keys), resolve=True)
             spec = Spec(num, overrides, full, resolved, hydra, template=template)
             spec.cfg = from_dict(spec.resolved, complete=True)
+            _readable(spec.cfg)
             spec.shape = shape_key(spec.cfg)
         spec.output_dir = self.output_dir(spec)
         spec.sweep_dir = self.sweep_dir
@@ -319,6 +329,7 @@ class Planner:
             return key, None, hydra, values, None, None, None, None
         conv = {o.input_line: convert(base, o.key_or_group, o.value()) for o in values}
         cfg = from_dict(with_changes(base, {o.key_or_group: conv[o.input_line] for o in values}), complete=True)
+        _readable(cfg)
         conf = hydra["job"]["config"]["override_dirname"]
         excluded = set(conf.get("exclude_keys") or [])
         kept = sorted(o.input_line for o in parsed if o.key_or_group not in excluded)

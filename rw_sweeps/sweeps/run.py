@@ -14,10 +14,10 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from rw_sweeps.core import contract, results, trainer
+from rw_sweeps.core import contract, results, signals, trainer
 from rw_sweeps.core.config import RunConfig, shape_key
 from rw_sweeps.core.errors import one_line
-from rw_sweeps.core.loop import Record, group_by
+from rw_sweeps.core.loop import Record, checkpoint_error, group_by
 
 from . import tracking
 
@@ -60,6 +60,9 @@ def train_same_shape(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool
     `said`: the lines about checkpoints this batch has printed, so that none is printed twice."""
     if not cfgs:
         return Pending(list)
+    # once a stop is asked for, nothing more is trained: not a retry of a failed batch's runs one by one, not a
+    # batch of runs resumed at another step, not the next chunk (a signal held for the next safe point is it)
+    signals.check()
     if len({shape_key(c) for c in cfgs}) > 1:
         raise ValueError("run_batch needs runs of one shape; group them with rw_sweeps.core.config.shape_key first")
     t0 = time.time()
@@ -80,7 +83,8 @@ def train_same_shape(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool
         if live is not None:
             live.finish({})  # what was streamed ends here; a retried run starts its wandb run afresh
             live = None
-        if len(cfgs) > 1:  # each again alone, from the checkpoint it has now (the failed attempt's, if it saved one)
+        if len(cfgs) > 1:  # each again alone, from the checkpoint it has now (the failed attempt's, if it saved one);
+            # a signal that came meanwhile is raised first, by the retry itself (`signals.check`, above)
             return Pending.joined(len(cfgs), [([i], train_same_shape([c], [d], False, said=said))
                                               for i, (c, d) in enumerate(zip(cfgs, run_dirs))])
         traceback.print_exc(file=sys.stderr)
@@ -125,10 +129,11 @@ def _write(records: list[Record], wall: float, live) -> list[dict]:
             continue
         try:
             results.write_summary(rec.run_dir, summary)
-            results.drop_checkpoint(rec.run_dir)  # the finished results supersede it
             written[r] = entry
         except Exception as exc:  # noqa: BLE001
             summary.update(status="failed", error=f"writing the results: {one_line(exc)}")
+            continue
+        _drop_checkpoint(rec.run_dir)
     try:  # after the summaries, in the background (tracking.wait); `rw_sweeps.sweeps.wandb_export` recovers a kill
         if live is not None:
             live.finish(written)
@@ -137,6 +142,17 @@ def _write(records: list[Record], wall: float, live) -> list[dict]:
     except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
         print(f"warning: wandb logging failed: {one_line(exc)}", file=sys.stderr)
     return [e["summary"] for e in entries]
+
+
+def _drop_checkpoint(run_dir: Path) -> None:
+    """The finished run's checkpoint removed (its results supersede it). One that cannot be (a folder planted
+    at its name) is one line and leaves the run done: the contract judges a run by its summary, never by
+    what else its folder holds."""
+    try:
+        results.drop_checkpoint(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the run is finished and written
+        print(f"{run_dir}: its checkpoint could not be removed ({checkpoint_error(run_dir, exc)}); the run is done",
+              flush=True)
 
 
 def _live(cfgs: list[RunConfig], run_dirs: list[Path]):

@@ -60,6 +60,9 @@ class DataConfig:
     # keys that name a file read when a config is validated, whose content the config then records; a stored
     # config is judged without opening them (`stored`)
     FILES: ClassVar[tuple] = ()
+    # keys that hold a data.K × data.K matrix (a list of K rows of K numbers): a run's config.yaml records
+    # K² numbers for each, which `rw_sweeps.core.contract.written` counts from data.K (its size limit is one on K)
+    MATRICES: ClassVar[tuple] = ()
 
     @classmethod
     def provides(cls, hook: str) -> bool:

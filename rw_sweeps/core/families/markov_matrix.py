@@ -30,7 +30,8 @@ class MarkovMatrix(DataConfig):
     Pi_file: Optional[str] = None
     PER_RUN: ClassVar[tuple] = ("Pi", "Pi_file")
     FILES: ClassVar[tuple] = ("Pi_file",)
-    ECHO: ClassVar[tuple] = ()  # Π is K² numbers (up to 900²): the config records it
+    MATRICES: ClassVar[tuple] = ("Pi",)  # the config records Π: K² numbers (`contract.written` bounds K by them)
+    ECHO: ClassVar[tuple] = ()  # Π is K² numbers: the config records it
 
     def validate(self, seed: int) -> None:
         if self.Pi_file is None:
@@ -66,7 +67,8 @@ class MarkovMatrix(DataConfig):
         return np.array(self.Pi, dtype=np.float64).reshape(self.K, self.K)
 
 
-PI_FILE_CAP = 16 * 1024 * 1024  # a 900×900 Π as text is ~16 MB
+# a Π as text of the largest K a run may have (`rw_sweeps.core.contract.written`: ~1,150) is ~30 MB
+PI_FILE_CAP = 64 * 1024 * 1024
 
 
 def _read_pi(path: str, K: int) -> list:

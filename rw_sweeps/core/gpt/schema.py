@@ -24,6 +24,8 @@ from ..errors import ConfigError
 from ..models import ModelBase, resolve_normalize
 from ..registry import choice, option
 
+SNAPSHOT_MAP_MAX_T = 64  # snapshots keep whole mean attention maps up to this many positions (else the read row)
+
 
 @option("model")
 @dataclass
@@ -70,6 +72,14 @@ class GptConfig(ModelBase):
         if self.attention != "merged" and self.normalize == "auto":
             return dataclasses.replace(self, normalize="none")
         return resolve_normalize(self, init)
+
+    def recorded(self, c) -> tuple[int, int]:
+        """Numbers in one history row (`attn_parent` and `induction` per layer and head, beside its scalars)
+        and one snapshot row (the mean attention per layer, head and position read; the whole maps up to
+        SNAPSHOT_MAP_MAX_T positions), as `rw_sweeps.core.gpt.training` records them."""
+        heads, T = self.n_layer * self.n_head, c.data.N if self.query == "blank" else c.data.N - 1
+        maps = heads * T * T if T <= SNAPSHOT_MAP_MAX_T else 0
+        return 16 + 2 * heads, heads * T + maps + 8  # and the step, and room for a scalar or two
 
     def width(self, K: int) -> int:
         """The residual stream's width."""

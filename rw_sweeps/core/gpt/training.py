@@ -23,11 +23,11 @@ from ..metrics import GPT_EVALUATED, GPT_LAST
 from ..loop import BREAK_SPREAD, Record, SaveOnSignal, Ticker, device_of
 from ..training import bayes_test_acc, parent_positions
 from . import model, strategies
+from .schema import SNAPSHOT_MAP_MAX_T
 from .optim import Optimiser
 
 STEP_STREAM = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9)  # (seed, t) ↦ the generator seed of step t's batch
 RELATIVE_MIN_GAP = 1e-3  # nats between unigram_loss and opt_loss below which relative_loss is null
-SNAPSHOT_MAP_MAX_T = 64  # snapshots keep whole mean attention maps up to this many positions (else the read row)
 
 
 def step_seed(seed: int, t: int) -> int:
@@ -328,8 +328,7 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                 opt.step(params, grads, dead > T, t)
                 if (c0.checkpoint_every and (t + 1) % c0.checkpoint_every == 0) or stop.pending:
                     _close(recs, dead, t + 1, T)
-                    for r, rec in enumerate(recs):
-                        results.save_checkpoint(rec.run_dir, checkpoint(rec, params, opt, r, t + 1))
+                    stop.save(recs, lambda r: checkpoint(recs[r], params, opt, r, t + 1))  # one that fails is a line
                     stop.deliver()
                 if ticker is not None:
                     ticker(t + 1)

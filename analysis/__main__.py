@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -18,13 +19,13 @@ import matplotlib
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from rw_sweeps.core import seal, signals
-from rw_sweeps.core.console import prog
+from rw_sweeps.core import safefs, seal, signals
+from rw_sweeps.core.console import prog, shown
 
 from rw_sweeps.core.readers import Broken
 
 from . import claims
-from .adaptive import adaptive_figures, read_record
+from .adaptive import RECORD, adaptive_figures, names_any, read_record
 from .curves import curve_figures
 from .escape import escape_figures
 from .figures import paper_figures
@@ -57,15 +58,18 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     for p in args.sweeps:
         if not p.is_dir():
-            ap.error(f"not a folder: {p}")
+            ap.error(f"not a folder: {shown(p)}")
+    if args.out.is_symlink():  # the report is written into a real folder, never through a link
+        ap.exit(2, f"error: --out {shown(args.out)}: is a symbolic link; give a folder that is not a link "
+                   "(the report is never written through one)\n")
     if args.tol < 0:
         ap.error(f"--tol must be >= 0, got {args.tol}")
     out = args.out.resolve()
     blocked = next((a for a in (out, *out.parents) if a.exists() and not a.is_dir()), None)
     if blocked is not None:   # the report is a folder of files: a file at its name or above it stops mkdir
-        ap.error(f"--out {args.out}: {blocked} is a file, not a folder")
+        ap.error(f"--out {shown(args.out)}: {shown(blocked)} is a file, not a folder")
     if any(out == p.resolve() for p in args.sweeps):
-        ap.error(f"--out {args.out} is a sweep folder; its runs.parquet is the sweep's cache")
+        ap.error(f"--out {shown(args.out)} is a sweep folder; its runs.parquet is the sweep's cache")
     axes = [a for a in (args.x, args.y, args.row, args.col) if a]
     if len(set(axes)) < len(axes):
         ap.error(f"--x/--y/--row/--col must be different keys, got {' '.join(axes)}")
@@ -90,8 +94,8 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
           paper: bool = False, refresh: bool = False) -> Report:
     """The report of the sweeps in `out`: runs.parquet, every figure as PNG and index.html (what `python -m
     analysis` writes, and what the sweep's wandb analysis run carries)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(os.path.abspath(out))
+    _hold_out(out, sweeps)
     notes: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -116,7 +120,10 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
         except Broken as e:
             notes.append(f"{sweep}: {e.why}; drawn as a grid")
             continue
-        if rec is not None:
+        if rec is not None and not names_any(runs[runs["sweep"] == sweep], rec):
+            # sealed by this user, but another sweep's (copied here): this sweep's runs are not its points
+            notes.append(f"{Path(sweep) / RECORD} names none of the sweep's runs; ignored: drawn as a grid")
+        elif rec is not None:
             records[sweep] = rec
     grid = ~runs["sweep"].isin(list(records))
     # Sweeps of several data families (a circle, a binary chain, graphs…) share few axes: each family gets
@@ -138,7 +145,8 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
     figures = []
 
     def save(name, caption, fig, section):
-        fig.savefig(out / f"{name}.png", dpi=DPI, bbox_inches="tight")
+        safefs.write_with(out / f"{name}.png",
+                          lambda fh: fig.savefig(fh, format="png", dpi=DPI, bbox_inches="tight"))
         plt.close(fig)
         figures.append({"file": f"{name}.png", "caption": caption, "section": section})
 
@@ -177,7 +185,7 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
 
     table = runs.copy()
     table.attrs = {"config_keys": runs.attrs["config_keys"]}   # skipped stays in the report
-    table.to_parquet(out / "runs.parquet", index=False)
+    safefs.write_with(out / "runs.parquet", lambda fh: table.to_parquet(fh, index=False))
     report = write_report(out, runs, skipped, figures, notes, title=title)
     return Report(report, runs, skipped, figures, notes, next(iter(axes.values()), (None,) * 4))
 
@@ -242,11 +250,14 @@ def _main(argv=None) -> int:
     except UsageError as e:
         ap.error(str(e))
     except seal.SealKeyError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {shown(e)}", file=sys.stderr)
+        return 2
+    except safefs.PlantedLink as e:  # a folder of the report swapped for a link (the one before is parse_args's)
+        print(f"error: --out {shown(args.out)}: {shown(e)}", file=sys.stderr)
         return 2
     if not len(rep.runs):
-        print(f"error: no finished runs in {' '.join(map(str, args.sweeps))} "
-              f"({len(rep.skipped)} folders skipped); see {rep.path}", file=sys.stderr)
+        print(f"error: no finished runs in {shown(' '.join(map(str, args.sweeps)))} "
+              f"({len(rep.skipped)} folders skipped); see {shown(rep.path)}", file=sys.stderr)
         return 2
     if args.wandb:
         x, y, row, col = rep.axes
@@ -255,10 +266,10 @@ def _main(argv=None) -> int:
             "x": x, "y": y, "row": row, "col": col})
     c = counts(rep.runs, rep.skipped)[["runs", "done", "failed", "diverged", "unfinished", "corrupt", "copies"]]
     c = c.drop(columns=["copies"]) if not c["copies"].any() else c
-    print(f"{rep.path}: {sum('file' in f for f in rep.figures)} figures; " + ", ".join(
+    print(f"{shown(rep.path)}: {sum('file' in f for f in rep.figures)} figures; " + ", ".join(
         f"{k} {v}" for k, v in c.sum().items()))
-    for n in rep.notes:
-        print("note:", n, file=sys.stderr)
+    for n in rep.notes:  # names from the sweep folders: control characters as escapes, one line each
+        print("note:", shown(n), file=sys.stderr)
     return 0
 
 
@@ -267,15 +278,31 @@ def _reading_table(runs, out) -> list[dict]:
     table = claims.reading_table(runs)
     if not len(table):
         return []
-    table.to_csv(out / "readings.csv", index=False)
-    shown = claims.display(table)
+    safefs.atomic_write(out / "readings.csv", table.to_csv(index=False))
+    cells = claims.display(table)
     caption = (f"The reading search: {int(table['runs'].sum())} runs of "
                f"{', '.join(claims.READING_EXPERIMENTS)}, one row per reading (seeds pooled), "
                "each cell the fraction of the reading's runs for which the claim holds (– : no run "
                "can say), best first by the mean over the claims with data. The claims: "
                f"{claims.legend()}.")
-    (out / "readings.md").write_text(caption + "\n\n" + claims.to_markdown(shown))
-    return [{"df": shown, "caption": caption, "section": "Reading search"}]
+    safefs.atomic_write(out / "readings.md", caption + "\n\n" + claims.to_markdown(cells))
+    return [{"df": cells, "caption": caption, "section": "Reading search"}]
+
+
+def _hold_out(out: Path, sweeps) -> None:
+    """Every file of the report is written through a folder's handle, never by path (`safefs.write_with`): a
+    report inside a sweep folder (the launch's `wandb_analysis/report`) from the sweep's handle, one folder at
+    a time, so a folder on the way swapped for a link at any moment is refused; any other from `out`'s own,
+    held (made if missing) from here on. A link at `out` is refused either way (`safefs.PlantedLink`)."""
+    for sweep in sweeps:
+        if Path(os.path.abspath(sweep)) in out.parents:
+            try:
+                safefs.hold(sweep, create=False)
+            except OSError:
+                break  # a link given as the sweep (the user's own choice): the report is held as any other
+            safefs.ensure_dir(out)
+            return
+    safefs.hold(out)
 
 
 def _axes(asked, runs, notes, family=None):

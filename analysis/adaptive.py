@@ -71,6 +71,15 @@ def read_record(sweep) -> dict | None:
     return rec
 
 
+def names_any(runs: pd.DataFrame, rec: dict) -> bool:
+    """Does the record name any of `runs` (one sweep's loaded runs) at its point (what `points` draws)? One sealed
+    by this user's sweeper in another sweep and copied here names none of this sweep's: not this sweep's."""
+    try:
+        return not points(runs, rec, []).empty
+    except KeyError:  # an axis the runs have no column of: not these runs' record either
+        return False
+
+
 def _names(runs) -> list:
     return runs if isinstance(runs, list) else []
 

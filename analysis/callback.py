@@ -17,6 +17,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from rw_sweeps.core.config import wandb_group
+from rw_sweeps.core.console import shown
 
 from . import wandb_run
 
@@ -60,4 +61,4 @@ class WandbAnalysis(Callback):
         try:
             wandb_run.log_analysis(sweep_dir, w)
         except Exception as exc:  # noqa: BLE001 - the run folders are the source of truth
-            print(f"warning: wandb analysis run not logged: {type(exc).__name__}: {exc}", file=sys.stderr)
+            print(f"warning: wandb analysis run not logged: {type(exc).__name__}: {shown(exc)}", file=sys.stderr)

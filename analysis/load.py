@@ -26,6 +26,7 @@ from tqdm import tqdm
 from rw_sweeps.core import contract, layout, readers, seal
 from rw_sweeps.core.config import RunConfig, WandbConfig, canonical   # (importing it registers every option)
 from rw_sweeps.core.registry import GROUPS, OPTIONS
+from rw_sweeps.core.console import shown
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core import results, safefs
 from rw_sweeps.core.safefs import atomic_write, write_with
@@ -155,7 +156,7 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
     known = ({r: (i, d) for i, (r, d) in enumerate(zip(cached["_run"].tolist(), cached["_digest"].tolist()))}
              if len(cached) else {})
     keep, todo, skipped = [], [], []
-    for name, why in layout.runs(sweep).items():  # at every depth hydra.sweep.subdir puts them (`0/run`)
+    for name, why in layout.runs(sweep, layout.recorded(sweep)).items():  # at every depth hydra.sweep.subdir puts them (`0/run`)
         path = os.path.join(sweep, name)
         if why is not None:  # a link on its path (never followed), a file at a run's place
             skipped.append(_skip(path, "corrupt", why))
@@ -176,7 +177,7 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
             todo.append((name, digest))
 
     new_rows, config_keys = [], set(meta.get("config_keys", []))
-    bar = tqdm(todo, desc=f"reading {sweep.name}", unit="run", disable=_quiet(progress, len(todo)))
+    bar = tqdm(todo, desc=f"reading {shown(sweep.name)}", unit="run", disable=_quiet(progress, len(todo)))
     for name, digest in bar:
         row, cfg_keys, problem = _read_run(Path(sweep, name))
         if problem:
@@ -290,6 +291,10 @@ def _cache_types_ok(table) -> bool:
 
 def _write_cache(sweep: Path, df: pd.DataFrame, config_keys):
     f = sweep / CACHE_NAME
+    if not _ours(sweep):  # a folder of the user's own that holds a runs.parquet: theirs, never replaced
+        warnings.warn(f"{f} is not this project's cache (no sweep folder, and no seal of yours): left as it "
+                      "is; the runs are read uncached")
+        return
     try:
         table = pa.Table.from_pandas(_parquet_safe(df), preserve_index=False)
         meta = {**(table.schema.metadata or {}),
@@ -302,6 +307,22 @@ def _write_cache(sweep: Path, df: pd.DataFrame, config_keys):
         atomic_write(sweep / SEAL_NAME, seal.seal(b"runs.parquet", raw) + "\n")
     except OSError as e:                   # a read-only sweep folder still loads, just uncached
         warnings.warn(f"could not write cache {f}: {e}")
+
+
+def _ours(sweep: Path) -> bool:
+    """May the cache be written in `sweep`: no runs.parquet there, one this user's analysis sealed, or the
+    folder is a launch's sweep (its record `.rw_sweep.json`), where the name is the cache's by the results
+    contract and a planted one is rebuilt. Elsewhere (a folder of the user's own) the file is theirs."""
+    if safefs.lexists(sweep / layout.RECORD):
+        return True
+    try:
+        raw = readers.read_bytes(sweep / CACHE_NAME, CACHE_CAP, CACHE_NAME)
+        mark = readers.read_bytes(sweep / SEAL_NAME, 1024, SEAL_NAME).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        return not safefs.lexists(sweep / CACHE_NAME)  # none (a missing seal alone: the file is not ours)
+    except (OSError, readers.Broken):
+        return False
+    return seal.verify(mark, b"runs.parquet", raw)
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:

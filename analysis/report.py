@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rw_sweeps.core import safefs
+
 from .load import OPTION_COLUMNS, STATUSES, config_keys, has_key
 from .phase import ZERO, swept_keys, zero_init
 
@@ -145,7 +147,7 @@ def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: li
         h.append("<h2>Folders skipped</h2>" + _table(pd.DataFrame(skipped)))
     h.append(f"<script>{SORT_JS}</script></body></html>")
     path = Path(out) / "index.html"
-    path.write_text("\n".join(h), encoding="utf-8")
+    safefs.atomic_write(path, "\n".join(h))  # through the report folder's handle (`analysis.__main__.build`)
     return path
 
 
@@ -154,6 +156,8 @@ def log_to_wandb(out: Path, runs: pd.DataFrame, figures: list[dict], mode: str =
     """Log the report's figures to a wandb run of job_type "analysis" in the sweep's group, so
     they sit beside the training runs; its files go under `out`."""
     import wandb   # optional: only this flag needs it
+
+    safefs.owned_dirs(Path(out), "wandb")  # wandb writes there by path: a link at its place refused, not followed
 
     def most_common(col, default):
         s = runs[col].dropna() if col in runs.columns else pd.Series(dtype=object)

@@ -143,33 +143,68 @@ def test_writes_below_a_held_folder_refuse_a_link_at_any_depth(tmp_path):
         safefs.release(root)
 
 
-def test_a_held_folder_moved_is_still_the_sweep_and_one_removed_is_let_go(tmp_path):
-    root = tmp_path / "sweep"
+def test_a_held_folder_moved_is_still_the_sweep_and_one_removed_is_written_no_more(tmp_path):
+    root, outside = tmp_path / "sweep", tmp_path / "outside"
+    outside.mkdir()
     safefs.hold(root)
     try:
         os.rename(root, tmp_path / "moved")  # moved away (by whoever can write its parent): the held folder is
-        root.mkdir()                          # the sweep, wherever it is now; nothing goes to the new one
+        os.symlink(outside, root)             # the sweep, wherever it is now; nothing goes by its old name
         safefs.atomic_write(root / "g", "held")
-        assert (tmp_path / "moved" / "g").read_text() == "held" and not (root / "g").exists()
-        (tmp_path / "moved" / "g").unlink()
-        os.rmdir(tmp_path / "moved")  # removed: its handle would write where no one can read
-        safefs.atomic_write(root / "f", "here")
-        assert (root / "f").read_text() == "here"
-        safefs.hold(root)  # holding it again takes the folder now at the name
-        safefs.atomic_write(root / "h", "here too")
-        assert (root / "h").read_text() == "here too"
+        safefs.hold(root, anew=False)  # a job of the launch holds it again: still the folder held
+        safefs.atomic_write(root / "1" / "h", "held")
+        assert (tmp_path / "moved" / "g").read_text() == "held" and (tmp_path / "moved" / "1" / "h").is_file()
+        assert list(outside.iterdir()) == []
+        import shutil
+        shutil.rmtree(tmp_path / "moved")  # removed: its name now leads elsewhere, so nothing is written by it
+        for write in (lambda: safefs.atomic_write(root / "f", "x"), lambda: safefs.hold(root, anew=False)):
+            with pytest.raises(safefs.SweepGone, match="was removed while this process wrote it"):
+                write()
+        assert list(outside.iterdir()) == []
+        os.unlink(root)
+        root.mkdir()
+        safefs.hold(root)  # a new launch takes the folder now at the name
+        safefs.atomic_write(root / "h", "here")
+        assert (root / "h").read_text() == "here"
     finally:
         safefs.release(root)
+
+
+def test_a_path_through_dot_dot_is_the_folder_the_kernel_finds(tmp_path):
+    (tmp_path / "deep" / "inner").mkdir(parents=True)
+    os.symlink(tmp_path / "deep" / "inner", tmp_path / "Lq")
+    given = tmp_path / "Lq" / ".." / "s"  # the kernel: deep/s; the text: s
+    safefs.hold(given)
+    try:
+        safefs.atomic_write(given / "0" / "f", "x")
+        assert (tmp_path / "deep" / "s" / "0" / "f").is_file() and not (tmp_path / "s").exists()
+        with pytest.raises(safefs.PlantedLink, match="leaves it through"):
+            safefs.atomic_write(given / "0" / ".." / ".." / "escape", "x")
+    finally:
+        safefs.release(given)
+
+
+def test_a_sweep_folder_that_is_a_link_is_one_line(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "sl")
+    r = launch("-m", *TINY, "data.p=0.5", "optim.steps=5", f"hydra.sweep.dir={tmp_path / 'sl'}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == (f"error: invalid config: hydra.sweep.dir='{tmp_path / 'sl'}': is a symbolic link (to "
+                                f"{tmp_path / 'real'}); a sweep is written only into a real folder: give that folder "
+                                f"instead")
+    assert list((tmp_path / "real").iterdir()) == []
 
 
 def test_no_module_but_safefs_writes_a_sweep_file_by_path():
     """One owner: the project's sweep-side writers go through safefs (open for writing, rename, unlink,
     mkdir by path are safefs's alone)."""
     import re
-    forbidden = re.compile(r"os\.(replace|rename|unlink|mkdir|makedirs)\(|\.write_text\(|\.write_bytes\(|open\([^)]*['\"][wa]")
+    # and a library's writer given a path (a figure, a table): only a handle `fh` from `safefs.write_with`, or none
+    forbidden = re.compile(r"os\.(replace|rename|unlink|mkdir|makedirs)\(|\.write_text\(|\.write_bytes\(|open\([^)]*['\"][wa]"
+                           r"|\.(savefig|to_parquet|to_csv|to_json|to_html|to_feather)\((?!fh[,)]|\)|index=)")
     allowed = {"rw_sweeps/core/safefs.py", "rw_sweeps/core/fused.py", "rw_sweeps/core/seal.py",  # outside any sweep
                "rw_sweeps/sweeps/lock.py",  # the lock's own atomic link at the sweep folder's top
-               "rw_sweeps/sweeps/predict.py", "analysis/report.py", "analysis/__main__.py"}  # a report folder of the user's
+               "rw_sweeps/sweeps/predict.py"}  # a report folder of the user's
     offenders = []
     for base in ("rw_sweeps", "analysis", "hydra_plugins"):
         for path in (ROOT / base).rglob("*.py"):

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra_plugins.rw_sweeps_plugins.sweeper import MAX_RUNS, grid_size, refuse_large_grid
+from rw_sweeps.sweeps.grid_count import MAX_RUNS, grid_size, refuse_large_grid
 from rw_sweeps.core import seal
 from rw_sweeps.core.errors import ConfigError
 from rw_sweeps.sweeps.hydra_adapter import split_arguments

@@ -214,7 +214,21 @@ def test_layout_finds_runs_at_every_depth_and_stops_at_a_run_folder(tmp_path):
     (tmp_path / "4" / "run").mkdir(parents=True)  # a folder of run folders, none written yet: no run
     (tmp_path / "notes").mkdir()
     assert layout.run_folders(tmp_path) == ["0/run", "3", "a/b/c", "p0.5"]
-    assert layout.run_folders(tmp_path, ["4/run"]) == ["0/run", "3", "4/run", "a/b/c", "p0.5"]
+    # with a record, an empty numbered folder it does not name is no run (a planted `007` is not counted)
+    assert layout.run_folders(tmp_path, ["4/run"]) == ["0/run", "4/run", "a/b/c", "p0.5"]
+
+
+def test_with_a_record_planted_links_files_and_empty_folders_are_no_runs(tmp_path):
+    _run(tmp_path / "0")
+    _run(tmp_path / "1")
+    (tmp_path / ("9" * 255)).write_text("x")  # a file named with 255 digits
+    os.symlink(tmp_path / "0", tmp_path / "latest")  # a convenience link
+    os.symlink(tmp_path / "0", tmp_path / "7")
+    for n in ("007", "5099", "1" * 29):
+        (tmp_path / n).mkdir()
+    assert layout.run_folders(tmp_path, ["0", "1"]) == ["0", "1"]
+    assert layout.runs(tmp_path, ["0", "1", "7"])["7"] == layout.LINK  # named by the record: judged, not followed
+    assert len(layout.run_folders(tmp_path)) > 2  # no record (Hydra's own launcher): every candidate is judged
 
 
 def test_layout_orders_runs_by_job_number_part_by_part(tmp_path):
@@ -241,8 +255,8 @@ def test_layout_names_a_link_and_never_enters_it(tmp_path):
     os.symlink(outside, sweep / "elsewhere")
     (sweep / "5").write_text("a file at a run's place")
     assert layout.runs(sweep) == {"0": layout.LINK, "5": layout.NOT_A_FOLDER, "elsewhere": layout.LINK}
-    assert layout.runs(sweep, ["0/run"]) == {"0/run": "0 on its path is a symbolic link; it is not followed",
-                                             "5": layout.NOT_A_FOLDER, "elsewhere": layout.LINK}
+    # with a record, what it does not name and is no run folder (the file 5, the link elsewhere) is not counted
+    assert layout.runs(sweep, ["0/run"]) == {"0/run": "0 on its path is a symbolic link; it is not followed"}
     assert layout.problem(sweep, "0") == layout.LINK
     assert layout.problem(sweep, "0/run") == "0 on its path is a symbolic link; it is not followed"
     assert layout.problem(sweep, "5") == layout.NOT_A_FOLDER

@@ -89,7 +89,7 @@ class HydraJob(Requeued, Payload):
 
     def run(self, job_id: Optional[str]) -> JobReturn:
         if self.output_dir is not None:  # Hydra's run_job writes `.hydra/` and the log with plain open()
-            hold(self.sweep_dir)  # the project's own writes: through the sweep's handle
+            hold(self.sweep_dir, anew=False)  # the project's own writes: through the sweep's handle
             refuse_links(Path(self.output_dir), self.config.hydra.output_subdir)
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, self.overrides)
         with open_dict(cfg.hydra.job):

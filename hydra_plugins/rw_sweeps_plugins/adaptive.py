@@ -33,6 +33,7 @@ from rw_sweeps.core.resources import problems
 from rw_sweeps.core.safefs import atomic_write, ensure_dir
 from rw_sweeps.sweeps import adaptive, placement
 from rw_sweeps.sweeps.app import batch_function, note_failed
+from rw_sweeps.sweeps.grid_count import MAX_RUNS, refuse_large_grid
 from rw_sweeps.sweeps.hydra_adapter import split_arguments
 from rw_sweeps.sweeps.planner import Planner
 from rw_sweeps.sweeps.status import summary_line
@@ -49,6 +50,7 @@ class AdaptiveSweeperConf:
     loss_goal: Optional[float] = None  # and stop a panel before its budget once its learner's loss is at most this
     batch: Optional[int] = None  # points a round and panel (null: max_runs_per_job ÷ crossed jobs, else 16)
     level: float = 0.5  # the metric's level set that is the boundary (success: half a point's runs succeed)
+    max_runs: int = MAX_RUNS  # the most jobs the grid crossed with each point may have (the grid sweeper's key)
     loss: str = "boundary"  # boundary: 2 axes resolve the level set first; default: python-adaptive's own loss
     tol: float = SUCCESS_TOL  # metric=success: test_acc >= OPT - tol
     params: Optional[Dict[str, str]] = None  # axes and crossed keys, as a preset declares them
@@ -118,9 +120,9 @@ def _output_dir(ret) -> Optional[str]:
 class AdaptiveSweeper(Sweeper):
     def __init__(self, metric: str = "success", n_points: Optional[int] = None, loss_goal: Optional[float] = None,
                  batch: Optional[int] = None, level: float = 0.5, tol: float = SUCCESS_TOL, loss: str = "boundary",
-                 params: Optional[Dict[str, str]] = None):
+                 params: Optional[Dict[str, str]] = None, max_runs: int = MAX_RUNS):
         self.metric, self.n_points, self.loss_goal, self.batch = metric, n_points, loss_goal, batch
-        self.level, self.tol, self.loss = level, tol, loss
+        self.level, self.tol, self.loss, self.max_runs = level, tol, loss, max_runs
         self.params = {str(k): str(v) for k, v in (params or {}).items()}
         self.config = self.hydra_context = self.task_function = self.launcher = None
 
@@ -144,6 +146,9 @@ class AdaptiveSweeper(Sweeper):
         if OmegaConf.select(self.config, "hydra.launcher.detach", default=False):
             raise ConfigError("hydra.launcher.detach", True, "the adaptive sweeper asks each round's points from "
                               "the last round's values, so it waits for its jobs; drop detach")
+        # the grid the points are crossed with, counted before it is listed (a slip such as
+        # seed='range(0,10000000)' is one line, not minutes of growing memory)
+        refuse_large_grid(rest, self.max_runs)
         # a value given twice (seed=0,0,1) is one job, as a grid trains a run it names twice once
         crossed = [list(job) for job in dict.fromkeys(tuple(job) for b in split_arguments(rest, None) for job in b)]
         crossed_keys = sorted({o.key_or_group for o in rest if o.is_sweep_override()})

@@ -242,7 +242,12 @@ class RwLauncher(Launcher):
         if self.record is not None or getattr(self, "_locked", None) == self.sweep_dir:
             return  # a later batch of this sweep: already held
         lock.claim(self.sweep_dir)  # NotASweep: someone else's folder, refused in one line
-        safefs.hold(self.sweep_dir)  # every later path below it is reached through this handle
+        try:  # every later path below it is reached through this handle
+            safefs.hold(self.sweep_dir)
+        except safefs.PlantedLink:
+            raise ConfigError("hydra.sweep.dir", self.sweep_label,
+                              f"is a symbolic link (to {os.path.realpath(self.sweep_dir)}); a sweep is written "
+                              f"only into a real folder: give that folder instead") from None
         lock.acquire(self.sweep_dir, wait=self.params["wait_for_lock"])  # SweepLocked: refused, in one line
         self._locked = sweep_dir = self.sweep_dir
         atexit.register(lock.release, sweep_dir)
@@ -267,10 +272,10 @@ class RwLauncher(Launcher):
 
     def _name(self, spec) -> str:
         """A run's folder relative to the sweep folder (how .rw_sweep.json names it)."""
-        root = str(self.sweep_dir) + os.sep
-        if spec.output_dir.startswith(root) and os.sep + "." not in spec.output_dir[len(root) - 1:]:
-            return spec.output_dir[len(root):].replace(os.sep, "/")  # the common case, without a path object
-        return Path(os.path.relpath(spec.output_dir, self.sweep_dir)).as_posix()
+        root, out = str(self.sweep_dir) + os.sep, spec.output_dir.rstrip(os.sep)  # a subdir may end in a slash
+        if out.startswith(root) and os.sep + "." not in out[len(root) - 1:] and os.sep * 2 not in out:
+            return out[len(root):].replace(os.sep, "/")  # the common case, without a path object
+        return Path(os.path.relpath(out, self.sweep_dir)).as_posix()
 
     # ---------------------------------------------------------------------------------------- dispatch
     def cut_into_jobs(self, todo: list, pack: bool) -> packing.Plan:

@@ -18,10 +18,8 @@ a study in which no trial completed (every run diverged or failed) ends with one
 kept, instead of Optuna's `ValueError: No trials are completed yet` and a traceback.
 """
 
-import decimal
 import functools
 import logging
-import math
 import os
 import sys
 from collections import Counter
@@ -34,7 +32,6 @@ from omegaconf import OmegaConf
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, Glob, Override, RangeSweep
 from hydra.core.utils import JobStatus
 
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
@@ -44,14 +41,12 @@ from rw_sweeps.core.safefs import atomic_write, ensure_dir
 from rw_sweeps.sweeps import placement, writer
 from rw_sweeps.sweeps.app import batch_function, note_failed, note_varies
 from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_value
+from rw_sweeps.sweeps.grid_count import MAX_RUNS, refuse_large_grid
 from rw_sweeps.sweeps.planner import Planner
 from rw_sweeps.sweeps.status import summary_line
 
 log = logging.getLogger(__name__)
 
-
-MAX_RUNS = 1_000_000
-EXACT_FLOAT_RANGE = 10_000  # a float range's values listed to be counted exactly (~2 µs each), at most
 
 
 @dataclass
@@ -81,53 +76,6 @@ def outcome(ret, skipped: bool = False) -> str:
         return "skipped" if value.get("skipped") else str(value["status"])
     summary = read_summary(Path(ret.working_dir)) if ret.working_dir else None
     return str(summary.get("status", "done")) if isinstance(summary, dict) else "done"
-
-
-def _range_size(key: str, sweep: RangeSweep) -> int:
-    """How many values `range(start, stop, step)` gives, computed, not listed: as Python's range for
-    integers; for floats the quotient, or where that is small, Hydra's own FloatRange listed (its sums are
-    rounded to 28 digits, so its last value can fall either side of a stop the quotient says it reaches)."""
-    if sweep.step == 0:  # Python's range refuses it with a traceback; Hydra's FloatRange yields None for ever
-        raise ConfigError(key, f"range({sweep.start},{sweep.stop},{sweep.step})", "a range's step must not be 0")
-    r = sweep.range()
-    if isinstance(r, range):
-        return len(r)
-    start, stop, step = (decimal.Decimal(v) for v in (r.start, r.stop, r.step))
-    with decimal.localcontext(prec=60):
-        estimate = max(0, math.ceil((stop - start) / step))
-    # beyond this the count is the quotient's, at most one off Hydra's: it only decides a refusal
-    return sum(1 for _ in r) if estimate <= EXACT_FLOAT_RANGE else estimate
-
-
-def grid_size(overrides: List[Override]) -> tuple[int, Dict[str, int]]:
-    """The number of jobs Hydra's grid expansion (`split_arguments`) makes of these overrides, and each
-    swept key's number of values, without building one: a later override of a key replaces an earlier one,
-    as there; a range counted by arithmetic, a list by its length, a glob by its matches (a group's options).
-    Time and memory do not grow with the count."""
-    sizes: Dict[str, int] = {}
-    for o in overrides:
-        key, value = o.get_key_element(), o.value()
-        if isinstance(value, RangeSweep):
-            sizes[key] = _range_size(key, value)
-        elif isinstance(value, ChoiceSweep):
-            sizes[key] = len(value.list)
-        elif isinstance(value, Glob):
-            sizes[key] = sum(1 for _ in o.sweep_string_iterator())
-        else:  # a plain value (or an interval, which Hydra's expansion refuses itself)
-            sizes[key] = 1
-    return math.prod(sizes.values()), sizes
-
-
-def refuse_large_grid(overrides: List[Override], max_runs: Any) -> None:
-    """ConfigError (one line, before anything is written) if the grid has more than `max_runs` jobs, naming
-    the count, the limit and the keys that make it."""
-    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
-        raise ConfigError("hydra.sweeper.max_runs", max_runs, "must be a whole number of runs, at least 1")
-    n, sizes = grid_size(overrides)
-    if n > max_runs:
-        swept = " × ".join(f"{k}: {v:,} values" for k, v in sorted(sizes.items(), key=lambda kv: -kv[1]) if v > 1)
-        raise ConfigError("hydra.sweeper.max_runs", max_runs, f"this sweep has {n:,} runs ({swept}); "
-                          "raise hydra.sweeper.max_runs to launch it")
 
 
 class RwSweeper(basic_sweeper()):
@@ -202,7 +150,11 @@ class RwSweeper(basic_sweeper()):
             dry_run = dry_run or not can_write
         if not dry_run:
             ensure_dir(sweep_dir)
-            atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # what OmegaConf.save writes
+            try:
+                atomic_write(sweep_dir / "multirun.yaml", OmegaConf.to_yaml(self.config))  # what OmegaConf.save writes
+            except OSError as exc:  # a full disk, a quota: before any job, one line, every finished run kept
+                raise Refused(f"{sweep_dir / 'multirun.yaml'}: not written ({exc.strerror or one_line(exc)}); every "
+                              f"finished run is kept in its folder: free space and run the same command again") from exc
         counts: Counter = Counter()
         returns, idx, detached = [], 0, False
         by_specs = specs is not None and hasattr(self.launcher, "launch_specs")

@@ -19,7 +19,7 @@ import os
 import stat
 from pathlib import Path
 
-from rw_sweeps.core import contract
+from rw_sweeps.core import contract, readers
 
 # A folder holding any of these is a run folder (not a folder of run folders): its config and results, the
 # checkpoint of a run being trained, and the job files Hydra writes as a job starts.
@@ -63,16 +63,21 @@ def runs(sweep_dir, recorded=(), depth: int = DEPTH) -> dict[str, str | None]:
     knows what it met (a folder it saw as one needs no second look), so a reader of every run pays one
     look-up a run, not two."""
     met: dict[str, str | None] = {}
-    _walk(str(sweep_dir), "", depth, met)
+    unstarted: set[str] = set()
+    _walk(str(sweep_dir), "", depth, met, unstarted)
+    recorded = [n for n in recorded if valid_name(n)]
+    if recorded:  # a record names the runs: a link, a file or an empty numbered folder it does not name is no run
+        named = set(recorded)
+        met = {n: why for n, why in met.items() if n in named or (why is None and n not in unstarted)}
     for n in recorded:
-        if n not in met and valid_name(n):
+        if n not in met:
             met[n] = problem(sweep_dir, n)
     # a folder that holds a run is no run itself (a link at `0` where the record names `0/run` is named once)
     above = {n[:i] for n in met if "/" in n for i in range(len(n)) if n[i] == "/"}
     return {n: met[n] for n in sorted(met.keys() - above, key=order)}
 
 
-def _walk(folder: str, prefix: str, depth: int, out: dict) -> tuple[bool, bool]:
+def _walk(folder: str, prefix: str, depth: int, out: dict, unstarted: set) -> tuple[bool, bool]:
     """Add the runs below `folder` to `out`; (whether one was found, whether `folder` holds a subfolder)."""
     try:
         it = os.scandir(folder)
@@ -101,13 +106,28 @@ def _walk(folder: str, prefix: str, depth: int, out: dict) -> tuple[bool, bool]:
                 out[name] = None
                 found = True
                 continue
-            below, subs = _walk(e.path, name + "/", depth - 1, out) if depth > 1 else (False, False)
+            below, subs = _walk(e.path, name + "/", depth - 1, out, unstarted) if depth > 1 else (False, False)
             if below:
                 found = True
             elif numbered and not subs:  # a job's folder with nothing in it yet: a run not yet started
                 out[name] = None
+                unstarted.add(name)
                 found = True
     return found, has_sub
+
+
+RECORD = ".rw_sweep.json"  # the sweep's record (rw_sweeps.sweeps.status owns its format)
+
+
+def recorded(sweep_dir) -> list[str]:
+    """The valid run names the sweep's record gives (its `runs`), read by the readers' rules; none when there
+    is no record or it cannot be read (rw-status says why): for readers that import no sweep module."""
+    try:
+        rec = readers.read_json(os.path.join(sweep_dir, RECORD), contract.RECORD_CAP, RECORD)
+    except (OSError, readers.Broken):
+        return []
+    names = rec.get("runs") if isinstance(rec, dict) else None
+    return [n for n in names if valid_name(n)] if isinstance(names, list) else []
 
 
 def problem(sweep_dir, name: str) -> str | None:

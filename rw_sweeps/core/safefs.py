@@ -56,14 +56,32 @@ _held: dict[str, int] = {}  # absolute sweep folder (as given, not resolved) →
 _held_lock = threading.Lock()
 
 
-def hold(root, create: bool = True) -> None:
-    """Open the folder `root` (made if missing and `create`) once for this process: every later path below it is reached
-    from this handle, folder by folder, never through a link. Holding a held folder again re-opens it if the
-    folder at that name is no longer the one held (removed and made again)."""
-    key = os.path.abspath(root)
+class SweepGone(OSError):
+    """The folder this process held was removed while it wrote there: nothing more is written by its name,
+    which may now be a link or someone else's folder."""
+
+
+def _absolute(path) -> str:
+    """`path` made absolute without resolving anything: `.` and repeated separators go, `..` stays (collapsing
+    `link/..` by its text would name another folder than the kernel finds)."""
+    p = os.fspath(path)
+    if not os.path.isabs(p):
+        p = os.path.join(os.getcwd(), p)
+    return os.sep + os.sep.join(part for part in p.split(os.sep) if part not in ("", "."))
+
+
+def hold(root, create: bool = True, anew: bool = True) -> None:
+    """Open the folder `root` (made if missing and `create`) once for this process: every later path below it
+    is reached from this handle, folder by folder, never through a link. `anew` (a launch taking the folder):
+    a held folder that is no longer the one at that name is let go and the folder there now is held. Else (a
+    job of a launch): the folder held stays the sweep wherever it is, and one removed is `SweepGone`."""
+    key = _absolute(root)
     with _held_lock:
         fd = _held.get(key)
         if fd is not None:
+            if not anew:
+                _alive(fd, key)
+                return
             try:
                 now, held = os.stat(key, follow_symlinks=False), os.fstat(fd)
                 if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
@@ -80,7 +98,7 @@ def hold(root, create: bool = True) -> None:
 def release(root) -> None:
     """Stop holding `root` (its handle closed); a path below it is then reached from its own parent."""
     with _held_lock:
-        fd = _held.pop(os.path.abspath(root), None)
+        fd = _held.pop(_absolute(root), None)
     if fd is not None:
         os.close(fd)
 
@@ -96,14 +114,19 @@ def _anchor(path: str) -> tuple[int | None, str, list[str]]:
     if best is None:
         return None, "", []
     fd = held[best]
+    _alive(fd, best)
+    return fd, best, [part for part in path[len(best):].split(os.sep) if part]
+
+
+def _alive(fd: int, shown: str) -> None:
+    """SweepGone if the held folder was removed: its name may now lead anywhere, so nothing goes by it."""
     try:
         removed = os.fstat(fd).st_nlink == 0
     except OSError:
         removed = True
     if removed:
-        release(best)  # reached by path from now on, until a launch holds the folder at that name again
-        return _anchor(path)
-    return fd, best, [part for part in path[len(best):].split(os.sep) if part]
+        raise SweepGone(f"the sweep folder {shown} was removed while this process wrote it; nothing more is "
+                        f"written there")
 
 
 def _open_dir_at(dir_fd: int | None, name: str, shown) -> int:
@@ -135,14 +158,14 @@ def open_dir(path, create: bool = False) -> int:
     """A new handle of the folder `path` (the caller closes it): from the held folder above it, one name at a
     time, each made if missing when `create`; else from the folder's own path. A link on the way is
     `PlantedLink`, a file `NotADirectoryError`, a missing folder `FileNotFoundError`."""
-    path = os.path.abspath(path)
+    path = _absolute(path)
     fd, root, parts = _anchor(path)
     if fd is None:
         if create:
             _mkdirs(path)
         return _open_dir_at(None, path, path)
-    if any(part in (".", "..") for part in parts):  # abspath removed them; a defence, not a case
-        raise ValueError(f"{path}: not a plain path below {root}")
+    if ".." in parts:  # a name below the sweep that climbs out of it is never followed
+        raise PlantedLink(f"{path}: a path below {root} that leaves it through '..'; refusing to write there")
     cur, shown = os.dup(fd), root
     try:
         for part in parts:
@@ -169,7 +192,7 @@ class _InDir:
     """`with _InDir(path, create) as (dir_fd, name):` the handle of a file's folder, and the file's name."""
 
     def __init__(self, path, create: bool) -> None:
-        self.path, self.create = os.path.abspath(path), create
+        self.path, self.create = _absolute(path), create
 
     def __enter__(self) -> tuple[int, str]:
         parent, name = os.path.split(self.path)

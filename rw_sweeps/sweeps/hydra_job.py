@@ -132,7 +132,7 @@ class Chunk:
     def __call__(self) -> list[JobReturn]:
         specs = self.specs
         if specs[0].sweep_dir:  # in this process too (a submitit or SLURM job), through the sweep's handle
-            hold(specs[0].sweep_dir)
+            hold(specs[0].sweep_dir, anew=False)  # the launch's folder, wherever it is now
         callbacks = self.hydra_context.callbacks if self.hydra_context is not None else None
         observed = callbacks is not None and observes_jobs(callbacks)
         console, file_fmt = _formatters(specs[0].base_hydra)

@@ -219,7 +219,10 @@ def release(sweep_dir: Path) -> None:
     _HELD.discard(str(path.resolve()))
     _, holder, _ = _read(path)
     if _mine(holder):
-        path.unlink(missing_ok=True)
+        try:
+            safefs.unlink(path)  # through the sweep folder's handle: its name may lead elsewhere by now
+        except OSError:
+            pass  # the folder is gone (SweepGone) or the lock with it: nothing of ours is left to release
 
 
 def _mine(holder: dict | None) -> bool:

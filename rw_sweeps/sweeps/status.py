@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rw_sweeps.core import contract, layout, readers, results
-from rw_sweeps.core.console import prog
+from rw_sweeps.core.console import prog, shown  # noqa: F401 - shown: imported from here too (lock, sync)
 from rw_sweeps.core.contract import RECORD_CAP
 from rw_sweeps.core.readers import Broken
 
@@ -153,16 +153,6 @@ def check_record(rec, path) -> dict:
         elif not ok(rec[key]):
             raise Broken(path, f"{key} must be {what} (it is {_JSON_TYPES.get(type(rec[key]), '?')})")
     return rec
-
-
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
-def shown(text) -> str:
-    """`text` safe to print on a terminal: every control character (C0, DEL, C1 — and so ESC, which starts
-    every escape sequence — and Unicode's line separators and bidi overrides) as a visible escape (`\\x1b`),
-    so a label, run name or error planted in a sweep folder cannot clear the screen or forge lines."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}", str(text))
 
 
 # ------------------------------------------------------------------------------------------ SLURM

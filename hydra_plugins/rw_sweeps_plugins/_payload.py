@@ -21,7 +21,7 @@ from rw_sweeps.core import trainer
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.safefs import hold, refuse_links
 from rw_sweeps.sweeps import packing, tracking, writer
-from rw_sweeps.sweeps.hydra_adapter import job_value
+from rw_sweeps.sweeps.hydra_adapter import job_folder, job_value
 
 
 def current_job_id() -> Optional[str]:
@@ -121,7 +121,7 @@ class ChunkJob(Requeued, Payload):
         returns = self._train()
         if job_id is not None:  # this job's own process ends here: its results and wandb logging first
             wait_for_writes()
-        failed = [r.working_dir for r in returns if r.status == JobStatus.FAILED]
+        failed = [job_folder(r) for r in returns if r.status == JobStatus.FAILED]
         if failed and job_id is not None:  # after every result is written: the scheduler says FAILED
             raise packing.RunsFailed(f"{len(failed)} run(s) failed: " + ", ".join(failed[:5]))
         return returns

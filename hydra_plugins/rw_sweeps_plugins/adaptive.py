@@ -34,7 +34,7 @@ from rw_sweeps.core.safefs import atomic_write, ensure_dir
 from rw_sweeps.sweeps import adaptive, placement
 from rw_sweeps.sweeps.app import batch_function, note_failed
 from rw_sweeps.sweeps.grid_count import MAX_RUNS, refuse_large_grid
-from rw_sweeps.sweeps.hydra_adapter import split_arguments
+from rw_sweeps.sweeps.hydra_adapter import job_folder, split_arguments
 from rw_sweeps.sweeps.planner import Planner
 from rw_sweeps.sweeps.status import summary_line
 
@@ -107,14 +107,6 @@ class NotWritten(Exception):
             yield
         except OSError as exc:
             raise NotWritten(path, exc) from exc
-
-
-def _output_dir(ret) -> Optional[str]:
-    """A Hydra JobReturn's run folder: its job's `hydra.runtime.output_dir` (`working_dir` is the process's
-    working directory, the run folder only under `hydra.job.chdir=true`)."""
-    cfg = getattr(ret, "hydra_cfg", None)
-    out = OmegaConf.select(cfg, "hydra.runtime.output_dir", default=None) if cfg is not None else None
-    return str(out) if out is not None else ret.working_dir
 
 
 class AdaptiveSweeper(Sweeper):
@@ -242,7 +234,7 @@ class AdaptiveSweeper(Sweeper):
                 elif todo:  # Hydra's own launchers number the jobs from `start`: read each one's folder back
                     res = self.launcher.launch([s.overrides for s in todo], initial_job_idx=start)
                     if res is not None:
-                        back = iter(_output_dir(r) for r in res)
+                        back = iter(job_folder(r) for r in res)
                         folders = [f if i in done else next(back) for i, f in enumerate(folders)]
                 if todo:
                     if res is None:
@@ -254,7 +246,7 @@ class AdaptiveSweeper(Sweeper):
                 if res is None:
                     return None
                 returns.append(res)
-                folders = [_output_dir(r) for r in res]
+                folders = [job_folder(r) for r in res]
                 fresh = set(folders)
             # each run by its name in the sweep folder (`0/run` under hydra.sweep.subdir=${hydra.job.num}/run)
             where.update((tuple(j), name) for j, f in zip(jobs, folders)

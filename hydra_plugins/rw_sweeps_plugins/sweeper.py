@@ -40,7 +40,7 @@ from rw_sweeps.core.results import read_summary
 from rw_sweeps.core.safefs import atomic_write, ensure_dir
 from rw_sweeps.sweeps import placement, writer
 from rw_sweeps.sweeps.app import batch_function, note_failed, note_varies
-from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_value
+from rw_sweeps.sweeps.hydra_adapter import basic_sweeper, job_folder, job_value
 from rw_sweeps.sweeps.grid_count import MAX_RUNS, refuse_large_grid
 from rw_sweeps.sweeps.planner import Planner
 from rw_sweeps.sweeps.status import summary_line
@@ -74,7 +74,7 @@ def outcome(ret, skipped: bool = False) -> str:
     value = job_value(ret)
     if isinstance(value, dict) and "status" in value:
         return "skipped" if value.get("skipped") else str(value["status"])
-    summary = read_summary(Path(ret.working_dir)) if ret.working_dir else None
+    summary = read_summary(Path(job_folder(ret))) if job_folder(ret) else None
     return str(summary.get("status", "done")) if isinstance(summary, dict) else "done"
 
 
@@ -170,11 +170,11 @@ class RwSweeper(basic_sweeper()):
                 continue
             skipped = getattr(self.launcher, "skipped", set())
             for r in results:
-                st = outcome(r, r.working_dir in skipped)
+                st = outcome(r, job_folder(r) in skipped)
                 counts[st] += 1
                 if st == "failed":
                     err = job_value(r)
-                    print(f"failed {r.working_dir}: {one_line(err)}",
+                    print(f"failed {job_folder(r)}: {one_line(err)}",
                           file=sys.stderr, flush=True)
             returns.append(results)
         if detached:

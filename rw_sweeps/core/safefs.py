@@ -275,17 +275,28 @@ def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
     through the folder's handle (the one writer)."""
     with _InDir(path, create=True) as (dfd, name):
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-        fd = os.open(tmp, _CREATE, 0o666, dir_fd=dfd)
+        try:
+            fd = os.open(tmp, _CREATE, 0o666, dir_fd=dfd)
+        except OSError as e:
+            raise _named(e, path) from None
         try:
             with os.fdopen(fd, "wb") as fh:
                 write(fh)
             os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
+        except BaseException as e:
             try:
                 os.unlink(tmp, dir_fd=dfd)
             except OSError:
                 pass
+            if isinstance(e, OSError) and e.errno is not None and not isinstance(e, PlantedLink):
+                raise _named(e, path) from None
             raise
+
+
+def _named(e: OSError, path) -> OSError:
+    """The error of a call made in a folder's handle, naming the file it was about (its message would name
+    only a temp file's bare name)."""
+    return type(e)(e.errno, e.strerror, str(path))
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

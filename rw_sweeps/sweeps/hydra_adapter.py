@@ -66,6 +66,20 @@ def job_value(ret: Any) -> Any:
     return ret._return_value
 
 
+def job_folder(ret: Any) -> Any:
+    """A JobReturn's run folder: its job's `hydra.runtime.output_dir`. (`working_dir` is the job process's
+    working directory, which is the run folder only under `hydra.job.chdir=true`: Hydra's own run_job, the
+    unpacked path, leaves it at the launch's folder.)"""
+    # the instance's own field: a packed run's return builds its DictConfigs only when asked (~10 ms each), and
+    # its working_dir is its run folder already
+    cfg = vars(ret).get("hydra_cfg")
+    try:
+        out = cfg.hydra.runtime.output_dir if cfg is not None else None
+    except Exception:  # noqa: BLE001 - a JobReturn without that node (a job that died before run_job)
+        out = None
+    return str(out) if out is not None else ret.working_dir
+
+
 class WrittenLater(JobReturn):
     """A JobReturn whose status and value are set on the writer thread (`rw_sweeps.sweeps.writer`), once its
     chunk's results are written, and read only then. JobReturn keeps them in the dataclass fields `status`

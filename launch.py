@@ -10,10 +10,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import hydra
-from omegaconf import DictConfig
+from rw_sweeps.core import signals
 
-from rw_sweeps.sweeps.app import batched, run_front_door, train, train_batch
+signals.early()  # a stop during the imports below is one line too (they take a second or two)
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from rw_sweeps.sweeps.app import batched, run_front_door, train, train_batch  # noqa: E402
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")

@@ -89,6 +89,27 @@ def test_run_folders_swapped_for_links_while_launches_write_land_nothing_outside
     assert all((sweep / n / "summary.json").is_file() for n in "01")
 
 
+def test_run_folders_swapped_for_links_while_the_adaptive_sweeper_writes_land_nothing_outside(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    sweep = tmp_path / "ad"
+    args = ["-m", "hydra/sweeper=adaptive", *TINY, "optim.steps=300", "optim.lr=tag(log,interval(0.01,0.3))",
+            "hydra.sweeper.n_points=6", "hydra.sweeper.batch=2", f"hydra.sweep.dir={sweep}"]
+    swapper = Swapper(sweep, victim, ["0", "1", "2", "3"])  # the first round's folders, and the next's
+    swapper.start()
+    try:
+        p = start_launch(*args)
+        out, err = p.communicate(timeout=600)
+    finally:
+        swapper.put_back()
+    assert swapper.swaps > 0
+    assert everything_in(victim) == [], (out, err)  # nothing landed outside
+    assert "Traceback" not in err + out, err
+    again = launch(*args)  # quiet: the runs the attack failed train, in the sweep's own folders
+    assert again.returncode == 0, again.stderr
+    assert everything_in(victim) == []
+
+
 def test_a_launch_into_a_folder_of_someone_elses_files_is_one_line_and_touches_nothing(tmp_path):
     home = tmp_path / "project"
     (home / "0").mkdir(parents=True)

@@ -297,3 +297,45 @@ def test_the_first_kernel_call_of_a_batch_is_short_so_a_signal_waits_for_no_eval
     assert block.steps(to_eval=500000, checkpoint_every=0, step=0) == block.PROBE == 16
     block.done(16)
     assert block.steps(to_eval=500000, checkpoint_every=0, step=16) > 16  # then sized by BLOCK_S
+
+
+# ------------------------------------------------------------------------------------------ a signal at any moment
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+SHORT = ["optim.steps=20000", "eval_every=5000"]  # ~1–3 s of training for two runs: start-up, training and writing
+_WHOLE: dict = {}  # the uninterrupted sweep, made once
+
+
+def _whole(tmp_path_factory) -> Path:
+    if "dir" not in _WHOLE:
+        whole = tmp_path_factory.mktemp("whole")
+        assert launch("-m", *QUIET, *SHORT, "seed=0,1", f"hydra.sweep.dir={whole}").returncode == 0
+        _WHOLE["dir"] = whole
+    return _WHOLE["dir"]
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(delay_s=st.floats(min_value=0.5, max_value=6.0), sig=st.sampled_from(sorted(CODES)))
+def test_a_signal_at_any_moment_is_a_clean_stop_and_the_relaunch_equals_the_uninterrupted_sweep(
+        tmp_path_factory, delay_s, sig):
+    """Whenever the signal comes (start-up, training, writing, after the end), the launch ends with its code
+    (or 0, done first), no traceback, the lock released; the same command then gives the uninterrupted results."""
+    whole, cut = _whole(tmp_path_factory), tmp_path_factory.mktemp("cut")
+    args = ["-m", *QUIET, *SHORT, "seed=0,1", f"hydra.sweep.dir={cut}"]
+    p = start_launch(*args)
+    # the moment is drawn; what is asserted holds at every moment from the interpreter's first line on (before
+    # it, in its first ~50 ms, a signal has the operating system's default effect: nothing of ours has run)
+    time.sleep(delay_s)
+    if p.poll() is None:
+        p.send_signal(sig)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode in (0, CODES[sig]), err
+    assert "Traceback" not in out + err, err
+    assert not (cut / lock.LOCK).exists()
+    again = launch(*args)
+    assert again.returncode == 0, again.stderr
+    for n in "01":
+        a, b = (json.loads((d / n / "summary.json").read_text()) for d in (cut, whole))
+        assert {k: v for k, v in a.items() if k not in LOCAL} == {k: v for k, v in b.items() if k not in LOCAL}
+        for name in ("history.jsonl", "snapshots.jsonl"):
+            assert (cut / n / name).read_bytes() == (whole / n / name).read_bytes(), name

@@ -113,6 +113,24 @@ def install() -> None:
     _State.installed = True
 
 
+def early() -> None:
+    """Before the front door's imports (a second or two, before `install`): a stop then has nothing to keep,
+    as nothing is written yet, so it ends the process at once with the signal's code and one line, never a
+    traceback from an import it cut short. `install` replaces it (a signal set to SIG_IGN stays ignored)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in HANDLED:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _early)
+
+
+def _early(signum: int, frame) -> None:
+    try:
+        os.write(2, f"{how(128 + signum)} during start-up: nothing was written\n".encode())
+    finally:
+        os._exit(128 + signum)
+
+
 def on_stop(fn: Callable[[], None]) -> None:
     """`fn()` before the process ends on a signal, also when a second signal stops it at once (the lock)."""
     _State.cleanups.append(fn)

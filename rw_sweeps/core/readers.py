@@ -83,7 +83,12 @@ def read_bytes(path, cap: int, what: str | None = None) -> bytes:
     with fh:
         if st.st_size > cap:
             raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {cap:,}")
-        raw = fh.read(cap + 1)
+        # as much as the file holds, plus one byte to see it grew: read(n) allocates n bytes first, and a
+        # 256 MiB cap read that way costs 256 MiB for a 1 KB record
+        want = min(cap, st.st_size) + 1
+        raw = fh.read(want)
+        if len(raw) == want and want <= cap:  # it grew since it was looked at: read on, to the cap
+            raw += fh.read(cap + 1 - len(raw))
     if len(raw) > cap:
         raise Broken(path, f"{what} holds more than its cap of {cap:,} bytes")
     return raw

@@ -30,6 +30,7 @@ from rw_sweeps.core.console import shown
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core import results, safefs
 from rw_sweeps.core.safefs import atomic_write, write_with
+from rw_sweeps.core.table import ECHOED, LEGACY_NORMALIZE, flatten_config, run_row  # noqa: F401 - the row's owner
 
 CACHE_NAME = "runs.parquet"
 SEAL_NAME = ".runs.parquet.seal"   # the cache's seal (rw_sweeps.core.seal), beside it
@@ -347,14 +348,9 @@ SUMMARY_TYPES = {k: _KINDS[f.kind] for k, f in contract.SUMMARY_FIELDS.items() i
 CONTRACT_TYPES = {"seed": int, "data.K": int, "data.N": int, "data.n_train": int, "data.n_test": int,
                   "optim.steps": int, "eval_every": int, "optim.lr": _NUM, "optim.eps": _NUM, "optim.name": str}
 STATUSES = contract.STATUSES
-# summary.json's copies of config keys (for a reader of the one file; the contract's ECHOES, which it holds
-# equal to the config's): the table has the config's own column (`data.p`, `model.n_layer`, …), once. `sigma`
-# is the init's scale, the config's `init.sigma` (or `init.std`); a zero-init run has none
-ECHOED = (*contract.ECHOES, "sigma")
 INT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is int)  # nullable integers: Int64
 BOOL_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is bool)  # nullable: boolean
 TEXT_FIELDS = tuple(k for k, kind in SUMMARY_TYPES.items() if kind is str)  # str, NaN where null
-LEGACY_NORMALIZE = {True: "whole", False: "none"}   # model.normalize was a bool before it said where
 
 
 def _read_run(path: Path):
@@ -364,14 +360,8 @@ def _read_run(path: Path):
         return None, None, _skip(path, "unfinished", verdict.why)
     if verdict.state == "corrupt":
         return None, None, _skip(path, "corrupt", verdict.why)
-    summary, config = verdict.summary, canonical(verdict.config)  # a key older versions lacked, at its default
-    row = flatten_config(config)
-    if isinstance(row.get("model.normalize"), bool):
-        row["model.normalize"] = LEGACY_NORMALIZE[row["model.normalize"]]
-    cfg_keys = set(row)
-    for k, v in summary.items():           # the config wins where both say it (seed, init, ...)
-        if k not in ECHOED:
-            row.setdefault(k, json.dumps(v) if isinstance(v, (list, dict)) else v)
+    # a key older versions lacked, at its default; the row as the store writes it (`rw_sweeps.core.table`)
+    row, cfg_keys = run_row(canonical(verdict.config), verdict.summary)
     return row, cfg_keys, None
 
 
@@ -434,23 +424,6 @@ def _schema_typed(df: pd.DataFrame, keys) -> pd.DataFrame:
 def _is(v, kind) -> bool:
     """isinstance, where a bool is no number (JSON's true is not 1)."""
     return isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
-
-
-def flatten_config(config: dict, prefix: str = "") -> dict:
-    """{"data": {"p": 0.5}} -> {"data.p": 0.5}; `init.name` becomes `init` (the chosen option);
-    lists become JSON text so that every cell stays hashable and Parquet-friendly."""
-    out = {}
-    for k, v in config.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten_config(v, key + "."))
-        elif isinstance(v, (list, dict)):
-            out[key] = json.dumps(v)
-        else:
-            out[key] = v
-    if not prefix:   # `init` names the chosen option, in the place of `init.name`
-        out = {("init" if k == "init.name" else k): v for k, v in out.items()}
-    return out
 
 
 def _read_jsonl(f: Path):

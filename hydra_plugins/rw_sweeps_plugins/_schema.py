@@ -24,6 +24,7 @@ class RwLauncherConf:
     max_runs_per_job: Optional[int] = None  # packed: cap on runs per chunk (null: by memory only)
     write_behind: Optional[bool] = None  # packed: write a chunk's results while the next trains (null: on a GPU only)
     lean: bool = False  # packed: skip each run's .hydra/hydra.yaml and <job>.log (grids of 100k runs)
+    store: Optional[bool] = None  # packed: runs as records in <sweep>/store/, not run folders (null: a new sweep of 1,000+ runs, or one that has a store)
     wait_for_lock: bool = False  # another launch holds the sweep folder: wait for it (else: refuse, one line)
     overwrite: bool = False  # train over run folders that hold a run of another config (else: refuse, one line)
     detach: bool = False  # slurm: submit, print the job ids and return

@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 
-from rw_sweeps.core import signals
+from rw_sweeps.core import layout, signals, store
 from rw_sweeps.core.errors import ConfigError, Interrupted, one_line
 from rw_sweeps.core.metrics import OBJECTIVES
 from rw_sweeps.core import safefs
@@ -154,10 +154,12 @@ class RwLauncher(Launcher):
             return None
         observed = observes_jobs(self.hydra_context.callbacks)  # only then are per-run DictConfigs built
 
+        stored = self.stores(specs)
+
         def chunk(group: list, finished: bool = False) -> Chunk:
             return Chunk(group, twin, self.hydra_context, self.task_function,
                          planner if observed else None, lean=p["lean"], finished=finished,
-                         write_behind=p["write_behind"])
+                         write_behind=p["write_behind"], stored=stored)
 
         def done_jobs() -> Dict[int, JobReturn]:  # done runs still go through their Hydra job, without training
             return dict(zip([s.num for s in done], chunk(done, finished=True)())) if done else {}
@@ -196,6 +198,23 @@ class RwLauncher(Launcher):
                 rets = [_from_folder(s, res, tracker.summary(self._name(s))) for s in job]
             returns.update({s.num: r for s, r in zip(job, rets)})
         return [returns[s.num] for s in specs]
+
+    def stores(self, specs: list) -> bool:
+        """Whether this launch writes its runs to the sweep's store (`rw_sweeps.core.store`), decided at its
+        first batch: `hydra.launcher.store` where it is set; else a sweep that has a store keeps it, one that
+        has run folders keeps them (a sweep of an earlier version is resumed as it was written), and a new sweep
+        of `store.STORE_FROM` runs or more is stored. Only packed jobs write a store."""
+        if getattr(self, "_stores", None) is None:
+            p = self.params
+            if not p["pack"]:
+                self._stores = False
+            elif p.get("store") is not None:
+                self._stores = bool(p["store"])
+            elif store.present(self.sweep_dir):
+                self._stores = True
+            else:
+                self._stores = not layout.run_folders(self.sweep_dir) and len(specs) >= store.STORE_FROM
+        return self._stores
 
     def place(self, specs: list, planner) -> set:
         """Every spec's folder (`rw_sweeps.sweeps.placement`, once per spec: the rw sweeper places the whole grid

@@ -19,6 +19,7 @@ wandb export all ask it, so they cannot disagree:
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +103,25 @@ def rows(run_dir, name: str):
     """The JSON objects of a `.jsonl` file of the contract, each checked (readers' rules), each a mapping
     with an integer `step` >= 0; Broken otherwise."""
     path = Path(run_dir) / name
-    for n, line in enumerate(readers.lines(path, LINE_CAPS[name], FILE_CAPS[name], name), 1):
+    yield from _checked(readers.lines(path, LINE_CAPS[name], FILE_CAPS[name], name), path, name)
+
+
+def rows_of(text: bytes, run_dir, name: str):
+    """`rows` of a `.jsonl` file's text held elsewhere (a stored run's body), under the same caps and rules."""
+    path = Path(run_dir) / name
+    if len(text) > FILE_CAPS[name]:
+        raise Broken(path, f"{name} is {len(text):,} bytes; its cap is {FILE_CAPS[name]:,}")
+
+    def lines():
+        for n, line in enumerate(text.split(b"\n"), 1):
+            if len(line) > LINE_CAPS[name]:
+                raise Broken(path, f"{name}: line {n} is longer than its cap of {LINE_CAPS[name]:,} bytes")
+            yield line
+    yield from _checked(lines(), path, name)
+
+
+def _checked(lines, path: Path, name: str):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         row = readers.json_value(line, path, f"{name} line {n}")
@@ -155,8 +174,16 @@ class Verdict:
 
 def judge(run_dir, config: dict | None = None) -> Verdict:
     """The one judgement of a run folder (see the module's doc). `config`: its config.yaml, if already read
-    and found valid by the caller (placement reads every folder's config once)."""
+    and found valid by the caller (placement reads every folder's config once). A run with no folder that
+    its sweep's store holds is judged by its record (`rw_sweeps.core.store`: judged by `judge_record` before
+    it was sealed)."""
     run_dir = Path(run_dir)
+    if not os.path.lexists(run_dir):
+        from .store import stored_verdict  # the store reads this module: imported where it is needed
+
+        verdict = stored_verdict(run_dir)
+        if verdict is not None:
+            return verdict
     if run_dir.is_symlink():  # O_NOFOLLOW guards a file's own name only: a linked folder is refused here
         return Verdict("corrupt", why="the run folder is a symbolic link; it is not followed")
     try:
@@ -189,8 +216,26 @@ def judge(run_dir, config: dict | None = None) -> Verdict:
     return Verdict("done", summary, config)
 
 
-def _done_files(run_dir: Path, summary: dict, config: dict) -> str | None:
-    """None if the history and snapshots of a `done` summary are whole, else why not."""
+def judge_record(config: dict, summary: dict, history: bytes, snapshots: bytes, run_dir) -> dict:
+    """The summary a run's record is stored with: as `judge` would find the run folder holding these files, a
+    `done` summary whose files break the contract becomes `failed`, saying why (a summary that itself breaks
+    it is Broken: no record is written for it)."""
+    run_dir = Path(run_dir)
+    check_summary(summary, run_dir / SUMMARY)
+    problem = config_problem(config)
+    if problem is None and summary["status"] == "done":
+        config = canonical(config)
+        problem = _done_files(run_dir, summary, config, lambda name: rows_of(
+            history if name == HISTORY else snapshots, run_dir, name))
+    if problem is None:
+        return summary
+    return {**summary, "status": "failed", "error": f"its results break the contract: {problem}"}
+
+
+def _done_files(run_dir: Path, summary: dict, config: dict, source=None) -> str | None:
+    """None if the history and snapshots of a `done` summary are whole, else why not. `source(name)`: the
+    rows of one of its files, where they are not in the run folder (a stored record's)."""
+    read = source or (lambda name: rows(run_dir, name))
     steps = summary["steps"]
     planned = _dotted(config, "optim.steps")
     if type(planned) is int and steps != planned:
@@ -199,7 +244,7 @@ def _done_files(run_dir: Path, summary: dict, config: dict) -> str | None:
         return f"summary.json says eval_step={summary.get('eval_step')} for a done run of {steps} steps"
     try:
         last, previous = None, -1
-        for row in rows(run_dir, HISTORY):
+        for row in read(HISTORY):
             if row["step"] <= previous:
                 return f"history.jsonl: step {row['step']} follows step {previous}"
             for key, value in row.items():  # a metric a summary also holds: of the same type and bounds
@@ -208,7 +253,7 @@ def _done_files(run_dir: Path, summary: dict, config: dict) -> str | None:
                 if bad:
                     return f"history.jsonl at step {row['step']}: {key}={_show(value)} {bad}"
             previous, last = row["step"], row
-        snaps = [row for row in rows(run_dir, SNAPSHOTS)]
+        snaps = [row for row in read(SNAPSHOTS)]
     except FileNotFoundError as e:
         return f"a done run without its {Path(e.filename).name}"
     except Broken as e:

@@ -19,14 +19,14 @@ import os
 import stat
 from pathlib import Path
 
-from rw_sweeps.core import contract, readers
+from rw_sweeps.core import contract, readers, store
 
 # A folder holding any of these is a run folder (not a folder of run folders): its config and results, the
 # checkpoint of a run being trained, and the job files Hydra writes as a job starts.
 RUN_FILES = (contract.CONFIG, contract.SUMMARY, contract.CHECKPOINT, contract.HISTORY, ".hydra")
 # Folders below a sweep that hold no run however deep they go: wandb's own (its offline runs hold a
 # `files/config.yaml` of wandb's) and the project's packed-job and analysis runs.
-NOT_RUNS = frozenset({"wandb", "wandb_jobs", "wandb_analysis"})
+NOT_RUNS = frozenset({"wandb", "wandb_jobs", "wandb_analysis", "store"})
 DEPTH = 4  # how deep a run folder is looked for where no record names it (`a/b/c/d`: every subdir in use)
 LINK = "the run folder is a symbolic link; it is not followed"
 NOT_A_FOLDER = "not a folder"
@@ -66,6 +66,10 @@ def runs(sweep_dir, recorded=(), depth: int = DEPTH) -> dict[str, str | None]:
     unstarted: set[str] = set()
     _walk(str(sweep_dir), "", depth, met, unstarted)
     recorded = [n for n in recorded if valid_name(n)]
+    if store.present(sweep_dir):  # the runs its store holds have no folder
+        stored = [n for n in store.index(sweep_dir).runs if valid_name(n)]
+        named = set(recorded)
+        recorded = recorded + [n for n in stored if n not in named]
     if recorded:  # a record names the runs: a link, a file or an empty numbered folder it does not name is no run
         named = set(recorded)
         met = {n: why for n, why in met.items() if n in named or (why is None and n not in unstarted)}

@@ -105,16 +105,26 @@ class SaveOnSignal:
         stopping (a signal's: the run stays unfinished). None of these is raised: an exception here makes the
         batch retry its runs one by one, which a stop must not wait for; anything else (a bug) still is, and
         a stop pending then goes first (`__exit__`, and `rw_sweeps.sweeps.run`'s check before any retry)."""
+        from .store import writer_for  # a stored run's state goes to its job's one checkpoint file
+
+        job = writer_for(recs[0].run_dir) if recs else None
+        if job is not None:
+            try:
+                job.save_checkpoints({rec.run_dir: results.sealed_checkpoint(blob(r), rec.run_dir)
+                                      for r, rec in enumerate(recs)})
+            except (OSError, Refused) as exc:
+                self._unsaved(job.folder, exc, job.id + ".ckpt.pt")
+            return
         for r, rec in enumerate(recs):
             try:
                 results.save_checkpoint(rec.run_dir, blob(r))
             except (OSError, Refused) as exc:  # what a disk raises, and a one-line refusal (the seal key's)
                 self._unsaved(Path(rec.run_dir), exc)
 
-    def _unsaved(self, run_dir: Path, exc: BaseException) -> None:
-        why = checkpoint_error(run_dir, exc)
+    def _unsaved(self, run_dir: Path, exc: BaseException, file: str = results.CHECKPOINT) -> None:
+        why = checkpoint_error(run_dir, exc, file)
         if self.pending:
-            kept = _regular(run_dir / results.CHECKPOINT)  # the last one written stays, whole (an atomic rename)
+            kept = _regular(run_dir / file)  # the last one written stays, whole (an atomic rename)
             _say(f"{run_dir}: could not write its checkpoint ({why}); it stays unfinished and "
                  f"{'resumes from its last checkpoint' if kept else 'starts over from step 0'} next time")
         elif (run_dir, why) not in self.said:
@@ -142,7 +152,7 @@ def _hand_over(handler, signum: int) -> None:
         os.kill(os.getpid(), signum)
 
 
-def checkpoint_error(run_dir: Path, exc: BaseException) -> str:
+def checkpoint_error(run_dir: Path, exc: BaseException, file: str = results.CHECKPOINT) -> str:
     """Why a checkpoint could not be written (or removed), on one line: the system's words and the file they are about
     (`checkpoint.pt` for anything in the run's folder, the checkpoint's temp file included; the seal key by its
     path), or the error's own line (the seal key's `SealKeyError` says which file and the fix)."""
@@ -151,7 +161,7 @@ def checkpoint_error(run_dir: Path, exc: BaseException) -> str:
         text = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else ""
         # a file in the run's folder (named by path, or relative to the folder's handle) is the checkpoint's
         ours = not text or Path(text).parent in (Path(run_dir), Path("."))
-        return f"{results.CHECKPOINT if ours else text}: {exc.strerror}"
+        return f"{file if ours else text}: {exc.strerror}"
     return one_line(exc)
 
 

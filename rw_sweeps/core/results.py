@@ -144,9 +144,14 @@ def save_checkpoint(run_dir: Path, blob: dict) -> None:
     `load_checkpoint` resumes only what this user's code wrote for this run in this folder."""
     import torch  # torch: only where a run trains
 
-    blob = {k: v for k, v in blob.items() if k != "seal"}
-    sealed = {**blob, "seal": seal.seal(*_sealed_parts(blob, run_dir))}
+    sealed = sealed_checkpoint(blob, run_dir)
     write_with(Path(run_dir) / CHECKPOINT, lambda fh: torch.save(sealed, fh))
+
+
+def sealed_checkpoint(blob: dict, run_dir: Path) -> dict:
+    """The training state with its seal, for the run of `run_dir` (a folder's file, or a job's store file)."""
+    blob = {k: v for k, v in blob.items() if k != "seal"}
+    return {**blob, "seal": seal.seal(*_sealed_parts(blob, run_dir))}
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -191,6 +196,12 @@ def _read_checkpoint(cfg: dict, run_dir: Path) -> tuple[dict | None, str | None]
         blob = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torn, foreign, or a pickle that would run code
         return None, _reason(f"it does not load as tensors and plain data: {type(exc).__name__}")
+    return checked_checkpoint(blob, cfg, run_dir)
+
+
+def checked_checkpoint(blob, cfg: dict, run_dir: Path) -> tuple[dict | None, str | None]:
+    """(the state, None) if `blob`, as loaded, is this run's own: sealed for `run_dir` by this user's code, of
+    this config; else (None, why)."""
     if not isinstance(blob, dict) or not isinstance(blob.get("config"), dict):
         return None, "not a checkpoint: no config"
     stored = blob.pop("seal", None)

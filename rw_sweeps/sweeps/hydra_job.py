@@ -128,6 +128,7 @@ class Chunk:
     finished: bool = False  # runs already done: their Hydra job without training, and nothing written
     write_behind: Optional[bool] = None  # its results written while the next chunk trains (`packing.writes_behind`)
     said_after: Optional[str] = None  # a line said once the chunk's results are written ("8 of 12 runs finished")
+    stored: bool = False  # its runs' records go to the sweep's store (`rw_sweeps.core.store`), not run folders
 
     def __call__(self) -> list[JobReturn]:
         specs = self.specs
@@ -143,12 +144,13 @@ class Chunk:
             if self.job_id is not None:
                 s.set_hydra("job.id", self.job_id)
         results: list = [None] * len(specs)
+        job = self._store_writer() if self.stored and not self.finished else None
         # Unobserved, the chunk's files are written on the writer thread (`rw_sweeps.sweeps.writer`): its
         # `.hydra/` files while it trains (a chunk of 4,096 runs writes 12,288 of them), its results while the
         # next chunk trains. Its folders are made first, so a folder that cannot be made fails its run before
         # anything trains, as its own job would. (Writing reads no environment variable: hydra.job.env_set,
         # process-wide, holds for the training.)
-        deferred = not observed and not self.finished and len(specs) > 1
+        deferred = not observed and not self.finished and len(specs) > 1 and job is None
         behind = deferred and specs[0].cfg is not None and writes_behind(self.write_behind, specs[0].cfg)
         returns = [LazyJobReturn(s, overrides=list(s.overrides), working_dir=s.output_dir, task_name=s.name)
                    for s in specs]
@@ -156,7 +158,7 @@ class Chunk:
             started = []
             for i, s in enumerate(specs):
                 try:  # a run whose folder cannot be written fails alone, as its own job would
-                    if not self.finished:
+                    if not self.finished and job is None:
                         self._folders(s)
                         if not deferred:
                             self._files(s, yaml_of)
@@ -195,6 +197,8 @@ class Chunk:
                     ret.hydra_cfg = _hydra_part(configs[i])
                     with _job_context(configs[i], s):
                         callbacks.on_job_end(config=configs[i], job_return=ret)
+            if job is not None:
+                job.close()
             if self.said_after:
                 say(self.said_after)
 
@@ -208,6 +212,21 @@ class Chunk:
             else:
                 finish()
         return returns
+
+    def _store_writer(self):
+        """The job's writer of the sweep's store, its Hydra config (the job's, once) written beside it."""
+        from rw_sweeps.core.store import Writer
+
+        s0 = self.specs[0]
+        root = os.path.abspath(s0.sweep_dir)
+        names = {os.path.relpath(os.path.abspath(s.output_dir), root).replace(os.sep, "/"): list(s.overrides)
+                 for s in self.specs}
+        job = Writer(root, list(names), overrides=names)
+        if not self.lean and s0.base_hydra.get("output_subdir") is not None:
+            yaml_of = YamlTemplates()
+            _write(job.folder / f"{job.id}.hydra.yaml", yaml_of.text(s0.base_hydra, s0.hydra_changes, wrap="hydra"))
+        self._job = job
+        return job
 
     def _envelopes(self, specs: list, yaml_of: YamlTemplates) -> dict[int, BaseException]:
         """The `.hydra/` files of these runs; the errors, by index (that run fails alone)."""
@@ -244,7 +263,9 @@ class Chunk:
                 say(console.format(_record(line)))
         if file_fmt is not None and not self.lean and not self.finished:
             text = "".join(file_fmt.format(_record(line)) + "\n" for line in lines)
-            append_text(Path(s.output_dir) / f"{s.name}.log", text)
+            job = getattr(self, "_job", None) if self.stored else None
+            # a stored run's lines go to its job's one log, `store/<job id>.log`
+            append_text(job.folder / f"{job.id}.log" if job is not None else Path(s.output_dir) / f"{s.name}.log", text)
 
 
 def _failed(s: Spec, exc: BaseException) -> tuple:

@@ -27,7 +27,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from rw_sweeps.core import contract, layout, results
+from rw_sweeps.core import contract, layout, results, store
 from rw_sweeps.core.config import ConfigError, RunConfig
 from rw_sweeps.core.errors import shown
 from rw_sweeps.core.readers import Broken
@@ -110,6 +110,9 @@ def existing(sweep_dir: Path, extra: list[str]) -> tuple[dict[str, dict], dict[s
     folders += [f for f in extra if os.path.dirname(f) != root and f not in seen and os.path.isdir(f)
                 and layout.problem(root, os.path.relpath(f, root)) is None]
     out, damaged = {}, {}
+    for name, cfg in store.index(root).configs().items():  # a stored run's record holds its config
+        if contract.config_problem(cfg) is None:
+            out[os.path.join(root, name)] = cfg
     for f in folders:
         cfg, why = _run_config(Path(f))
         if cfg is not None:

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from rw_sweeps.core import contract, results, signals, trainer
+from rw_sweeps.core import contract, results, signals, store, trainer
 from rw_sweeps.core.config import RunConfig, shape_key
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core.loop import Record, checkpoint_error, group_by
@@ -101,8 +101,22 @@ def _resume(cfgs: list[RunConfig], run_dirs: list[Path], said: set) -> list:
             said.add(line)
             print(line, flush=True)
 
-    resumed = [results.load_checkpoint(c.to_dict(), d, say) if results.has_checkpoint(d) else None
-               for c, d in zip(cfgs, run_dirs)]
+    job = store.writer_for(run_dirs[0]) if run_dirs else None
+    if job is not None:  # a stored run's state is in a checkpoint file of the store: its own job's, or an earlier one's
+        states = store.earlier_states(job)
+        resumed = []
+        for c, d in zip(cfgs, run_dirs):
+            blob, file = states.get(job.name(d), (None, None))
+            if blob is None:
+                resumed.append(None)
+                continue
+            blob, why = results.checked_checkpoint(blob, c.to_dict(), Path(d))
+            if why is not None:
+                say(f"{d}: its checkpoint in {file} is not this run's ({why}); starting over")
+            resumed.append(blob)
+    else:
+        resumed = [results.load_checkpoint(c.to_dict(), d, say) if results.has_checkpoint(d) else None
+                   for c, d in zip(cfgs, run_dirs)]
     for d, b in zip(run_dirs, resumed):
         if b is not None:
             say(f"resuming {d} from its checkpoint at step {b['state']['step']}")
@@ -112,12 +126,15 @@ def _resume(cfgs: list[RunConfig], run_dirs: list[Path], said: set) -> list:
 def _write(records: list[Record], wall: float, live) -> list[dict]:
     """Each trained run's folder, its summary last, then its wandb run; the summaries."""
     entries, written = [], {}
+    job = store.writer_for(records[0].run_dir) if records else None
     for r, rec in enumerate(records):  # run by run, its summary right after its own files: a full disk keeps every run that fit
         summary = {**trainer.of(rec.cfg).summary(rec, wall), **provenance()}
         cfg_dict = rec.cfg.to_dict()
         entry = {"cfg": cfg_dict, "run_dir": rec.run_dir, "run_id": summary["run_id"], "history": rec.history,
-                 "summary": summary}
+                 "summary": summary, "snapshots": rec.snapshots}
         entries.append(entry)
+        if job is not None:  # stored below, all at once
+            continue
         try:  # a folder that cannot be written fails its own run, never the others
             results.write_run(rec.run_dir, cfg_dict, rec.history, rec.snapshots)
         except Exception as exc:  # noqa: BLE001
@@ -134,6 +151,8 @@ def _write(records: list[Record], wall: float, live) -> list[dict]:
             summary.update(status="failed", error=f"writing the results: {one_line(exc)}")
             continue
         _drop_checkpoint(rec.run_dir)
+    if job is not None:
+        written = _store(job, entries)
     try:  # after the summaries, in the background (tracking.wait); `rw_sweeps.sweeps.wandb_export` recovers a kill
         if live is not None:
             live.finish(written)
@@ -142,6 +161,20 @@ def _write(records: list[Record], wall: float, live) -> list[dict]:
     except Exception as exc:  # noqa: BLE001 - the local results are the source of truth
         print(f"warning: wandb logging failed: {one_line(exc)}", file=sys.stderr)
     return [e["summary"] for e in entries]
+
+
+def _store(job, entries: list[dict]) -> dict[int, dict]:
+    """The runs' records in their job's store files (`rw_sweeps.core.store.Writer`); if they cannot be
+    written (a full disk), every run of them fails saying why, and is trained again by a relaunch."""
+    try:
+        refused = job.write(entries)
+    except Exception as exc:  # noqa: BLE001 - the returned summaries say why
+        for e in entries:
+            e["summary"].update(status="failed", error=f"writing the results: {one_line(exc)}")
+        return {}
+    for i, why in refused.items():
+        entries[i]["summary"].update(status="failed", error=f"writing the results: {why}")
+    return {i: e for i, e in enumerate(entries) if i not in refused}
 
 
 def _drop_checkpoint(run_dir: Path) -> None:
@@ -169,6 +202,10 @@ def failed_summary(cfg: RunConfig, run_dir: Path, error: str) -> dict:
     with the reason, so that the folder, the source of truth, says why."""
     summary = {**trainer.of(cfg).summary(Record(cfg, Path(run_dir), status="failed", error=error), 0.0),
                **provenance()}
+    job = store.writer_for(run_dir)
+    if job is not None:
+        _store(job, [{"cfg": cfg.to_dict(), "run_dir": run_dir, "summary": summary, "history": [], "snapshots": []}])
+        return summary
     try:
         results.write_config(run_dir, cfg.to_dict())
         results.write_summary(run_dir, summary)

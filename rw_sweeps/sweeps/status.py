@@ -310,8 +310,9 @@ class Sweep:
         why = layout.problem(self.dir, name)  # a link on its path is never followed, a file is no run folder
         if why is not None:
             return contract.Verdict("corrupt", why=why)
-        if fp is None:
-            return None
+        if fp is None:  # no summary in a folder: a run of the sweep's store is judged by its record
+            v = contract.judge(run_dir) if not os.path.lexists(run_dir) else None
+            return v if v is not None and v.state != "unfinished" else None
         v = contract.judge(run_dir)
         if v.state == "unfinished":
             return None

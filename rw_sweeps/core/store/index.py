@@ -1,0 +1,188 @@
+"""Reading a sweep's store: which runs it holds, as the contract judged them, and each run's record.
+
+`index(sweep)` lists `<sweep>/store/` through the sweep folder's handle, reads every head within its cap (a
+regular file, no link), verifies its seal (`shard.verify_head`) and the size of the body it names, and maps
+each run to its record. A file that is no record (torn, truncated, planted, edited, copied under another
+name, a link, a FIFO, a body of the wrong size) is `refused`, with one line, and its runs are not done here: a
+launch trains them again. A run two heads hold (two jobs raced, or a requeued job finished it again) is read
+from the first in shard order and named in `duplicates`. Nothing is read without a bound.
+
+The index is cached per process by the store folder's listing (name, size, inode and mtime of each file), so
+the many readers of one launch (placement, the skip, status) read each head once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+
+from .. import contract, readers, safefs
+from ..contract import Verdict
+from . import shard
+from .shard import BODY, HEAD, ID, Refused
+
+STORE = "store"  # the store folder's name in a sweep folder
+
+
+@dataclass
+class Index:
+    """What a sweep's store holds: `runs` by name → (shard id, row in its head, status); the heads' bytes and
+    metadata by shard id; the shard files refused, with why; runs held by more than one shard."""
+    sweep: str
+    runs: dict[str, tuple[str, int, str]] = field(default_factory=dict)
+    heads: dict[str, tuple[bytes, dict]] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    duplicates: dict[str, list[str]] = field(default_factory=dict)
+    _records: dict[str, tuple[dict, dict]] = field(default_factory=dict)
+
+    def record(self, name: str) -> tuple[dict, dict] | None:
+        """(config, summary) of the run `name`, parsed from its head; None when the store has no such run."""
+        if name not in self.runs:
+            return None
+        if name not in self._records:
+            sid, row, _ = self.runs[name]
+            table = shard.read_head(self.heads[sid][0], columns=["_config", "_summary"]).slice(row, 1)
+            config = json.loads(table.column("_config")[0].as_py())
+            summary = json.loads(table.column("_summary")[0].as_py())
+            self._records[name] = (config, summary)
+        return self._records[name]
+
+    def configs(self) -> dict[str, dict]:
+        """Every stored run's config by name (one pass over each head's `_config` column)."""
+        out = {}
+        for sid, (raw, _) in self.heads.items():
+            t = shard.read_head(raw, columns=["_run", "_config"])
+            for name, text in zip(t.column("_run").to_pylist(), t.column("_config").to_pylist()):
+                if self.runs.get(name, (None,))[0] == sid:
+                    out[name] = json.loads(text)
+        return out
+
+    def verdict(self, name: str) -> Verdict | None:
+        """The contract's verdict on the stored run `name` (its record was judged before it was sealed), or
+        None when the store holds no such run."""
+        rec = self.record(name)
+        if rec is None:
+            return None
+        config, summary = rec
+        state = summary.get("status")
+        why = None if state == "done" else f"its record says {state}"
+        return Verdict(state, summary, config, why)
+
+
+_cache: dict[str, tuple[tuple, Index]] = {}
+_cache_lock = threading.Lock()
+
+
+def present(sweep) -> bool:
+    """Does the sweep folder hold a store (a real folder named `store`, never a link)?"""
+    try:
+        return stat.S_ISDIR(os.lstat(os.path.join(sweep, STORE)).st_mode)
+    except OSError:
+        return False
+
+
+def listing(sweep) -> dict[str, os.stat_result]:
+    """The store folder's entries by name, each lstat'ed through the folder's handle ({} without a store)."""
+    if not present(sweep):
+        return {}
+    try:
+        fd = safefs.open_dir(os.path.join(sweep, STORE))
+    except (OSError, safefs.PlantedLink):
+        return {}
+    try:
+        out = {}
+        for name in os.listdir(fd):
+            try:
+                out[name] = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+        return out
+    finally:
+        os.close(fd)
+
+
+def index(sweep) -> Index:
+    """The sweep's store, read and verified (see the module's doc); cached while its listing is unchanged."""
+    sweep = os.path.abspath(sweep)
+    entries = listing(sweep)
+    key = tuple(sorted((n, s.st_size, s.st_ino, s.st_mtime_ns, s.st_mode) for n, s in entries.items()))
+    with _cache_lock:
+        hit = _cache.get(sweep)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+    out = Index(sweep)
+    for name in sorted(entries):
+        if not name.endswith(HEAD):
+            continue
+        sid = name[:-len(HEAD)]
+        if not ID.match(sid):
+            out.refused[name] = "not a shard's name"
+            continue
+        try:
+            raw = readers.read_bytes(os.path.join(sweep, STORE, name), shard.HEAD_CAP, name)
+            meta = shard.verify_head(sid, raw)
+            body = entries.get(sid + BODY)
+            if body is None or not stat.S_ISREG(body.st_mode) or body.st_size != meta["body"]["bytes"]:
+                raise Refused(sid + BODY, "missing, not a regular file, or not the size its head was sealed with")
+            t = shard.read_head(raw, columns=["_run", "status"])
+        except Refused as exc:
+            out.refused[exc.name] = exc.why
+            continue
+        except (OSError, readers.Broken, pa.ArrowException) as exc:
+            out.refused[name] = getattr(exc, "why", None) or f"cannot be read ({type(exc).__name__}: {exc})"
+            continue
+        out.heads[sid] = (raw, meta)
+        for row, (run, state) in enumerate(zip(t.column("_run").to_pylist(), t.column("status").to_pylist())):
+            if run in out.runs:
+                out.duplicates.setdefault(run, [out.runs[run][0]]).append(sid)
+                continue
+            out.runs[run] = (sid, row, state)
+    with _cache_lock:
+        _cache[sweep] = (key, out)
+    return out
+
+
+def body_rows(sweep, names: list[str]) -> dict[str, tuple[list[dict], list[dict]]]:
+    """{run: (history rows, snapshot rows)} of the stored runs `names`, each body read once and verified
+    against its head; rows checked as a run folder's are (`contract.rows_of`). A body that does not verify is
+    Refused."""
+    idx = index(sweep)
+    by_shard: dict[str, list[str]] = {}
+    for n in names:
+        if n in idx.runs:
+            by_shard.setdefault(idx.runs[n][0], []).append(n)
+    out = {}
+    for sid, runs in by_shard.items():
+        path = os.path.join(idx.sweep, STORE, sid + BODY)
+        try:
+            raw = readers.read_bytes(path, shard.BODY_CAP, sid + BODY)
+        except (FileNotFoundError, readers.Broken) as exc:
+            raise Refused(sid + BODY, getattr(exc, "why", None) or "missing") from None
+        shard.verify_body(sid, idx.heads[sid][1], raw)
+        t = shard.read_body(raw, runs)
+        for run, hist, snaps in zip(t.column("_run").to_pylist(), t.column("history").to_pylist(),
+                                    t.column("snapshots").to_pylist()):
+            where = Path(idx.sweep, run)
+            out[run] = (list(contract.rows_of(hist.encode(), where, contract.HISTORY)),
+                        list(contract.rows_of(snaps.encode(), where, contract.SNAPSHOTS)))
+    return out
+
+
+def sweep_of(run_dir) -> tuple[str, str] | None:
+    """(the sweep folder, the run's name) of a run that a store holds, for a run folder path that is not there
+    (a stored run has no folder): the nearest folder above it, up to `layout.DEPTH` levels, with a store."""
+    path = os.path.abspath(run_dir)
+    parts = []
+    for _ in range(4):
+        path, part = os.path.split(path)
+        if not part:
+            return None
+        parts.insert(0, part)
+        if present(path):
+            return path, "/".join(parts)
+    return None

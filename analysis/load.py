@@ -4,7 +4,9 @@ Every run folder is judged by the contract's one function (`rw_sweeps.core.contr
 launcher skips by, so a run is `done` here exactly when a relaunch would skip it; the training code is
 never imported. Each sweep is consolidated into `<sweep>/runs.parquet`, sealed with the user's key
 (`rw_sweeps.core.seal`) and trusted row by row only where the run's files still hash to what the row was
-built from: a warm load reads and hashes the files, and parses none of them.
+built from: a warm load reads and hashes the files, and parses none of them. A sweep with a store
+(`rw_sweeps.core.store`) needs no cache: its verified heads are the table, read column by column, and a
+stored run's history is read from its shard's body alone.
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from rw_sweeps.core import contract, layout, readers, seal
+from rw_sweeps.core import contract, layout, readers, seal, store
 from rw_sweeps.core.config import RunConfig, WandbConfig, canonical   # (importing it registers every option)
 from rw_sweeps.core.registry import GROUPS, OPTIONS
 from rw_sweeps.core.console import shown
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core import results, safefs
 from rw_sweeps.core.safefs import atomic_write, write_with
+from rw_sweeps.core.store import shard
 from rw_sweeps.core.table import ECHOED, LEGACY_NORMALIZE, flatten_config, run_row  # noqa: F401 - the row's owner
 
 CACHE_NAME = "runs.parquet"
@@ -41,7 +44,7 @@ _BOOK = ["_run", "_digest"]   # cache-only columns: the run's folder name, the d
 
 
 def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
-              cache: bool = True) -> pd.DataFrame:
+              cache: bool = True, columns=None) -> pd.DataFrame:
     """Load sweep folders and/or single run folders into one DataFrame, one row per run.
 
     Columns: every config key under its dotted name (`data.p`, `init.sigma`, `optim.lr`, ...),
@@ -50,7 +53,12 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
     Folders without a usable summary are not rows; they are listed in `df.attrs["skipped"]`
     as {path, status: unfinished|corrupt, reason}. `df.attrs["config_keys"]` names the config
     columns. `progress=None` shows a tqdm bar only on a terminal.
+
+    A sweep's stored runs (`rw_sweeps.core.store`) are rows alike, read from its verified heads; a shard file
+    the store refuses is skipped as corrupt, naming the file. `columns`: the columns to keep (None: all; a
+    name no run has is left out), besides `path`, `sweep` and `run`; for stored runs only those are read.
     """
+    want = None if columns is None else set(columns) | set(_BOOK) | {"_run"}
     frames, skipped, config_keys = [], [], set()
     for p in _flatten_args(paths):
         p = Path(p).resolve()
@@ -65,30 +73,40 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
             frames.append(pd.DataFrame([row]))
             config_keys |= cfg_keys
         else:
-            df, skip, cfg_keys = _load_sweep(p, refresh=refresh, progress=progress, cache=cache)
+            df, skip, cfg_keys = _load_sweep(p, refresh=refresh, progress=progress, cache=cache, want=want)
             frames.append(df)
             skipped += skip
             config_keys |= cfg_keys
     frames = [f for f in frames if len(f)]
-    df = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
+    df = (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, sort=False) if frames
+          else pd.DataFrame())
+    if want is not None:
+        df = df[[c for c in df.columns if c in want or c in ("path", "sweep", "run")]]
+        config_keys &= want
     if len(df):
-        df = df.drop_duplicates("path", ignore_index=True)   # a run given twice (sweep + run)
+        if len(frames) > 1:
+            df = df.drop_duplicates("path", ignore_index=True)   # a run given twice (sweep + run)
         for k in INT_FIELDS:   # a step that can be null (never broke, not locked): an integer or <NA>
             if k in df.columns and df[k].dtype.kind in "fiO":
                 v = pd.to_numeric(df[k], errors="coerce")
                 if bool((v.dropna() % 1 == 0).all()):
                     df[k] = v.astype("Int64")
         for k in BOOL_FIELDS:  # a flag some summaries lack (`trap`: eq. 2.1's, not gpt's): True, False or <NA>
-            if k in df.columns and df[k].dtype.kind in "bO" and df[k].map(
-                    lambda v: isinstance(v, bool) or v is None or v is pd.NA or v != v).all():
+            if k in df.columns and str(df[k].dtype) != "boolean" and df[k].dtype.kind in "bO" \
+                    and _only(df[k], "boolean"):
                 df[k] = df[k].astype("boolean")
         for k in TEXT_FIELDS:  # text even where no run of the load has one (`error` of done runs): `.str` works
-            if k in df.columns and df[k].map(lambda v: isinstance(v, str) or v is None or v is pd.NA
-                                               or v != v).all():
+            if k in df.columns and str(df[k].dtype) != "str" and _only(df[k], "string"):
                 df[k] = df[k].astype("str")
         df = _schema_typed(df, config_keys)
     df.attrs = {"config_keys": Shared(sorted(config_keys)), "skipped": Shared(skipped)}
     return df
+
+
+def _only(values: pd.Series, kind: str) -> bool:
+    """Are the column's values, nulls (None, NaN, <NA>) aside, all of `kind` ("boolean", "string"), or none there
+    at all? Asked of a million stored runs' column at C speed (`infer_dtype`), never a call per value."""
+    return pd.api.types.infer_dtype(values, skipna=True) in (kind, "empty")
 
 
 class Shared(list):
@@ -119,11 +137,12 @@ def load_history(runs, columns=None) -> pd.DataFrame:
 
     `runs` is a loaded table (its `columns`, e.g. ["data.p", "seed"], are copied onto every
     row, ready for seaborn's hue/style) or a list of run folders. Unreadable lines are skipped:
-    a run still being written must not break a plot.
+    a run still being written must not break a plot. A stored run (no folder; its sweep's store
+    holds it) is read from its shard's body, each body once; a body that does not verify is a
+    warning naming the file, and its runs have no rows.
     """
     frames = []
-    for path, extra in _iter_runs(runs, columns):
-        rows = list(_read_jsonl(Path(path) / "history.jsonl"))
+    for path, extra, (rows, _) in _run_rows(runs, columns, contract.HISTORY):
         if rows:
             frames.append(pd.DataFrame(rows).assign(path=path, **extra))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -131,10 +150,10 @@ def load_history(runs, columns=None) -> pd.DataFrame:
 
 def load_snapshots(runs, columns=None) -> pd.DataFrame:
     """Long-form snapshots: one row per (run, snapshot step); `V`, `A`, `attention`,
-    `h_example`, `h_var` become numpy arrays (None where the run stored null)."""
+    `h_example`, `h_var` become numpy arrays (None where the run stored null). Stored runs as
+    `load_history` reads them."""
     frames = []
-    for path, extra in _iter_runs(runs, columns):
-        rows = list(_read_jsonl(Path(path) / "snapshots.jsonl"))
+    for path, extra, (_, rows) in _run_rows(runs, columns, contract.SNAPSHOTS):
         for r in rows:
             for k in ("V", "A", "attention", "h_example", "h_var"):
                 if r.get(k) is not None:
@@ -144,20 +163,102 @@ def load_snapshots(runs, columns=None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _run_rows(runs, columns, name: str):
+    """(path, extra columns, (history rows, snapshot rows)) of each run in order: a folder's file `name` read
+    as always (the other list empty), a stored run's both from its body (`stored_rows`)."""
+    items = list(_iter_runs(runs, columns))
+    stored = dict(stored_rows([(path, where) for path, where, _ in items]))
+    for path, _, extra in items:
+        if path in stored:
+            yield path, extra, stored.pop(path)
+        else:   # a folder (or nothing: a stored run whose body was refused reads as no file)
+            rows = list(_read_jsonl(Path(path) / name))
+            yield path, extra, (rows, rows)
+
+
+def stored_rows(runs):
+    """(path, (history rows, snapshot rows)) of each of `runs` — (path, (sweep, name) or None: where its store
+    holds it, if known) — that a sweep's store holds and no folder does, shard by shard: each body is read once
+    (`store.body_rows`), and a shard's runs are yielded before the next body is read. A body that does not
+    verify is a warning naming its file; a run whose text breaks its caps is a warning naming the run: their
+    runs are not yielded."""
+    by_shard: dict[tuple[str, str], dict[str, str]] = {}
+    for path, where in runs:
+        where = where or (_stored_at(path) if not os.path.lexists(path) else None)
+        if where is None:
+            continue
+        index = store.index(where[0])
+        held = index.runs.get(where[1])
+        if held is not None and not os.path.lexists(path):
+            by_shard.setdefault((index.sweep, held[0]), {})[where[1]] = path
+    for (sweep, sid), names in by_shard.items():
+        for name, rows in _bodies(sweep, sid, list(names)).items():
+            yield names[name], rows
+
+
+def _stored_at(path) -> tuple[str, str] | None:
+    where = store.sweep_of(path)
+    return where if where is not None and where[1] in store.index(where[0]).runs else None
+
+
+def _bodies(sweep: str, sid: str, names: list[str]) -> dict:
+    """`store.body_rows` of one shard's runs; a refused body (a warning) reads as none, and a run whose rows
+    break the contract's caps (a warning) is left out, the others read one by one."""
+    try:
+        return store.body_rows(sweep, names)
+    except store.Refused as e:
+        warnings.warn(f"skipping {len(names)} stored run(s): {Path(sweep, store.STORE, e.name)}: {e.why}")
+        return {}
+    except readers.Broken as e:
+        if len(names) == 1:
+            warnings.warn(f"skipping the stored run {Path(sweep, names[0])}: {e.why}")
+            return {}
+    return {k: v for n in names for k, v in _bodies(sweep, sid, [n]).items()}
+
+
 # ---------------------------------------------------------------------------------------------
 # one sweep, through its Parquet cache
 
-def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
+def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool, want: set | None = None):
     try:  # its files are read, and its cache written, through the sweep folder's handle
         safefs.hold(sweep, create=False)
     except OSError:
         pass  # a link given as the sweep (the user's own choice) or a missing one: reached by path, as given
+    index = store.index(sweep) if store.present(sweep) else None
+    names = _run_names(sweep, index)
+    folders = _held_as_folders(sweep, index, names)
+    if index is not None:  # a stored run has no folder: its row is its head's; a folder there is the run (`judge`)
+        names = {n: why for n, why in names.items() if n not in index.runs or n in folders}
+    # a store sweep's table is its heads: no cache is written there (its few run folders are read, or a cache
+    # an earlier version wrote is used)
+    df, skipped, config_keys = _folder_rows(sweep, names, refresh, progress, cache, write=index is None)
+    if index is not None:
+        table, skips, keys = _stored_rows(sweep, index, want, folders)
+        skipped += skips
+        config_keys |= keys
+        if table.num_rows:
+            stored = table.to_pandas()
+            df = pd.concat([df, stored], ignore_index=True, sort=False) if len(df) else stored
+    if len(df):
+        df = df.iloc[_run_order_of(df["_run"])].reset_index(drop=True)
+        df["path"] = str(sweep) + os.sep + df["_run"]
+        df["sweep"] = str(sweep)
+        df["run"] = df.pop("_run")
+        df = df.drop(columns=[c for c in _BOOK if c in df.columns])
+        df, copies = _without_copies(df)
+        skipped += copies
+    return df, skipped, config_keys
+
+
+def _folder_rows(sweep: Path, names: dict, refresh: bool, progress, cache: bool, write: bool):
+    """The rows of the sweep's run folders `names` (name -> problem), through the sweep's Parquet cache
+    (written when `write`), each with `_run`; the folders skipped; the config keys."""
     cached, meta = (pd.DataFrame(), {}) if refresh or not cache else _read_cache(sweep)
     # run folder -> (its row in the cache, the digest of the files that row was read from)
     known = ({r: (i, d) for i, (r, d) in enumerate(zip(cached["_run"].tolist(), cached["_digest"].tolist()))}
              if len(cached) else {})
     keep, todo, skipped = [], [], []
-    for name, why in layout.runs(sweep, layout.recorded(sweep)).items():  # at every depth hydra.sweep.subdir puts them (`0/run`)
+    for name, why in names.items():
         path = os.path.join(sweep, name)
         if why is not None:  # a link on its path (never followed), a file at a run's place
             skipped.append(_skip(path, "corrupt", why))
@@ -193,19 +294,107 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool):
         parts.append(pd.DataFrame(new_rows))
     df = pd.concat(parts, ignore_index=True, sort=False) if parts else pd.DataFrame()
     changed = bool(new_rows) or len(keep) != len(cached)
-    if cache and changed:
+    if cache and write and changed:
         _write_cache(sweep, df, sorted(config_keys))
-    if len(df):
-        names = df["_run"].tolist()
-        df = df.iloc[sorted(range(len(df)), key=lambda i: _run_order(names[i]))]
-        df = df.reset_index(drop=True)
-        df["path"] = [os.path.join(sweep, r) for r in df["_run"]]
-        df["sweep"] = str(sweep)
-        df["run"] = df.pop("_run")
-        df = df.drop(columns=[c for c in _BOOK if c in df.columns])
-        df, copies = _without_copies(df)
-        skipped += copies
     return df, skipped, config_keys
+
+
+# ---------------------------------------------------------------------------------------------
+# a sweep's store: its heads are the table
+
+def _run_names(sweep: Path, index) -> dict[str, str | None]:
+    """The sweep's runs by name, each with its `layout.problem` (`layout.runs`: at every depth
+    hydra.sweep.subdir puts them, `0/run`). A store sweep whose folder holds no entry a run could be in has
+    no run folder to walk: its runs are the store's, and the record's others are not there yet (None),
+    without a look-up per stored run."""
+    recorded = layout.recorded(sweep)
+    if index is None or _may_hold_runs(sweep):
+        return layout.runs(sweep, recorded)
+    return {n: None for n in sorted((n for n in recorded if n not in index.runs), key=_run_order)}
+
+
+def _may_hold_runs(sweep: Path) -> bool:
+    """Has the sweep folder an entry the walk of `layout.runs` would look at: a folder or a link, or a file at
+    a job's number?"""
+    try:
+        with os.scandir(sweep) as it:
+            for e in it:
+                if e.name.startswith((".", "_")) or e.name in layout.NOT_RUNS:
+                    continue
+                if e.is_dir(follow_symlinks=False) or e.is_symlink() or contract.job_number(e.name) is not None:
+                    return True
+    except OSError:
+        return True
+    return False
+
+
+def _held_as_folders(sweep: Path, index, names: dict) -> set[str]:
+    """The stored runs that also have a folder (an older launch's, or a copy): `contract.judge` reads the
+    folder, and so does the table. One listing of the sweep answers for every run whose first part is not
+    in it, so a million stored runs cost no look-up each."""
+    if index is None:
+        return set()
+    try:
+        top = set(os.listdir(sweep))
+    except OSError:
+        return set()
+    return {n for n in index.runs if n.partition("/")[0] in top and n in names
+            and os.path.lexists(os.path.join(sweep, n))}
+
+
+def _stored_rows(sweep: Path, index, want: set | None, folders: set) -> tuple[pa.Table, list, set]:
+    """The stored runs' rows as one Arrow table (`_run` and the runs table's columns; `want`: a selection, read
+    alone), the store's refused files (corrupt) and its runs held twice (copies), and the config keys the
+    heads name. A run held twice is read from the head the index chose; a run with a folder, from the folder."""
+    skipped = [_skip(Path(sweep, store.STORE, f), "corrupt", why) for f, why in sorted(index.refused.items())]
+    skipped += [_skip(Path(sweep, run), "copy", f"held by {len(sids)} shards of the store ({', '.join(sids)}); "
+                                               f"read from {index.runs[run][0]}, counted once")
+                for run, sids in index.duplicates.items() if run not in folders]
+    tables, keys = [], set()
+    for sid, (raw, meta) in index.heads.items():
+        have = pq.ParquetFile(pa.BufferReader(raw)).schema_arrow.names
+        t = shard.read_head(raw, columns=[c for c in have if c == "_run" or (
+            c not in shard.BOOK and (want is None or c in want))])
+        if folders or index.duplicates:   # only the rows this head holds for the table
+            runs = t.column("_run").to_pylist()
+            t = t.filter(pa.array([index.runs.get(r, ("",))[0] == sid and r not in folders for r in runs]))
+        if t.num_rows:
+            tables.append(t)
+            keys |= set(meta.get("config_keys", ()))
+    if not tables:
+        return pa.table({"_run": pa.array([], pa.string())}), skipped, keys
+    # the heads in the order of their first run: columns first met in an earlier run come first, as a
+    # folder sweep's table has them
+    tables.sort(key=lambda t: _run_order(t.column("_run")[0].as_py()))
+    return _concat(tables), skipped, keys
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """The heads as one table: a column some shards lack is null there; one typed differently by two shards
+    (an int in one, a float in another) is promoted, and one that is text in any shard (`table.parquet_safe`:
+    an int in some runs and text in others) is text in all."""
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    text = {f.name for t in tables for f in t.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)}
+    out = []
+    for t in tables:
+        for i, f in enumerate(t.schema):
+            if f.name in text and not (pa.types.is_string(f.type) or pa.types.is_null(f.type)):
+                t = t.set_column(i, f.name, t.column(i).cast(pa.string()))
+        out.append(t)
+    return pa.concat_tables(out, promote_options="permissive")
+
+
+def _run_order_of(names: pd.Series) -> np.ndarray:
+    """The positions of `names` in run order (`layout.order`): a sweep of a million numbered runs is sorted
+    as integers, without a key built per run."""
+    number = pd.to_numeric(names, errors="coerce") if len(names) else names
+    if len(names) and number.notna().all() and names.str.isdigit().all():
+        return np.argsort(number.to_numpy(dtype=np.int64), kind="stable")
+    keys = [_run_order(n) for n in names.tolist()]
+    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
 def _without_copies(df: pd.DataFrame) -> tuple[pd.DataFrame, list]:
@@ -447,13 +636,22 @@ def _is_run_dir(p: Path) -> bool:
 
 
 def _iter_runs(runs, columns):
+    """(path, (sweep, run) where a stored run of the table is, else None, extra columns) of each run."""
     if isinstance(runs, pd.DataFrame):
         cols = [c for c in (columns or []) if c in runs.columns]
-        for rec in runs[["path", *cols]].to_dict("records"):
-            yield rec.pop("path"), rec
+        located = {"sweep", "run"} <= set(runs.columns)
+        sweeps = {s: store.present(s) for s in runs["sweep"].unique()} if located else {}
+        for rec in runs[list(dict.fromkeys(["path", *(["sweep", "run"] if located else []), *cols]))].to_dict("records"):
+            path = rec.pop("path")
+            where = (rec["sweep"], rec["run"]) if located and sweeps[rec["sweep"]] else None
+            if located:   # the table's own columns, copied only where asked for
+                for k in ("sweep", "run"):
+                    if k not in cols:
+                        rec.pop(k)
+            yield path, where, rec
     else:
         for p in ([runs] if isinstance(runs, (str, Path)) else runs):
-            yield str(p), {}
+            yield str(p), None, {}
 
 
 def _flatten_args(paths):

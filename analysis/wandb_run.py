@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from rw_sweeps.core.safefs import owned_dirs
-from rw_sweeps.core import contract, readers
+from rw_sweeps.core import contract, readers, store
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, runs_table, table
 from rw_sweeps.core.wandb_io import said, say, wandb as _wandb
 
@@ -102,8 +102,10 @@ def _log_analysis(sweep_dir: Path, w: dict) -> None:
     entries = []
     for path, success in zip(runs["path"], runs["success"]):
         try:
-            entries.append({"cfg": contract.read_config(path), "run_dir": Path(path),
-                            "summary": {**contract.read_summary(path), "success": bool(success)}})
+            stored = store.stored_verdict(path) if not os.path.lexists(path) else None  # a run of the sweep's store
+            cfg, summary = (stored.config, stored.summary) if stored is not None else \
+                (contract.read_config(path), contract.read_summary(path))
+            entries.append({"cfg": cfg, "run_dir": Path(path), "summary": {**summary, "success": bool(success)}})
         except (OSError, readers.Broken):
             continue  # changed since the report read it: the report and runs.parquet still have it
     cols, data = runs_table(entries, sweep_dir)

@@ -481,12 +481,33 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
     REAL *az = fn + K, *Zb = az + n * K, *E = Zb + n, *hs = E + L;
     REAL bq;
     SFX(prologue)(K, L, a, c, x->nu_tok, x->nu_pos, x->nu_q, alpha, beta, &bq);
-    REAL lsum = 0, asum = 0, klsum = 0, pdsum = 0, sqsum = 0, gmin = 0;
+    REAL lsum = 0, asum = 0, klsum = 0, pdsum = 0, sqsum = 0, gmin = 0, spread = 0, elast = 0;
+    const int full = x->full;
     for (int64_t b = 0; b < n; b++) {
         const uint8_t *s = tok + b * L;
         const REAL *P = Pr + b * K;
         memset(H, 0, sizeof(REAL) * K);
-        for (int64_t j = 0; j < L; j++) H[s[j]] += beta[j];
+        /* the histogram and the spread's max_j and min_j of α[s_bj]·β_j in one pass over the positions (the
+           same values as a pass of their own: a max and a min do not depend on the order) */
+        REAL mx = alpha[s[0]] * beta[0], mn = mx, mx2 = mx, mn2 = mx; /* two chains each: half the latency */
+        int64_t j = 0;
+        for (; j + 1 < L; j += 2) {
+            const REAL b0 = beta[j], b1 = beta[j + 1], v0 = alpha[s[j]] * b0, v1 = alpha[s[j + 1]] * b1;
+            H[s[j]] += b0;
+            H[s[j + 1]] += b1;
+            mx = v0 > mx ? v0 : mx;
+            mn = v0 < mn ? v0 : mn;
+            mx2 = v1 > mx2 ? v1 : mx2;
+            mn2 = v1 < mn2 ? v1 : mn2;
+        }
+        for (; j < L; j++) {
+            const REAL bj = beta[j], v = alpha[s[j]] * bj;
+            H[s[j]] += bj;
+            mx = v > mx ? v : mx;
+            mn = v < mn ? v : mn;
+        }
+        mx = mx2 > mx ? mx2 : mx;
+        mn = mn2 < mn ? mn2 : mn;
         REAL Z = alpha[0] * H[0];
         for (int64_t k = 1; k < K; k++) Z += alpha[k] * H[k];
         Z = Z + bq;
@@ -535,22 +556,16 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
         sqsum += bq / Z;
         Zb[b] = Z;
         for (int64_t k = 0; k < K; k++) az[b * K + k] = alpha[k] / Z;
+        REAL sp = mx / Z - mn / Z; /* the spread max_b (max_j S_bj − min_j S_bj) */
+        spread = (b == 0 || sp > spread) ? sp : spread;
+        elast += az[b * K + s[L - 1]]; /* E_{L−1}, in the order of the pass below */
     }
-    /* mean attention per position, and the spread max_b (max_j S_bj − min_j S_bj) */
+    /* mean attention per position: every position at a snapshot; else the parent column alone (above) */
     memset(E, 0, sizeof(REAL) * L);
-    REAL spread = 0;
-    for (int64_t b = 0; b < n; b++) {
+    for (int64_t b = 0; full && b < n; b++) {
         const uint8_t *s = tok + b * L;
         const REAL *ab = az + b * K;
-        REAL mx = alpha[s[0]] * beta[0], mn = mx;
-        for (int64_t j = 0; j < L; j++) {
-            E[j] += ab[s[j]];
-            REAL v = alpha[s[j]] * beta[j];
-            mx = v > mx ? v : mx;
-            mn = v < mn ? v : mn;
-        }
-        REAL sp = mx / Zb[b] - mn / Zb[b];
-        spread = (b == 0 || sp > spread) ? sp : spread;
+        for (int64_t j = 0; j < L; j++) E[j] += ab[s[j]];
     }
     const REAL nn = (REAL)n;
     x->loss[r] = -lsum / nn;
@@ -560,9 +575,11 @@ static void SFX(eval_generic)(const void *vctx, int64_t r, char *scratch) {
     x->spread[r] = spread;
     x->gap[r] = gmin;
     REAL *att = x->attention + r * (L + 1);
-    for (int64_t j = 0; j < L; j++) att[j] = beta[j] * E[j] / nn;
+    for (int64_t j = 0; j < L; j++) att[j] = full ? beta[j] * E[j] / nn : NAN;
+    att[L - 1] = beta[L - 1] * elast / nn;
     att[L] = sqsum / nn;
-    for (int64_t k = 0; k < K; k++) {
+    for (int64_t k = 0; !full && k < K; k++) x->h_example[r * K + k] = x->h_var[r * K + k] = NAN;
+    for (int64_t k = 0; full && k < K; k++) {
         x->h_example[r * K + k] = hs[k];
         REAL mu = 0;
         for (int64_t b = 0; b < n; b++) mu += hs[b * K + k];

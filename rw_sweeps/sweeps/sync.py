@@ -13,6 +13,12 @@ folder it writes), and a run whose folder holds one — its uploads are read fro
 job's staged artifacts, the report's figures — is not synced: each is one line, `not synced: <path>: <why>`.
 The links wandb makes itself (`wandb/latest-run`, `wandb/debug.log`, `wandb/debug-internal.log`, the
 `logs/` of an offline run), which `wandb sync` does not upload, are passed over.
+
+A sweep whose runs its store holds (`rw_sweeps.core.store`: no folder per run) has their offline runs in
+`<sweep>/wandb_store/<run id>/wandb/` and, above `wandb_export.EXPORT_ALL` runs, its per-cell table's in
+`<sweep>/wandb_store/cells/wandb/` (`rw_sweeps.sweeps.wandb_export` writes both); the walk finds them as any
+other. For such a sweep one more line says how many of the runs its store holds (read through its verified
+index) have an offline wandb run here: `wandb_export` logs the others (a sample, above `EXPORT_ALL`).
 """
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rw_sweeps.core import results, store
+from rw_sweeps.sweeps.wandb_export import EXPORT_ALL, SAMPLE
 from rw_sweeps.sweeps.status import shown  # a planted name's control characters, as rw-status prints them
 
 BATCH = 256  # offline runs per `wandb sync` command (a path is ~100 bytes; ARG_MAX is 128 KiB at the least)
@@ -84,6 +92,16 @@ def offline_runs(sweep: Path) -> tuple[list[Path], list[str]]:
     return ok, lines
 
 
+def stored_logged(sweep: Path, runs: list[Path]) -> tuple[int, int] | None:
+    """(the runs the sweep's store holds, how many of them have one of the offline runs `runs`, which end in
+    their wandb id: `results.run_id` of the run's would-be folder), or None for a sweep without a store."""
+    if not store.present(sweep):
+        return None
+    ids = {r.name.rsplit("-", 1)[-1] for r in runs}
+    names = store.index(sweep).runs
+    return len(names), sum(results.run_id(Path(sweep) / n) in ids for n in names)
+
+
 def wandb_sync(runs: list[Path], flags: list[str]) -> int:
     """`wandb sync FLAGS RUN…` in batches, every batch whatever the others did; the first non-zero exit
     status, else 0. wandb prints as it goes."""
@@ -114,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     refused = sum(ln.startswith("not synced") for ln in lines)
     print(f"sync {shown(args.sweep)}: {len(runs)} offline wandb run(s) to wandb sync"
           + (f", {refused} not synced (a link in its folder)" if refused else ""), flush=True)
+    held = stored_logged(args.sweep, runs)
+    if held is not None:
+        print(f"sync {shown(args.sweep)}: its store holds {held[0]:,} run(s), {held[1]:,} of them with an offline "
+              f"wandb run here (python -m rw_sweeps.sweeps.wandb_export {shown(args.sweep)} logs the others; a sweep "
+              f"above {EXPORT_ALL:,} runs, a sample of {SAMPLE:,})", flush=True)
     flags = (["--dry-run"] if args.dry_run else []) + (["--include-synced"] if args.include_synced else []) \
         + (["--project", args.project] if args.project else []) + (["--entity", args.entity] if args.entity else [])
     status = wandb_sync(runs, flags) if runs else 0

@@ -1,0 +1,569 @@
+"""The sweep store (`rw_sweeps.core.store`) measured: its files, its launches, its writer, a million runs read back.
+
+    python benchmarks/bench_store.py --against ../before-the-store   # every section (~35 min here, the million-run
+                                                                     # store built once, ~10 min of it, then reused)
+    python benchmarks/bench_store.py --quick --against ../before-the-store   # smaller sizes, one pair (~8 min)
+    python benchmarks/bench_store.py --section writer                # one section: inodes | grid | writer | million
+
+`--against` is another checkout of the project (a git worktree of the commit before the store, sharing this
+virtualenv: its `launch.py` imports the package from its own folder); the inodes and grid sections need it.
+
+1. inodes: a sweep of tiny runs (`bench_sweep.TINY`: K=4, N=9, M=16, 4 training and 4 test sequences, one step,
+   wandb disabled) launched with the defaults, so it is stored; every entry under its folder counted, and a
+   million-run sweep projected from the launcher's packing rule (a job's files are the same for any job size; the
+   jobs are what grows). The same shape's folder layout from `--against`, 1,000 runs counted, projected by run.
+2. grid: the 1,000-run §5 grid end to end (`bench_sweep.grid_once`: wandb offline, as by default), here and in
+   `--against` alternating (A B, B A, …), medians; and against the one-process-per-run dense baseline
+   (`bench_sweep.baseline`).
+3. writer: the records of real §5 runs (50 steps, 51 history rows, the summary a launch writes) through the
+   project's `Writer` (the contract's judgement, the runs-table row, the shard's Parquet and seal, the atomic
+   writes), runs per second; alternating with the same records written as run folders (`results.write_run`,
+   `write_summary`; the Hydra envelope not included); cProfile's top entries of one more write.
+4. million: a store of 1,000,000 runs (10 values of p × zero/Gaussian init × 50,000 seeds) written by the writer's
+   own flush (`Writer._flush`: the shard's rows, Parquet, seal and files; the contract's per-run judgement is made
+   once per distinct record instead, each a copy of one of 20 real runs judged by `contract.judge_record`), kept in
+   `--million-dir` and reused while it verifies; then, each in a fresh process, alternating: the store read by its
+   own primitives (`store.index`, every head's table, one run's body) and by the analysis (`load_runs`,
+   `phase_diagram`, `load_history`), with the wall time and peak RSS of each step.
+
+Every ratio is between two measurements of the same invocation: this VM's speed drifts ~2× over minutes, and
+other work shares its two cores.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import datetime
+import json
+import os
+import pstats
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_sweep  # noqa: E402 - the grid, its launch and the dense baseline: one owner
+
+SECTIONS = ("inodes", "grid", "writer", "million")
+MILLION = 1_000_000
+GOALS = {"entries_per_run": 0.01, "grid_speedup": 2.0, "grid_vs_baseline": 500, "writer_runs_s": 5000,
+         "load_s": 10.0, "load_gb": 4.0, "phase_s": 30.0, "history_s": 1.0}
+P_VALUES = [round(0.05 + 0.1 * i, 2) for i in range(10)]  # the §5 grid's p (bench_sweep.GRID)
+INITS = ("zero", "gaussian")
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def entries(folder: Path) -> dict[str, int]:
+    """Every entry under `folder` (folders, files, links; not `folder` itself), by its top-level name's kind:
+    `store`, numbered run folders (`runs`), and each other top-level name."""
+    out: dict[str, int] = {}
+    for top in os.scandir(folder):
+        kind = "store" if top.name == "store" else "runs" if top.name.isdigit() else top.name
+        n = 1
+        if top.is_dir(follow_symlinks=False):
+            n += sum(len(ds) + len(fs) for _, ds, fs in os.walk(top.path))
+        out[kind] = out.get(kind, 0) + n
+    return out
+
+
+def launch(tree: Path, sweep: Path, *overrides: str) -> tuple[float, str]:
+    """`python launch.py -m OVERRIDES` in checkout `tree` into `sweep`: (wall seconds, its output)."""
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "launch.py", "-m", *overrides, f"hydra.sweep.dir={sweep}"], cwd=tree,
+                       capture_output=True, text=True, env={**os.environ, "CI": "1"})
+    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"{tree}/launch.py failed:\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+    return wall, r.stdout + r.stderr
+
+
+def done_here(sweep: Path) -> int:
+    """Runs the contract finds done in a sweep of this checkout: its store's and its folders'."""
+    from rw_sweeps.core import store
+
+    idx = store.index(sweep)
+    stored = sum(state == "done" for _, _, state in idx.runs.values())
+    return stored + done_in_folders(sweep)
+
+
+def done_in_folders(sweep: Path) -> int:
+    return sum(json.loads(p.read_text()).get("status") == "done" for p in sweep.glob("*/summary.json"))
+
+
+def jobs_of(output: str) -> list[int]:
+    """The runs of each job a packed launch announced (`job 2/4: 2992 run(s), …`)."""
+    return [int(m.group(1)) for m in re.finditer(r"^job \d+/\d+: (\d+) run\(s\)", output, re.M)]
+
+
+def projected_jobs(n: int, cap: int) -> int:
+    """Jobs of an n-run sweep of one shape on a CPU, by the launcher's packing rule: the first
+    `packing.FIRST_RUNS` runs alone, the rest in balanced chunks of at most `cap`."""
+    from rw_sweeps.sweeps.packing import FIRST_RUNS, chunk_sizes
+
+    return 1 + len(chunk_sizes(n - FIRST_RUNS, 1, cap)) if n > FIRST_RUNS else 1
+
+
+def cpu_cap(cfg) -> int:
+    """Runs a CPU job of this config holds at most (`hydra.launcher.memory_gb` null)."""
+    from rw_sweeps.core.resources import bytes_per_run
+    from rw_sweeps.sweeps.packing import CPU_CHUNK_GB, CPU_MAX_RUNS, GB
+
+    return min(CPU_MAX_RUNS, max(1, int(CPU_CHUNK_GB * GB // bytes_per_run(cfg))))
+
+
+def table(rows: list[tuple], head: tuple) -> None:
+    """Print `rows` under `head`, columns padded."""
+    cells = [tuple(str(c) for c in r) for r in [head, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    for j, r in enumerate(cells):
+        print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if j == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+
+
+def verdict(ok: bool) -> str:
+    return "meets" if ok else "MISSES"
+
+
+# ------------------------------------------------------------------------------------------ 1. inodes
+def inodes(against: Path | None, runs: int) -> None:
+    """A stored sweep's entries, counted and projected; the folder layout's from `against`."""
+    from rw_sweeps.core.config import RunConfig, validate
+    from rw_sweeps.core.store.writer import SHARD_RUNS
+
+    print(f"## 1. inodes: a sweep of tiny runs ({' '.join(bench_sweep.TINY)}), launched with the defaults\n")
+    rows = []
+    with bench_sweep.kept_to_the_end() as kept:
+        base = None
+        if against is not None:
+            folder = Path(tempfile.mkdtemp(prefix="rw-inodes-base-"))
+            kept.append(folder)
+            wall_b, _ = launch(against, folder / "s", "seed=range(0,1000)", *bench_sweep.TINY)
+            assert done_in_folders(folder / "s") == 1000, "the baseline's sweep is not 1,000 done runs"
+            base = entries(folder / "s")
+        folder = Path(tempfile.mkdtemp(prefix="rw-inodes-"))
+        kept.append(folder)
+        wall, out = launch(ROOT, folder / "s", f"seed=range(0,{runs})", *bench_sweep.TINY)
+        counted = entries(folder / "s")
+        assert "store" in counted and done_here(folder / "s") == runs, f"not {runs} stored done runs"
+    jobs = jobs_of(out)
+    assert sum(jobs) == runs, f"the launch announced {sum(jobs)} runs in jobs, not {runs}"
+    total = sum(counted.values())
+    per_job = (counted["store"] - 1) / len(jobs)  # the store folder itself once
+    fixed = total - counted["store"] + 1
+    cap = max(jobs)
+    rows.append((f"here, {runs:,} runs (measured, {wall:.0f} s)", len(jobs), total, f"{total / runs:.5f}",
+                 "  ".join(f"{k} {v}" for k, v in sorted(counted.items()))))
+    for n in sorted({100_000, MILLION} - {runs}):
+        j = projected_jobs(n, cap)
+        e = round(fixed + j * per_job)
+        rows.append((f"here, {n:,} runs (projected)", j, e, f"{e / n:.5f}", f"jobs of ≤ {cap:,} runs, "
+                     f"{per_job:g} files a job"))
+    s5 = cpu_cap(validate(RunConfig()))
+    for n in (100_000, MILLION):  # a real shape: a CPU job holds fewer runs, so there are more jobs
+        j = projected_jobs(n, s5)
+        e = round(fixed + j * per_job)
+        rows.append((f"here, {n:,} §5 runs on a CPU (projected)", j, e, f"{e / n:.5f}", f"jobs of ≤ {s5:,} runs"))
+    for n in (100_000, MILLION):  # the fewest jobs: a GPU job of ≥ SHARD_RUNS runs writes a shard each SHARD_RUNS
+        j = -(-n // SHARD_RUNS)
+        e = round(fixed + j * per_job)
+        rows.append((f"here, {n:,} runs in {SHARD_RUNS:,}-run shards (projected)", j, e, f"{e / n:.5f}",
+                     "a GPU's jobs, one shard each"))
+    if base is not None:
+        per_run = base.get("runs", 0) / 1000
+        other = sum(base.values()) - base.get("runs", 0)
+        rows.append((f"{against.name}, 1,000 runs (measured, {wall_b:.0f} s)", "-", sum(base.values()),
+                     f"{sum(base.values()) / 1000:.3f}", "  ".join(f"{k} {v}" for k, v in sorted(base.items()))))
+        for n in (runs, 100_000, MILLION):
+            rows.append((f"{against.name}, {n:,} runs (projected)", "-", f"{round(other + n * per_run):,}",
+                         f"{per_run:.3f}", f"{per_run:g} entries a run folder"))
+    table(rows, ("sweep", "jobs", "entries", "a run", "where"))
+    at_100k = next((r[2] for r in rows if r[0].startswith("here, 100,000 runs")), None)
+    print(f"\n  goal: ≤ {GOALS['entries_per_run']} entries a run (≤ 1,000 for 100,000 runs): tiny runs "
+          f"{verdict(float(at_100k) / 100_000 <= GOALS['entries_per_run'])} ({at_100k} at 100,000)")
+
+
+# ------------------------------------------------------------------------------------------ 2. grid
+def grid(against: Path, pairs: int, baseline_runs: int) -> None:
+    """The 1,000-run §5 grid end to end, here and in `against`, alternating; the dense baseline."""
+    print(f"## 2. the 1,000-run §5 grid end to end (bench_sweep.grid_once: wandb offline), here and in "
+          f"{against}, alternating, {pairs} pair(s)\n")
+    b = bench_sweep.baseline(baseline_runs)
+    out: dict[str, list] = {"here": [], "there": []}
+    with bench_sweep.kept_to_the_end() as kept:
+        for i in range(pairs):
+            order = (("here", ROOT), ("there", against)) if i % 2 == 0 else (("there", against), ("here", ROOT))
+            for where, root in order:
+                wall, cpu = bench_sweep.grid_once(root, 100, keep=kept)
+                sweep = kept[-1] / "s"
+                done = done_here(sweep) if where == "here" else done_in_folders(sweep)
+                assert done == 1000, f"{where}: {done} of 1,000 runs done"
+                out[where].append((wall, cpu, entries(sweep)))
+    med = {w: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for w, v in out.items()}
+    rows = []
+    for where, name in (("here", "here (the store)"), ("there", f"{against.name} (run folders)")):
+        walls = ", ".join(f"{x[0]:.1f}" for x in out[where])
+        e = out[where][-1][2]
+        rows.append((name, walls, f"{med[where][0]:.1f}", f"{med[where][1]:.1f}", f"{1000 / med[where][0]:.1f}",
+                     f"{1000 * b['wall_s'] / med[where][0]:,.0f}×", sum(e.values()),
+                     "  ".join(f"{k} {v}" for k, v in sorted(e.items()))))
+    table(rows, ("tree", "wall s (each)", "median s", "CPU s", "runs/s", "× baseline", "entries", "where"))
+    pair = [t[0] / h[0] for h, t in zip(out["here"], out["there"])]
+    speed = med["there"][0] / med["here"][0]
+    print(f"\n  dense baseline, one process per run: {b['wall_s']:.1f} s a run (median of {baseline_runs}), "
+          f"peak {b['peak_mb']:.0f} MB")
+    print(f"  here: {speed:.2f}× faster than {against.name} by the medians (pairs: "
+          f"{', '.join(f'{r:.2f}×' for r in pair)}); CPU {med['there'][1] / med['here'][1]:.2f}× less — goal ≥ "
+          f"{GOALS['grid_speedup']}×: {verdict(speed >= GOALS['grid_speedup'])}")
+    ratio = 1000 * b["wall_s"] / med["here"][0]
+    print(f"  here against the baseline: {ratio:,.0f}× its runs/s — goal ≥ {GOALS['grid_vs_baseline']}×: "
+          f"{verdict(ratio >= GOALS['grid_vs_baseline'])}")
+
+
+# ------------------------------------------------------------------------------------------ records
+_RECORDS: list = []
+
+
+def real_records() -> list[tuple]:
+    """20 real §5 runs (the grid's 10 values of p × zero and Gaussian σ=0.01 init, 50 steps, evaluation every
+    step), trained once per invocation: [(config, summary as a launch writes it, history, snapshots)]."""
+    if _RECORDS:
+        return _RECORDS
+    from rw_sweeps.core import training
+    from rw_sweeps.core.config import RunConfig, option_config, validate
+    from rw_sweeps.sweeps import run
+
+    off = dataclasses.replace(RunConfig().wandb, mode="disabled")
+    cfgs = [validate(RunConfig(init=option_config("init", init, **({"sigma": 0.01} if init == "gaussian" else {})),
+                               data=dataclasses.replace(RunConfig().data, p=p), wandb=off))
+            for init in INITS for p in P_VALUES]
+    with tempfile.TemporaryDirectory() as tmp:
+        recs = training.train(cfgs, [Path(tmp, str(i)) for i in range(len(cfgs))], progress=False)
+        for rec in recs:
+            summary = {**training.summary(rec, 0.5), **run.provenance()}
+            _RECORDS.append((rec.cfg, summary, rec.history, rec.snapshots))
+    return _RECORDS
+
+
+def entries_for(sweep: Path, n: int) -> list[dict]:
+    """n writer entries in `sweep`, run i a copy of real record i % 20 with seed i // 20 (and its own run id)."""
+    from rw_sweeps.core.config import with_seed
+    from rw_sweeps.core.results import run_id
+
+    recs = real_records()
+    out = []
+    for i in range(n):
+        cfg, summary, history, snapshots = recs[i % len(recs)]
+        run_dir = sweep / str(i)
+        out.append({"cfg": with_seed(cfg, i // len(recs)).to_dict(), "run_dir": run_dir, "history": history,
+                    "snapshots": snapshots, "summary": {**summary, "seed": i // len(recs), "run_id": run_id(run_dir)}})
+    return out
+
+
+def overrides_of(name: str) -> list[str]:
+    """The overrides a launch of the million-run grid gives run `name` (its p, init and seed)."""
+    i = int(name)
+    k = i % (len(P_VALUES) * len(INITS))
+    return [f"data.p={P_VALUES[k % len(P_VALUES)]}", f"init={INITS[k // len(P_VALUES)]}", f"seed={i // 20}"]
+
+
+# ------------------------------------------------------------------------------------------ 3. writer
+def write_store(sweep: Path, batch: list[dict]) -> None:
+    from rw_sweeps.core.store import Writer
+
+    names = [e["run_dir"].name for e in batch]
+    job = Writer(sweep, names, overrides={n: overrides_of(n) for n in names})
+    refused = job.write(batch)
+    job.close()
+    assert not refused, f"the writer refused {len(refused)} record(s): {next(iter(refused.values()))}"
+
+
+def write_folders(batch: list[dict]) -> None:
+    from rw_sweeps.core import results
+
+    for e in batch:
+        results.write_run(e["run_dir"], e["cfg"], e["history"], e["snapshots"])
+        results.write_summary(e["run_dir"], e["summary"])
+
+
+def writer(runs: int, folder_runs: int, reps: int) -> None:
+    """Runs a second through the store's writer, against the same records as run folders, alternating."""
+    from rw_sweeps.core import store
+
+    _, _, history, snapshots = real_records()[0]
+    print(f"## 3. the writer: records of real §5 runs ({len(history)} history rows, {len(snapshots)} snapshots) through "
+          f"store.Writer, {runs:,} runs a write; run folders ({folder_runs:,} runs a write) alternating, {reps} rounds\n")
+    ours, theirs = [], []
+    with bench_sweep.kept_to_the_end() as kept:
+        for r in range(reps):
+            sweep = Path(tempfile.mkdtemp(prefix="rw-writer-")) / "s"
+            kept.append(sweep.parent)
+            batch = entries_for(sweep, runs)
+            t = time.perf_counter()
+            write_store(sweep, batch)
+            ours.append(time.perf_counter() - t)
+            idx = store.index(sweep)
+            assert len(idx.runs) == runs and not idx.refused and all(s == "done" for _, _, s in idx.runs.values())
+            folder = Path(tempfile.mkdtemp(prefix="rw-folders-")) / "s"
+            kept.append(folder.parent)
+            batch = entries_for(folder, folder_runs)
+            folder.mkdir()
+            t = time.perf_counter()
+            write_folders(batch)
+            theirs.append(time.perf_counter() - t)
+        sizes = {p.suffixes[-2]: p.stat().st_size for p in (sweep / "store").iterdir()}
+        prof = profiled(Path(tempfile.mkdtemp(prefix="rw-writer-prof-")) / "s", runs, kept)
+    s_us = statistics.median(ours) / runs * 1e6
+    f_us = statistics.median(theirs) / folder_runs * 1e6
+    table([("store.Writer.write", ", ".join(f"{t:.2f}" for t in ours), f"{s_us:.0f}", f"{1e6 / s_us:,.0f}"),
+           ("run folders (write_run, write_summary)", ", ".join(f"{t:.2f}" for t in theirs), f"{f_us:.0f}",
+            f"{1e6 / f_us:,.0f}")], ("path", "s a write (each)", "µs a run", "runs/s"))
+    print(f"\n  the store {f_us / s_us:.1f}× the run folders' runs/s; one shard's head {sizes.get('.runs', 0) / 1e6:.2f} MB "
+          f"and body {sizes.get('.body', 0) / 1e6:.2f} MB (the last write's last shard)")
+    print(f"  goal ≥ {GOALS['writer_runs_s']:,} runs/s: {verdict(1e6 / s_us >= GOALS['writer_runs_s'])}\n")
+    print(f"  where a write's time goes (cProfile, one more write of {runs:,} runs; cumulative s, share of the write):")
+    total = prof.pop("store.Writer.write")
+    table([(k, f"{v:.2f}", f"{v / total:.0%}") for k, v in prof.items()] + [("store.Writer.write (all)", f"{total:.2f}",
+          "100%")], ("step", "s", "share"))
+
+
+PROFILED = [  # (label, file ending, function): the steps of a write, by cumulative time
+    ("contract.judge_record: the record judged", "core/contract.py", "judge_record"),
+    ("  its history and snapshot rows parsed and checked", "core/contract.py", "_done_files"),
+    ("  its config checked (config_problem)", "core/contract.py", "config_problem"),
+    ("summary: clean + orjson round trip, _jsonl", "core/results.py", "_jsonl"),
+    ("Writer._flush: a shard made and written", "store/writer.py", "_flush"),
+    ("  table.run_row: the runs-table rows", "core/table.py", "run_row"),
+    ("  shard.encode: Parquet and the seal", "store/shard.py", "encode"),
+    ("  safefs.atomic_write: the two files", "core/safefs.py", "atomic_write"),
+    ("store.Writer.write", "store/writer.py", "write"),
+]
+
+
+def profiled(sweep: Path, runs: int, kept: list) -> dict[str, float]:
+    """Cumulative seconds of each step of one write under cProfile (`PROFILED`); the top entries by own time
+    printed."""
+    kept.append(sweep.parent)
+    batch = entries_for(sweep, runs)
+    prof = cProfile.Profile()
+    prof.enable()
+    write_store(sweep, batch)
+    prof.disable()
+    st = pstats.Stats(prof)
+    out = {}
+    for label, ending, fn in PROFILED:
+        out[label] = sum(v[3] for (f, _, name), v in st.stats.items() if name == fn and f.endswith(ending))
+    print("  cProfile's top entries by own time:")
+    top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]
+    table([(f"{Path(f).parent.name}/{Path(f).name}:{line}({name})" if f != "~" else name, v[1], f"{v[2]:.3f}",
+            f"{v[3]:.3f}") for (f, line, name), v in top], ("function", "calls", "own s", "cumulative s"))
+    print()
+    return out
+
+
+# ------------------------------------------------------------------------------------------ 4. million
+class _Overrides(dict):
+    """A writer's overrides by run name, made when asked (a million lists held at once are ~300 MB)."""
+
+    def get(self, name, default=None):
+        return overrides_of(name)
+
+
+def build_million(sweep: Path, n: int) -> float:
+    """A store of n runs in `sweep` by the writer's own flush, shard by shard (see the module's doc): seconds."""
+    from rw_sweeps.core import contract
+    from rw_sweeps.core.results import _jsonl, clean, run_id
+    from rw_sweeps.core.store import Writer
+    from rw_sweeps.core.store.writer import SHARD_RUNS
+
+    import orjson
+
+    recs = real_records()
+    judged = []
+    for cfg, summary, history, snapshots in recs:  # as Writer.write judges a record, once per distinct record
+        s = orjson.loads(orjson.dumps(clean(summary), option=orjson.OPT_SERIALIZE_NUMPY))
+        h, sn = _jsonl(history), _jsonl(snapshots)
+        s = contract.judge_record(cfg.to_dict(), s, h.encode(), sn.encode(), sweep / "0")
+        assert s["status"] == "done", s.get("error")
+        judged.append((cfg.to_dict(), s, h, sn))
+    shutil.rmtree(sweep, ignore_errors=True)
+    t = time.perf_counter()
+    job = Writer(sweep, [str(i) for i in range(n)], overrides=_Overrides())
+    rng = random.Random(0)
+    for start in range(0, n, SHARD_RUNS):
+        part = []
+        for i in range(start, min(n, start + SHARD_RUNS)):
+            cfg, s, h, sn = judged[i % len(judged)]
+            seed, run_dir = i // len(judged), sweep / str(i)
+            part.append(({"cfg": {**cfg, "seed": seed}, "run_dir": run_dir},
+                         {**s, "seed": seed, "run_id": run_id(run_dir), "wall_s": rng.uniform(0.5, 2.0)}, h, sn))
+        job._flush(part)
+    job.close()
+    return time.perf_counter() - t
+
+
+CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+sweep, name, what = sys.argv[1], sys.argv[2], sys.argv[3]
+out = {}
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GB (ru_maxrss is in KB)
+def step(label, fn):
+    t = time.perf_counter(); v = fn(); out[label] = (time.perf_counter() - t, peak()); return v
+if what == "store":
+    import pyarrow as pa
+    from rw_sweeps.core import store
+    from rw_sweeps.core.store import shard
+    out["imports"] = (time.perf_counter() - t0, peak())
+    idx = step("store.index", lambda: store.index(sweep))
+    out["runs"] = len(idx.runs); out["refused"] = len(idx.refused)
+    def heads():
+        ts = [shard.read_head(raw).drop_columns([c for c in shard.BOOK if c != "_run"]) for raw, _ in idx.heads.values()]
+        return pa.concat_tables(ts, promote_options="default").to_pandas()
+    df = step("every head's table → pandas", heads)
+    out["rows"] = len(df)
+    rows = step("store.body_rows: one run", lambda: store.body_rows(sweep, [name]))
+    out["history_rows"] = len(rows[name][0])
+else:
+    from analysis import load_runs, load_history, phase_diagram, add_success
+    import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
+    out["imports"] = (time.perf_counter() - t0, peak())
+    df = step("load_runs", lambda: load_runs(sweep, progress=False))
+    out["rows"] = len(df)
+    if len(df):
+        fig = step("add_success + phase_diagram(data.p, init)", lambda: phase_diagram(add_success(df), "data.p", "init"))
+        out["cells"] = len(fig.phase_table); plt.close(fig)
+        h = step("load_history: one run", lambda: load_history(df[df["run"] == name]))
+        out["history_rows"] = len(h)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def child(sweep: Path, name: str, what: str) -> dict:
+    """One fresh process reading the million-run store (`what`: store or analysis); its timings and peaks."""
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", CHILD, str(sweep), name, what], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200], "process": (time.perf_counter() - t, 0)}
+    out = json.loads(r.stdout.split("RESULT ", 1)[1])
+    out["process"] = (time.perf_counter() - t, 0)
+    return out
+
+
+def million(sweep: Path, n: int, reps: int, rebuild: bool) -> None:
+    """A million-run store written, then read back in fresh processes, alternating the store's own
+    primitives and the analysis."""
+    from rw_sweeps.core import store
+
+    print(f"## 4. a store of {n:,} runs ({len(P_VALUES)} values of p × zero/Gaussian init × {n // 20:,} seeds, each a "
+          f"copy of a real §5 run) in {sweep}\n")
+    ok = False
+    if not rebuild and store.present(sweep):
+        idx = store.index(sweep)
+        ok = len(idx.runs) == n and not idx.refused
+    if ok:
+        print("  the store was built earlier and verifies: reused (--rebuild to write it again)")
+    else:
+        s = build_million(sweep, n)
+        print(f"  written by Writer._flush in {s:.0f} s = {n / s:,.0f} runs/s")
+    files = list((sweep / "store").iterdir())
+    heads = [f for f in files if f.name.endswith(".runs.parquet")]
+    print(f"  {len(files)} files: {len(heads)} shards, heads {sum(f.stat().st_size for f in heads) / 1e6:.0f} MB, bodies "
+          f"{sum(f.stat().st_size for f in files if f.name.endswith('.body.parquet')) / 1e9:.2f} GB\n")
+    name = str(n - 12_345)  # a run in the middle of a shard
+    got: dict[str, list[dict]] = {"store": [], "analysis": []}
+    for r in range(reps):
+        for what in (("store", "analysis") if r % 2 == 0 else ("analysis", "store")):
+            got[what].append(child(sweep, name, what))
+    rows = []
+    for what in ("store", "analysis"):
+        runs = got[what]
+        errors = [x["error"] for x in runs if "error" in x]
+        if errors:
+            rows.append((f"{what}: FAILED", errors[0], "", "", ""))
+            continue
+        for label in [k for k, v in runs[0].items() if isinstance(v, list)]:
+            walls = [x[label][0] for x in runs if label in x]
+            rows.append((f"{what}: {label}", ", ".join(f"{w:.2f}" for w in walls), f"{statistics.median(walls):.2f}",
+                         f"{max(x[label][1] for x in runs if label in x):.2f}" if label != "process" else "",
+                         ""))
+        rows.append((f"{what}: rows read", runs[0].get("rows"), "", "", f"history rows {runs[0].get('history_rows')}"
+                     + (f", {runs[0]['cells']} cells" if "cells" in runs[0] else "")))
+    table(rows, ("step (a fresh process each)", "s (each)", "median s", "peak RSS GB", ""))
+    a = got["analysis"]
+    if any("error" in x for x in a):
+        print("\n  the analysis failed on the store: the goals are not measured")
+        return
+    if not a[0]["rows"]:
+        print("\n  load_runs reads no stored runs yet (0 rows): its goals are not measured; the store's own rows above "
+              "are what it would read")
+        return
+    med = lambda k: statistics.median(x[k][0] for x in a)  # noqa: E731
+    rss = max(x["load_runs"][1] for x in a)
+    print(f"\n  goals: load_runs ≤ {GOALS['load_s']:g} s {verdict(med('load_runs') <= GOALS['load_s'])} "
+          f"({med('load_runs'):.1f} s), peak RSS ≤ {GOALS['load_gb']:g} GB {verdict(rss <= GOALS['load_gb'])} ({rss:.2f} GB), "
+          f"phase diagram ≤ {GOALS['phase_s']:g} s "
+          f"{verdict(med('add_success + phase_diagram(data.p, init)') <= GOALS['phase_s'])}, one history ≤ "
+          f"{GOALS['history_s']:g} s {verdict(med('load_history: one run') <= GOALS['history_s'])} "
+          f"({med('load_history: one run'):.2f} s); rows {a[0]['rows']:,} of {n:,}")
+
+
+# ------------------------------------------------------------------------------------------ main
+def header() -> None:
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--short").splitlines()
+    print(f"bench_store {datetime.datetime.now():%Y-%m-%d %H:%M}, {git('rev-parse', '--short', 'HEAD')}"
+          f"{f' + {len(dirty)} changed file(s) in the tree' if dirty else ''}, {os.cpu_count()} cores, load average "
+          f"{os.getloadavg()[0]:.1f}\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="10,000 runs for the inodes, one grid pair and baseline run, "
+                    "2,000-run writes, a 100,000-run store")
+    ap.add_argument("--against", type=Path, help="a checkout of the project before the store (inodes, grid)")
+    ap.add_argument("--section", choices=SECTIONS, action="append", help="one section (repeat for several); all by default")
+    ap.add_argument("--pairs", type=int, help="grid pairs (default 3; 1 with --quick)")
+    ap.add_argument("--million-dir", type=Path, help="where the million-run store is kept (default: under the temp dir)")
+    ap.add_argument("--rebuild", action="store_true", help="write the million-run store again even if it verifies")
+    args = ap.parse_args()
+    sections = args.section or list(SECTIONS)
+    if "grid" in sections and args.against is None:
+        ap.error("the grid section needs --against CHECKOUT (the tree before the store)")
+    if args.against is not None and not (args.against / "launch.py").is_file():
+        ap.error(f"--against {args.against}: no launch.py there")
+    q = args.quick
+    header()
+    started = time.perf_counter()
+    for s in sections:
+        t = time.perf_counter()
+        if s == "inodes":
+            inodes(args.against, 10_000 if q else 100_000)
+        elif s == "grid":
+            grid(args.against.resolve(), args.pairs or (1 if q else 3), 1 if q else 3)
+        elif s == "writer":
+            writer(2_000 if q else 10_000, 200 if q else 1_000, 3)
+        elif s == "million":
+            n = 100_000 if q else MILLION
+            where = args.million_dir or Path(tempfile.gettempdir(), f"rw-bench-store-{n}")
+            million(where, n, 2 if q else 3, args.rebuild)
+        else:
+            raise ValueError(f"no section {s!r}")
+        print(f"\n  ({s}: {time.perf_counter() - t:.0f} s)\n")
+    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

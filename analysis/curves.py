@@ -59,10 +59,15 @@ def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.5 * rows), squeeze=False, sharey=True)
     for ax in axes.flat[n:]:
         ax.axis("off")
-    for ax, combo in zip(axes.flat, combos):
-        cell = _cell(runs, keys, combo)
+    cells = [_cell(runs, keys, combo) for combo in combos]
+    # every panel's histories in one read: a stored sweep's body is read once, not once per panel
+    read = pd.concat([c.head(MAX_RUNS) for c in cells])
+    every = load_history(read)
+    by_run = dict(tuple(every.groupby("path", sort=False))) if len(every) else {}
+    for ax, combo, cell in zip(axes.flat, combos, cells):
         sub = cell.head(MAX_RUNS)
-        hist = load_history(sub)
+        parts = [by_run[p] for p in sub["path"] if p in by_run]
+        hist = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
         title = ", ".join(f"{LABELS.get(k, k)}={axis_label(k, v)}" for k, v in zip(keys, combo))
         n = f"{len(sub)} of {len(cell)} runs" if len(sub) < len(cell) else f"{len(sub)} run{'s' * (len(sub) != 1)}"
         ax.set_title(f"{title} ({n})" if title else n, fontsize=8)

@@ -17,11 +17,13 @@ import os
 import sys
 import typing
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -183,22 +185,22 @@ def stored_rows(runs):
     verify is a warning naming its file; a run whose text breaks its caps is a warning naming the run: their
     runs are not yielded."""
     by_shard: dict[tuple[str, str], dict[str, str]] = {}
+    indexes: dict[str, store.Index | None] = {}   # by sweep: its store's, once per call
     for path, where in runs:
-        where = where or (_stored_at(path) if not os.path.lexists(path) else None)
+        if os.path.lexists(path):  # a folder: read as a folder
+            continue
+        where = where or store.sweep_of(path)
         if where is None:
             continue
-        index = store.index(where[0])
-        held = index.runs.get(where[1])
-        if held is not None and not os.path.lexists(path):
+        if where[0] not in indexes:
+            indexes[where[0]] = store.index(where[0]) if store.present(where[0]) else None
+        index = indexes[where[0]]
+        held = index.runs.get(where[1]) if index is not None else None
+        if held is not None:
             by_shard.setdefault((index.sweep, held[0]), {})[where[1]] = path
     for (sweep, sid), names in by_shard.items():
         for name, rows in _bodies(sweep, sid, list(names)).items():
             yield names[name], rows
-
-
-def _stored_at(path) -> tuple[str, str] | None:
-    where = store.sweep_of(path)
-    return where if where is not None and where[1] in store.index(where[0]).runs else None
 
 
 def _bodies(sweep: str, sid: str, names: list[str]) -> dict:
@@ -225,8 +227,13 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool, want: set | N
     except OSError:
         pass  # a link given as the sweep (the user's own choice) or a missing one: reached by path, as given
     index = store.index(sweep) if store.present(sweep) else None
-    names = _run_names(sweep, index)
-    folders = _held_as_folders(sweep, index, names)
+    recorded = layout.recorded(sweep)
+    if index is None or _may_hold_runs(sweep):  # at every depth hydra.sweep.subdir puts them (`0/run`)
+        names = layout.runs(sweep, recorded)
+        folders = _held_as_folders(sweep, index)
+    else:  # no run folder to walk: the store's runs, and the record's others not there yet
+        names = {n: None for n in sorted((n for n in recorded if n not in index.runs), key=_run_order)}
+        folders = set()
     if index is not None:  # a stored run has no folder: its row is its head's; a folder there is the run (`judge`)
         names = {n: why for n, why in names.items() if n not in index.runs or n in folders}
     # a store sweep's table is its heads: no cache is written there (its few run folders are read, or a cache
@@ -302,20 +309,10 @@ def _folder_rows(sweep: Path, names: dict, refresh: bool, progress, cache: bool,
 # ---------------------------------------------------------------------------------------------
 # a sweep's store: its heads are the table
 
-def _run_names(sweep: Path, index) -> dict[str, str | None]:
-    """The sweep's runs by name, each with its `layout.problem` (`layout.runs`: at every depth
-    hydra.sweep.subdir puts them, `0/run`). A store sweep whose folder holds no entry a run could be in has
-    no run folder to walk: its runs are the store's, and the record's others are not there yet (None),
-    without a look-up per stored run."""
-    recorded = layout.recorded(sweep)
-    if index is None or _may_hold_runs(sweep):
-        return layout.runs(sweep, recorded)
-    return {n: None for n in sorted((n for n in recorded if n not in index.runs), key=_run_order)}
-
-
 def _may_hold_runs(sweep: Path) -> bool:
     """Has the sweep folder an entry the walk of `layout.runs` would look at: a folder or a link, or a file at
-    a job's number?"""
+    a job's number? A store sweep without one has no run folder, and its million stored runs need no look-up
+    each (`layout.runs` asks for every name it is given)."""
     try:
         with os.scandir(sweep) as it:
             for e in it:
@@ -328,7 +325,7 @@ def _may_hold_runs(sweep: Path) -> bool:
     return False
 
 
-def _held_as_folders(sweep: Path, index, names: dict) -> set[str]:
+def _held_as_folders(sweep: Path, index) -> set[str]:
     """The stored runs that also have a folder (an older launch's, or a copy): `contract.judge` reads the
     folder, and so does the table. One listing of the sweep answers for every run whose first part is not
     in it, so a million stored runs cost no look-up each."""
@@ -338,8 +335,7 @@ def _held_as_folders(sweep: Path, index, names: dict) -> set[str]:
         top = set(os.listdir(sweep))
     except OSError:
         return set()
-    return {n for n in index.runs if n.partition("/")[0] in top and n in names
-            and os.path.lexists(os.path.join(sweep, n))}
+    return {n for n in index.runs if n.partition("/")[0] in top and os.path.lexists(os.path.join(sweep, n))}
 
 
 def _stored_rows(sweep: Path, index, want: set | None, folders: set) -> tuple[pa.Table, list, set]:
@@ -350,17 +346,20 @@ def _stored_rows(sweep: Path, index, want: set | None, folders: set) -> tuple[pa
     skipped += [_skip(Path(sweep, run), "copy", f"held by {len(sids)} shards of the store ({', '.join(sids)}); "
                                                f"read from {index.runs[run][0]}, counted once")
                 for run, sids in index.duplicates.items() if run not in folders]
-    tables, keys = [], set()
-    for sid, (raw, meta) in index.heads.items():
+    def read(sid: str) -> pa.Table:
+        raw = index.heads[sid][0]
         have = pq.ParquetFile(pa.BufferReader(raw)).schema_arrow.names
         t = shard.read_head(raw, columns=[c for c in have if c == "_run" or (
             c not in shard.BOOK and (want is None or c in want))])
         if folders or index.duplicates:   # only the rows this head holds for the table
             runs = t.column("_run").to_pylist()
             t = t.filter(pa.array([index.runs.get(r, ("",))[0] == sid and r not in folders for r in runs]))
-        if t.num_rows:
-            tables.append(t)
-            keys |= set(meta.get("config_keys", ()))
+        return t
+
+    # Arrow decodes without the GIL: the heads are read side by side, one per core
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        tables = [t for t in pool.map(read, index.heads) if t.num_rows]
+    keys = {k for sid, (_, meta) in index.heads.items() for k in meta.get("config_keys", ())}
     if not tables:
         return pa.table({"_run": pa.array([], pa.string())}), skipped, keys
     # the heads in the order of their first run: columns first met in an earlier run come first, as a
@@ -389,10 +388,10 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
 
 def _run_order_of(names: pd.Series) -> np.ndarray:
     """The positions of `names` in run order (`layout.order`): a sweep of a million numbered runs is sorted
-    as integers, without a key built per run."""
-    number = pd.to_numeric(names, errors="coerce") if len(names) else names
-    if len(names) and number.notna().all() and names.str.isdigit().all():
-        return np.argsort(number.to_numpy(dtype=np.int64), kind="stable")
+    as integers by Arrow (a stable sort), without a key built per run."""
+    text = pa.array(names, type=pa.large_string(), from_pandas=True)
+    if len(text) and pc.all(pc.match_substring_regex(text, r"^[0-9]{1,18}$")).as_py():
+        return pc.sort_indices(pc.cast(text, pa.int64())).to_numpy()
     keys = [_run_order(n) for n in names.tolist()]
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
@@ -593,7 +592,9 @@ def has_key(df: pd.DataFrame, key: str) -> pd.Series:
     if not field or name is None or name not in df.columns or key == name:
         return df[key].notna() if key in df.columns else pd.Series(False, index=df.index)
     own = {o: field in {f.name for f in dataclasses.fields(cls)} for o, cls in OPTIONS[group].items()}
-    known = df[name].map(lambda o: own.get(o) if isinstance(o, str) else None)
+    codes, options = pd.factorize(df[name])   # one look-up per option, not one per run (a million of them)
+    answers = np.array([own.get(o) if isinstance(o, str) else None for o in options] + [None], dtype=object)
+    known = pd.Series(answers[codes], index=df.index)   # code -1 (no option): the None at the end
     return known.where(known.notna(), df[key].notna()).astype(bool)
 
 
@@ -640,10 +641,9 @@ def _iter_runs(runs, columns):
     if isinstance(runs, pd.DataFrame):
         cols = [c for c in (columns or []) if c in runs.columns]
         located = {"sweep", "run"} <= set(runs.columns)
-        sweeps = {s: store.present(s) for s in runs["sweep"].unique()} if located else {}
         for rec in runs[list(dict.fromkeys(["path", *(["sweep", "run"] if located else []), *cols]))].to_dict("records"):
             path = rec.pop("path")
-            where = (rec["sweep"], rec["run"]) if located and sweeps[rec["sweep"]] else None
+            where = (rec["sweep"], rec["run"]) if located else None
             if located:   # the table's own columns, copied only where asked for
                 for k in ("sweep", "run"):
                     if k not in cols:

@@ -23,7 +23,7 @@ from rw_sweeps.core import contract, readers, results
 from rw_sweeps.core.metrics import SUCCESS_TOL
 
 from .heatmap import heatmap
-from .load import config_keys, has_key
+from .load import config_keys, has_key, stored_rows
 
 TOL = SUCCESS_TOL  # the one success rule's tolerance (rw_sweeps.core.metrics)
 ZERO = "zero"                           # the zero-init column beside the σ axis
@@ -55,12 +55,29 @@ def add_success_step(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
     """Add `success_step`: the first evaluated step (history.jsonl) with test_acc ≥ OPT − tol,
     NaN for runs that never got there or did not finish."""
     out = df.copy()
+    ok = (out["status"] == "done").to_numpy(dtype=bool) & out["opt_acc"].notna().to_numpy(dtype=bool)
+    threshold = out["opt_acc"] - tol
+    # a stored run's history is in its shard's body: read body by body (each once), never all held at once
+    stored = {path: _first_step_in(hist, at) for (path, (hist, _)), at in _stored_histories(out[ok], threshold[ok])}
     steps = []
-    for path, opt, status in zip(out["path"], out["opt_acc"], out["status"]):
-        ok = status == "done" and opt == opt
-        steps.append(_first_step_at(Path(path) / "history.jsonl", opt - tol) if ok else np.nan)
+    for path, at, good in zip(out["path"], threshold, ok):
+        if not good:
+            steps.append(np.nan)
+        elif path in stored:
+            steps.append(stored[path])
+        else:
+            steps.append(_first_step_at(Path(path) / "history.jsonl", at))
     out["success_step"] = steps
     return out
+
+
+def _stored_histories(runs: pd.DataFrame, threshold: pd.Series):
+    """((path, rows), threshold) of each run of `runs` that a sweep's store holds (`load.stored_rows`)."""
+    at = dict(zip(runs["path"], threshold))
+    located = {"sweep", "run"} <= set(runs.columns)
+    where = zip(runs["sweep"], runs["run"]) if located else [None] * len(runs)
+    for path, rows in stored_rows(zip(runs["path"], where)):
+        yield (path, rows), at[path]
 
 
 def theory_fails(df: pd.DataFrame) -> pd.Series:
@@ -271,7 +288,8 @@ def distinct_runs(df: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in config_keys(df) if not k.startswith(_NOT_RESULTS)]
     if not keys or not len(df):
         return df
-    ident = pd.DataFrame({k: df[k].astype(str) for k in keys})
+    # each value by its code in its column (a missing one is -1): a million runs compared as integers
+    ident = pd.DataFrame({k: pd.factorize(df[k])[0] for k in keys}, index=df.index)
     return df[~ident.duplicated().to_numpy()]
 
 
@@ -447,11 +465,16 @@ def _opt_axis(ax, ps):
 
 
 def _first_step_at(history: Path, threshold: float) -> float:
-    try:
-        for r in contract.rows(history.parent, history.name):   # stop at the first hit: most runs succeed early
-            acc = r.get("test_acc")
-            if type(acc) in (int, float) and acc >= threshold:
-                return float(r["step"])
+    try:   # stop at the first hit: most runs succeed early
+        return _first_step_in(contract.rows(history.parent, history.name), threshold)
     except (FileNotFoundError, readers.Broken):
-        pass
+        return math.nan
+
+
+def _first_step_in(rows, threshold: float) -> float:
+    """The step of the first history row with test_acc >= threshold; NaN if none."""
+    for r in rows:
+        acc = r.get("test_acc")
+        if type(acc) in (int, float) and acc >= threshold:
+            return float(r["step"])
     return math.nan

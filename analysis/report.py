@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rw_sweeps.core import safefs
+from rw_sweeps.core import safefs, store
 
 from .load import OPTION_COLUMNS, STATUSES, config_keys, has_key
 from .phase import ZERO, swept_keys, zero_init
@@ -25,19 +25,30 @@ img{max-width:100%;border:1px solid #eee}figcaption{color:#444;font-size:14px}
 def counts(runs: pd.DataFrame, skipped: list[dict]) -> pd.DataFrame:
     """Per sweep: runs read, done/failed/diverged, and folders skipped as unfinished/corrupt or as copies of a
     run counted already."""
-    sweeps = sorted(set(runs.get("sweep", pd.Series(dtype=str)))
-                    | {str(Path(s["path"]).parent) for s in skipped})
+    known = set(runs.get("sweep", pd.Series(dtype=str)))
+    of = [_sweep_of(s["path"], known) for s in skipped]
+    sweeps = sorted(known | set(of))
     rows = []
     for sw in sweeps:
         sub = runs[runs["sweep"] == sw] if len(runs) else runs
         st = Counter(sub["status"]) if len(sub) else Counter()
-        sk = Counter(s["status"] for s in skipped if str(Path(s["path"]).parent) == sw)
+        sk = Counter(s["status"] for s, at in zip(skipped, of) if at == sw)
         rows.append({"sweep": sw, "runs": len(sub), **{s: st.get(s, 0) for s in STATUSES},
                      "other status": sum(v for k, v in st.items() if k not in STATUSES),
                      "unfinished": sk.get("unfinished", 0), "corrupt": sk.get("corrupt", 0),
                      "copies": sk.get("copy", 0),
                      "success": int(sub["success"].sum()) if "success" in sub else 0})
     return pd.DataFrame(rows)
+
+
+def _sweep_of(path: str, sweeps: set) -> str:
+    """The sweep a skipped entry belongs to: the loaded sweep folder above it (a run at `0/run`, a refused
+    file of the sweep's store at `store/<shard>`), else the folder it is in."""
+    for above in Path(path).parents:
+        if str(above) in sweeps:
+            return str(above)
+    parent = Path(path).parent
+    return str(parent.parent if parent.name == store.STORE else parent)
 
 
 def sweep_config(runs: pd.DataFrame) -> pd.DataFrame:
@@ -91,7 +102,10 @@ def run_table(runs: pd.DataFrame, out: Path) -> tuple[str, int]:
     for path, row in zip(shown["path"], shown[cols].itertuples(index=False)):
         href = Path(os.path.relpath(path, Path(out).resolve())).as_posix()
         cells = "".join(f"<td>{_e(_num(v))}</td>" for v in row)
-        body.append(f"<tr><td><a href='{_e(href)}/'>{_e(Path(path).name)}</a></td>{cells}</tr>")
+        # a stored run has no folder to link to: its name alone (its record is in the sweep's store)
+        name = (f"<a href='{_e(href)}/'>{_e(Path(path).name)}</a>" if os.path.isdir(path)
+                else _e(Path(path).name))
+        body.append(f"<tr><td>{name}</td>{cells}</tr>")
     html_ = (f"<table class='sortable' id='runs'><thead><tr>{head}</tr></thead>"
              f"<tbody>{''.join(body)}</tbody></table>")
     return html_, len(runs) - len(shown)

@@ -106,11 +106,11 @@ def jobs_of(output: str) -> list[int]:
 
 
 def projected_jobs(n: int, cap: int) -> int:
-    """Jobs of an n-run sweep of one shape on a CPU, by the launcher's packing rule: the first
-    `packing.FIRST_RUNS` runs alone, the rest in balanced chunks of at most `cap`."""
+    """Jobs of an n-run sweep of one shape on a CPU, by the launcher's packing rule (`packing.chunks`): the first
+    `packing.FIRST_RUNS` runs cut on their own, each part in balanced chunks of at most `cap` runs."""
     from rw_sweeps.sweeps.packing import FIRST_RUNS, chunk_sizes
 
-    return 1 + len(chunk_sizes(n - FIRST_RUNS, 1, cap)) if n > FIRST_RUNS else 1
+    return len(chunk_sizes(min(n, FIRST_RUNS), 1, cap)) + len(chunk_sizes(n - FIRST_RUNS, 1, cap))
 
 
 def cpu_cap(cfg) -> int:
@@ -322,7 +322,7 @@ def writer(runs: int, folder_runs: int, reps: int) -> None:
             write_folders(batch)
             theirs.append(time.perf_counter() - t)
         sizes = {p.suffixes[-2]: p.stat().st_size for p in (sweep / "store").iterdir()}
-        prof = profiled(Path(tempfile.mkdtemp(prefix="rw-writer-prof-")) / "s", runs, kept)
+        steps, top = profiled(Path(tempfile.mkdtemp(prefix="rw-writer-prof-")) / "s", runs, kept)
     s_us = statistics.median(ours) / runs * 1e6
     f_us = statistics.median(theirs) / folder_runs * 1e6
     table([("store.Writer.write", ", ".join(f"{t:.2f}" for t in ours), f"{s_us:.0f}", f"{1e6 / s_us:,.0f}"),
@@ -332,16 +332,18 @@ def writer(runs: int, folder_runs: int, reps: int) -> None:
           f"and body {sizes.get('.body', 0) / 1e6:.2f} MB (the last write's last shard)")
     print(f"  goal ≥ {GOALS['writer_runs_s']:,} runs/s: {verdict(1e6 / s_us >= GOALS['writer_runs_s'])}\n")
     print(f"  where a write's time goes (cProfile, one more write of {runs:,} runs; cumulative s, share of the write):")
-    total = prof.pop("store.Writer.write")
-    table([(k, f"{v:.2f}", f"{v / total:.0%}") for k, v in prof.items()] + [("store.Writer.write (all)", f"{total:.2f}",
+    total = steps.pop("store.Writer.write")
+    table([(k, f"{v:.2f}", f"{v / total:.0%}") for k, v in steps.items()] + [("store.Writer.write (all)", f"{total:.2f}",
           "100%")], ("step", "s", "share"))
+    print("\n  cProfile's top entries of that write by own time:")
+    table(top, ("function", "calls", "own s", "cumulative s"))
 
 
 PROFILED = [  # (label, file ending, function): the steps of a write, by cumulative time
     ("contract.judge_record: the record judged", "core/contract.py", "judge_record"),
     ("  its history and snapshot rows parsed and checked", "core/contract.py", "_done_files"),
     ("  its config checked (config_problem)", "core/contract.py", "config_problem"),
-    ("summary: clean + orjson round trip, _jsonl", "core/results.py", "_jsonl"),
+    ("results._jsonl: history and snapshots as JSONL text", "core/results.py", "_jsonl"),
     ("Writer._flush: a shard made and written", "store/writer.py", "_flush"),
     ("  table.run_row: the runs-table rows", "core/table.py", "run_row"),
     ("  shard.encode: Parquet and the seal", "store/shard.py", "encode"),
@@ -350,9 +352,9 @@ PROFILED = [  # (label, file ending, function): the steps of a write, by cumulat
 ]
 
 
-def profiled(sweep: Path, runs: int, kept: list) -> dict[str, float]:
-    """Cumulative seconds of each step of one write under cProfile (`PROFILED`); the top entries by own time
-    printed."""
+def profiled(sweep: Path, runs: int, kept: list) -> tuple[dict[str, float], list[tuple]]:
+    """One write under cProfile: the cumulative seconds of each of its steps (`PROFILED`), and the top 12
+    entries by own time as table rows."""
     kept.append(sweep.parent)
     batch = entries_for(sweep, runs)
     prof = cProfile.Profile()
@@ -360,15 +362,11 @@ def profiled(sweep: Path, runs: int, kept: list) -> dict[str, float]:
     write_store(sweep, batch)
     prof.disable()
     st = pstats.Stats(prof)
-    out = {}
-    for label, ending, fn in PROFILED:
-        out[label] = sum(v[3] for (f, _, name), v in st.stats.items() if name == fn and f.endswith(ending))
-    print("  cProfile's top entries by own time:")
+    steps = {label: sum(v[3] for (f, _, name), v in st.stats.items() if name == fn and f.endswith(ending))
+             for label, ending, fn in PROFILED}
     top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]
-    table([(f"{Path(f).parent.name}/{Path(f).name}:{line}({name})" if f != "~" else name, v[1], f"{v[2]:.3f}",
-            f"{v[3]:.3f}") for (f, line, name), v in top], ("function", "calls", "own s", "cumulative s"))
-    print()
-    return out
+    return steps, [(f"{Path(f).parent.name}/{Path(f).name}:{line}({name})" if f != "~" else name, v[1], f"{v[2]:.3f}",
+                    f"{v[3]:.3f}") for (f, line, name), v in top]
 
 
 # ------------------------------------------------------------------------------------------ 4. million
@@ -379,23 +377,36 @@ class _Overrides(dict):
         return overrides_of(name)
 
 
+def judged_records(scratch: Path) -> list[tuple]:
+    """The 20 real records as `Writer.write` stores them (judged by the contract, in a scratch store), read
+    back: [(config, summary, history text, snapshots text)]."""
+    from rw_sweeps.core import store
+    from rw_sweeps.core.store import shard
+
+    n = len(real_records())
+    write_store(scratch, entries_for(scratch, n))
+    idx = store.index(scratch)
+    bodies = {}
+    for sid in idx.heads:
+        t = shard.read_body((scratch / store.STORE / (sid + shard.BODY)).read_bytes())
+        bodies.update(zip(t.column("_run").to_pylist(), zip(t.column("history").to_pylist(),
+                                                             t.column("snapshots").to_pylist())))
+    out = []
+    for i in range(n):
+        config, summary = idx.record(str(i))
+        assert summary["status"] == "done", summary.get("error")
+        out.append((config, summary, *bodies[str(i)]))
+    return out
+
+
 def build_million(sweep: Path, n: int) -> float:
     """A store of n runs in `sweep` by the writer's own flush, shard by shard (see the module's doc): seconds."""
-    from rw_sweeps.core import contract
-    from rw_sweeps.core.results import _jsonl, clean, run_id
+    from rw_sweeps.core.results import run_id
     from rw_sweeps.core.store import Writer
     from rw_sweeps.core.store.writer import SHARD_RUNS
 
-    import orjson
-
-    recs = real_records()
-    judged = []
-    for cfg, summary, history, snapshots in recs:  # as Writer.write judges a record, once per distinct record
-        s = orjson.loads(orjson.dumps(clean(summary), option=orjson.OPT_SERIALIZE_NUMPY))
-        h, sn = _jsonl(history), _jsonl(snapshots)
-        s = contract.judge_record(cfg.to_dict(), s, h.encode(), sn.encode(), sweep / "0")
-        assert s["status"] == "done", s.get("error")
-        judged.append((cfg.to_dict(), s, h, sn))
+    with tempfile.TemporaryDirectory() as tmp:
+        judged = judged_records(Path(tmp, "s"))
     shutil.rmtree(sweep, ignore_errors=True)
     t = time.perf_counter()
     job = Writer(sweep, [str(i) for i in range(n)], overrides=_Overrides())
@@ -413,11 +424,13 @@ def build_million(sweep: Path, n: int) -> float:
 
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 t0 = time.perf_counter()
 sweep, name, what = sys.argv[1], sys.argv[2], sys.argv[3]
 out = {}
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # GB (ru_maxrss is in KB)
+def peak():  # GB: VmHWM, this process's own (ru_maxrss keeps the forking parent's peak across exec)
+    with open("/proc/self/status") as fh:
+        return next(int(x.split()[1]) for x in fh if x.startswith("VmHWM")) / 2**20
 def step(label, fn):
     t = time.perf_counter(); v = fn(); out[label] = (time.perf_counter() - t, peak()); return v
 if what == "store":

@@ -66,7 +66,13 @@ def launch(*args: str, cwd: Path = ROOT, env: dict | None = None, timeout: float
 
 
 def summaries(sweep_dir: Path) -> dict[str, dict]:
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(sweep_dir).glob("*/summary.json"))}
+    """Every run's summary by its name: a run folder's summary.json, and a stored run's record (a sweep of
+    1,000 runs or more is stored: `rw_sweeps.core.store`)."""
+    from rw_sweeps.core import store
+
+    out = {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(sweep_dir).glob("*/summary.json"))}
+    index = store.index(sweep_dir)
+    return {**{name: index.record(name)[1] for name in index.runs}, **out}
 
 
 @pytest.fixture

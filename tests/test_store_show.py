@@ -46,24 +46,26 @@ def sweeps(tmp_path_factory):
     return out
 
 
-def test_a_stored_run_prints_each_file_as_its_run_folder_holds_it(sweeps):
+def test_a_stored_run_prints_each_file_as_its_run_folder_holds_it(sweeps, capsysbinary):
+    from rw_sweeps.sweeps import show
+
     stored, folders = sweeps["stored"], sweeps["folders"]
     names = sorted(store.index(stored).runs)
     assert names == ["0", "1", "2", "3"] and not any((stored / n).exists() for n in names)  # no folder per run
     for name in names:
         for given, path in FILES.items():
-            r = _show(stored, name, "--file", given)
-            assert r.returncode == 0, r.stderr
-            want = (folders / name / path).read_text()
+            assert show.main([str(stored), name, "--file", given]) == 0
+            got, want = capsysbinary.readouterr().out, (folders / name / path).read_bytes()
             if given == "summary.json":
-                _same_but_own(r.stdout, want)
-                s = json.loads(r.stdout)
+                _same_but_own(got.decode(), want.decode())
+                s = json.loads(got)
                 assert s["run_id"] == results.run_id(stored / name) != json.loads(want)["run_id"]
                 assert s["status"] == "done" and s["steps"] == 2
             else:
-                assert r.stdout == want, (name, given)
-    overrides = _show(stored, "1", "--file", "overrides.yaml").stdout
-    assert overrides.startswith("- data.p=0.3\n- init=gaussian\n")  # the job's own, as Hydra recorded them
+                assert got == want, (name, given)
+    r = _show(stored, "1", "--file", "overrides.yaml")  # as a user runs it
+    assert r.returncode == 0 and r.stdout == (folders / "1" / ".hydra" / "overrides.yaml").read_text()
+    assert r.stdout.startswith("- data.p=0.3\n- init=gaussian\n")  # the job's own, as Hydra recorded them
 
 
 def test_a_stored_run_written_to_a_folder_is_that_run_folder(sweeps, tmp_path):

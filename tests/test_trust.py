@@ -25,13 +25,9 @@ from rw_sweeps.core.inits.gaussian import GaussianInit
 from rw_sweeps.core.optimisers.gd import Gd
 from rw_sweeps.core.optimisers.adam import Adam
 
-from .conftest import launch, one_error_line, python, start_launch, wait_until
+from .conftest import launch, one_error_line, python, start_launch, summaries, wait_until
 
 S = ["data.n_train=64", "data.n_test=64", "model.M=200", "optim.steps=5", "wandb.mode=disabled"]
-
-
-def summaries(sweep: Path) -> dict[str, dict]:
-    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(sweep).glob("*/summary.json"))}
 
 
 def tree(folder: Path) -> dict[str, bytes]:

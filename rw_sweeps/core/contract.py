@@ -19,6 +19,7 @@ wandb export all ask it, so they cannot disagree:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,20 +217,29 @@ def judge(run_dir, config: dict | None = None) -> Verdict:
     return Verdict("done", summary, config)
 
 
-def judge_record(config: dict, summary: dict, history: bytes, snapshots: bytes, run_dir) -> dict:
-    """The summary a run's record is stored with: as `judge` would find the run folder holding these files, a
-    `done` summary whose files break the contract becomes `failed`, saying why (a summary that itself breaks
-    it is Broken: no record is written for it)."""
+def judge_record(config: dict, summary: dict, history: list, snapshots: list, run_dir) -> dict:
+    """The summary a run's record is stored with: as `judge` would find a run folder holding this summary and
+    these rows (a NaN or infinity in a row is null, as its text says), a `done` summary whose rows break
+    the contract becomes `failed`, saying why; a summary that itself breaks it is Broken (no record is written
+    for it). `config` is a validated config's own dict (`RunConfig.to_dict`): its schema is not checked again."""
     run_dir = Path(run_dir)
     check_summary(summary, run_dir / SUMMARY)
-    problem = config_problem(config)
-    if problem is None and summary["status"] == "done":
-        config = canonical(config)
-        problem = _done_files(run_dir, summary, config, lambda name: rows_of(
-            history if name == HISTORY else snapshots, run_dir, name))
+    problem = None
+    if summary["status"] == "done":
+        problem = _done_files(run_dir, summary, config, lambda name: _stepped(
+            history if name == HISTORY else snapshots, run_dir / name, name))
     if problem is None:
         return summary
     return {**summary, "status": "failed", "error": f"its results break the contract: {problem}"}
+
+
+def _stepped(rows: list, path: Path, name: str) -> list:
+    """Rows held in memory, checked as `_checked` checks a file's: each a mapping with an integer step >= 0."""
+    for n, row in enumerate(rows, 1):
+        step = row.get("step") if isinstance(row, dict) else None
+        if type(step) is not int or step < 0:
+            raise Broken(path, f"{name} line {n}: step={_show(step)} must be an integer >= 0")
+    return rows
 
 
 def _done_files(run_dir: Path, summary: dict, config: dict, source=None) -> str | None:
@@ -243,16 +253,11 @@ def _done_files(run_dir: Path, summary: dict, config: dict, source=None) -> str 
     if summary.get("eval_step") != steps:
         return f"summary.json says eval_step={summary.get('eval_step')} for a done run of {steps} steps"
     try:
-        last, previous = None, -1
-        for row in read(HISTORY):
-            if row["step"] <= previous:
-                return f"history.jsonl: step {row['step']} follows step {previous}"
-            for key, value in row.items():  # a metric a summary also holds: of the same type and bounds
-                f = SUMMARY_FIELDS.get(key)
-                bad = f.check(value) if f is not None and key != "steps" else None
-                if bad:
-                    return f"history.jsonl at step {row['step']}: {key}={_show(value)} {bad}"
-            previous, last = row["step"], row
+        history = list(read(HISTORY))
+        why = None if _rows_fit(history) else _first_misfit(history)
+        if why:
+            return why
+        last = history[-1] if history else None
         snaps = [row for row in read(SNAPSHOTS)]
     except FileNotFoundError as e:
         return f"a done run without its {Path(e.filename).name}"
@@ -267,6 +272,50 @@ def _done_files(run_dir: Path, summary: dict, config: dict, source=None) -> str 
                 and not _same(value, summary[key]):
             return f"history.jsonl's last row has {key}={_show(value)}; summary.json says {_show(summary[key])}"
     return _snapshots_problem(snaps, summary, config, steps)
+
+
+_NUMBER_TYPES = frozenset({int, float})
+
+
+def _rows_fit(history: list) -> bool:
+    """Do the history's steps rise and every metric a summary also holds fit its field (`_first_misfit`'s rule),
+    checked a column at a time: True, or False where `_first_misfit` must find what does not."""
+    steps = [row["step"] for row in history]
+    if any(b <= a for a, b in zip(steps, steps[1:])):
+        return False
+    for key in {k for row in history for k in row}:
+        f = SUMMARY_FIELDS.get(key)
+        if f is None or key in ("steps", "step"):
+            continue
+        # null, and in rows held in memory (a stored record's) a NaN or infinity, which its text writes as null
+        values = [v for row in history if key in row and (v := row[key]) is not None
+                  and not (type(v) is float and not math.isfinite(v))]
+        if f.kind in ("int", "num") and values:
+            if not {type(v) for v in values} <= (_NUMBER_TYPES if f.kind == "num" else {int}):
+                return False
+            if f.kind == "num" and not all(map(math.isfinite, values)):
+                return False
+            if (f.lo is not None and min(values) < f.lo) or (f.hi is not None and max(values) > f.hi):
+                return False
+        elif any(f.check(v) for v in values) or (not f.nullable and len(values) < sum(key in r for r in history)):
+            return False
+    return True
+
+
+def _first_misfit(history: list) -> str | None:
+    """Why the history breaks the contract, at its first row that does (its steps rise; a metric a summary also
+    holds is of that field's type and bounds), or None."""
+    previous = -1
+    for row in history:
+        if row["step"] <= previous:
+            return f"history.jsonl: step {row['step']} follows step {previous}"
+        for key, value in row.items():
+            f = SUMMARY_FIELDS.get(key)
+            bad = f.check(value) if f is not None and key != "steps" else None
+            if bad:
+                return f"history.jsonl at step {row['step']}: {key}={_show(value)} {bad}"
+        previous = row["step"]
+    return None
 
 
 def _snapshots_problem(snaps: list, summary: dict, config: dict, steps: int) -> str | None:

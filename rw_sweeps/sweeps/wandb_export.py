@@ -68,7 +68,8 @@ def runs_of(sweep: Path) -> tuple[list[Path], list[str]]:
     folders = run_folders(Path(sweep))
     if not store.present(sweep):
         return folders, []
-    names = [n for n in store.index(sweep).runs if show.stored(Path(sweep), n)]
+    top = set(os.listdir(sweep))  # a stored run whose first part names nothing here has no folder: one listing
+    names = [n for n in store.index(sweep).runs if n.split("/", 1)[0] not in top or show.stored(Path(sweep), n)]
     shadowed = set(names)
     return [d for d in folders if d.name not in shadowed or d == Path(sweep)], names
 
@@ -246,8 +247,7 @@ def _hashable(v):
 def _sources(sweep: Path, folder_rows: list[dict], stored_names: list[str], columns=None):
     """The run rows of the sweep as pandas frames: the folders' rows, then each head's columns (`columns`,
     those it has; all when None) for the stored runs it is the first to hold."""
-    import pandas as pd  # pandas: only a large sweep's cells need it
-
+    import pandas as pd  # pandas and Parquet's footer: only a large sweep's cells need them
     import pyarrow as pa
     import pyarrow.parquet as pq
 

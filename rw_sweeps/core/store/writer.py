@@ -80,8 +80,8 @@ class Writer:
             # the summary as its JSON reads back (a str subclass is a str, NaN is null), judged as a folder's is
             summary = orjson.loads(orjson.dumps(clean(e["summary"]), option=orjson.OPT_SERIALIZE_NUMPY))
             hist, snaps = _jsonl(e["history"]), _jsonl(e["snapshots"])
-            try:
-                summary = contract.judge_record(e["cfg"], summary, hist.encode(), snaps.encode(), Path(e["run_dir"]))
+            try:  # judged as a folder's files are (a NaN in a row, written as null, is null to the judge)
+                summary = contract.judge_record(e["cfg"], summary, e["history"], e["snapshots"], Path(e["run_dir"]))
             except contract.Broken as exc:
                 refused[i] = exc.why
                 continue

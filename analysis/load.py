@@ -43,6 +43,8 @@ CACHE_VERSION = 5   # bump when the row format changes: old caches are then rebu
 CACHE_CAP = 256 << 20  # bytes (100,000 runs cache in ~30 MB): a larger file is not read, the cache is rebuilt
 _META_KEY = b"rw_sweeps.analysis"
 _BOOK = ["_run", "_digest"]   # cache-only columns: the run's folder name, the digest of its files
+# a run the sweep's record names that has neither a folder nor a verified record in its store
+NOT_STORED = "no run folder, and no record in the sweep's store that verifies: not trained yet, or its shard refused"
 
 
 def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
@@ -238,7 +240,7 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool, want: set | N
         names = {n: why for n, why in names.items() if n not in index.runs or n in folders}
     # a store sweep's table is its heads: no cache is written there (its few run folders are read, or a cache
     # an earlier version wrote is used)
-    df, skipped, config_keys = _folder_rows(sweep, names, refresh, progress, cache, write=index is None)
+    df, skipped, config_keys = _folder_rows(sweep, names, refresh, progress, cache, stored=index is not None)
     if index is not None:
         table, skips, keys = _stored_rows(sweep, index, want, folders)
         skipped += skips
@@ -257,9 +259,9 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool, want: set | N
     return df, skipped, config_keys
 
 
-def _folder_rows(sweep: Path, names: dict, refresh: bool, progress, cache: bool, write: bool):
+def _folder_rows(sweep: Path, names: dict, refresh: bool, progress, cache: bool, stored: bool):
     """The rows of the sweep's run folders `names` (name -> problem), through the sweep's Parquet cache
-    (written when `write`), each with `_run`; the folders skipped; the config keys."""
+    (never written in a sweep with a store: `stored`), each with `_run`; the folders skipped; the config keys."""
     cached, meta = (pd.DataFrame(), {}) if refresh or not cache else _read_cache(sweep)
     # run folder -> (its row in the cache, the digest of the files that row was read from)
     known = ({r: (i, d) for i, (r, d) in enumerate(zip(cached["_run"].tolist(), cached["_digest"].tolist()))}
@@ -277,7 +279,8 @@ def _folder_rows(sweep: Path, names: dict, refresh: bool, progress, cache: bool,
             # snapshots): the judge alone decides, every time, and the row is never taken from the cache
             digest = ""
         if digest is None:                 # a numbered job folder with nothing in it yet
-            skipped.append(_skip(path, "unfinished", "no config.yaml or summary.json"))
+            skipped.append(_skip(path, "unfinished", NOT_STORED if stored and not os.path.lexists(path)
+                                 else "no config.yaml or summary.json"))
             continue
         i, old = known.get(name, (None, None))
         if digest and old == digest:
@@ -301,7 +304,7 @@ def _folder_rows(sweep: Path, names: dict, refresh: bool, progress, cache: bool,
         parts.append(pd.DataFrame(new_rows))
     df = pd.concat(parts, ignore_index=True, sort=False) if parts else pd.DataFrame()
     changed = bool(new_rows) or len(keep) != len(cached)
-    if cache and write and changed:
+    if cache and not stored and changed:
         _write_cache(sweep, df, sorted(config_keys))
     return df, skipped, config_keys
 

@@ -549,6 +549,7 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="a checkout of the project before the store (inodes, grid)")
     ap.add_argument("--section", choices=SECTIONS, action="append", help="one section (repeat for several); all by default")
     ap.add_argument("--pairs", type=int, help="grid pairs (default 3; 1 with --quick)")
+    ap.add_argument("--baseline-runs", type=int, help="dense baseline runs of the grid section (default 2; 1 with --quick)")
     ap.add_argument("--million-dir", type=Path, help="where the million-run store is kept (default: under the temp dir)")
     ap.add_argument("--rebuild", action="store_true", help="write the million-run store again even if it verifies")
     args = ap.parse_args()
@@ -565,7 +566,7 @@ def main() -> None:
         if s == "inodes":
             inodes(args.against, 10_000 if q else 100_000)
         elif s == "grid":
-            grid(args.against.resolve(), args.pairs or (1 if q else 3), 1 if q else 3)
+            grid(args.against.resolve(), args.pairs or (1 if q else 3), args.baseline_runs or (1 if q else 2))
         elif s == "writer":
             writer(2_000 if q else 10_000, 200 if q else 1_000, 3)
         elif s == "million":

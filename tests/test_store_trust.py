@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rw_sweeps.core import contract, layout, store
@@ -160,7 +160,7 @@ def _flip(path: Path, at: int, bit: int) -> None:
         fh.write(bytes([byte ^ (1 << bit)]))
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=100, **SETTINGS)
 @given(data=st.data())
 def test_a_head_or_body_cut_at_any_byte_or_a_head_with_any_bit_flipped_holds_no_done_run(reference, tmp_path, data):
     sweep = copy_sweep(reference, tmp_path / f"S{next(_fresh)}")
@@ -431,8 +431,10 @@ def checkpoint_steps(sweep: Path) -> dict[str, int]:
     return out
 
 
-@settings(max_examples=3, **SETTINGS)
+@settings(max_examples=1, **SETTINGS)
 @given(chunk=st.sampled_from([1, 2]), cpu_s=st.floats(0.0, 3.0))
+@example(chunk=1, cpu_s=0.4)  # the first job checkpointed, nothing stored yet
+@example(chunk=2, cpu_s=0.5)  # the first job's runs stored, the second's checkpointed
 def test_a_sigkill_at_any_moment_loses_no_stored_run_and_the_relaunch_equals_the_uninterrupted_sweep(
         whole, tmp_path_factory, chunk, cpu_s):
     """The launch is killed (SIGKILL: nothing of ours runs) `cpu_s` CPU seconds after its `chunk`-th job
@@ -461,6 +463,20 @@ def test_a_sigkill_at_any_moment_loses_no_stored_run_and_the_relaunch_equals_the
             assert f"resuming {cut / run} from its checkpoint at step {step}" in r.stdout, r.stdout
     assert records(cut) == records(ref)
     assert in_store(cut, CKPT) == []
+
+
+@pytest.mark.xfail(strict=True, reason="the launch removes killed writes' temp files only in the sweep folder and its "
+                                       "recorded run folders, never in store/, where a killed flush leaves a body's "
+                                       "(up to writer.SHARD_BYTES); see /tmp/notes/trust.md")
+def test_a_killed_flushs_stale_temp_file_in_the_store_is_removed_by_the_next_launch(s, monkeypatch):
+    refused, victims = plant(s, "head cut", monkeypatch)  # a run to train: the relaunch takes the lock and writes
+    (sid, _), _ = parts(s)
+    stale = s / store.STORE / f".{sid[:13]}-00007{BODY}.0123456789abcdef.tmp"  # as `safefs.write_with` names it
+    stale.write_bytes(b"PAR1 a body cut short")
+    os.utime(stale, (1, 1))
+    r = relaunch(s)
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == last_line(s, 2, 2), r.stdout
+    assert not stale.exists()
 
 
 def test_sigterm_mid_training_resumes_from_the_jobs_one_checkpoint_file_to_the_uninterrupted_records(

@@ -26,7 +26,7 @@ from rw_sweeps.core import contract, readers, store
 RUN_FILES = (contract.CONFIG, contract.SUMMARY, contract.CHECKPOINT, contract.HISTORY, ".hydra")
 # Folders below a sweep that hold no run however deep they go: wandb's own (its offline runs hold a
 # `files/config.yaml` of wandb's) and the project's packed-job and analysis runs.
-NOT_RUNS = frozenset({"wandb", "wandb_jobs", "wandb_analysis", "store"})
+NOT_RUNS = frozenset({"wandb", "wandb_jobs", "wandb_analysis", "store", "wandb_store"})
 DEPTH = 4  # how deep a run folder is looked for where no record names it (`a/b/c/d`: every subdir in use)
 LINK = "the run folder is a symbolic link; it is not followed"
 NOT_A_FOLDER = "not a folder"

@@ -191,9 +191,14 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
         raise FolderTaken("hydra.sweep.dir", str(sweep_dir), f"{folder} holds a run of another config "
                           f"({_difference(old, new)}){more}; {hint}add hydra.launcher.overwrite=true "
                           f"to train over it, or choose another hydra.sweep.dir")
+    stored = store.index(sweep_dir) if store.present(sweep_dir) else None
+    for file, why in (stored.refused.items() if stored is not None else ()):  # its runs are not done: trained
+        print(f"not a record: {sweep_dir / store.STORE / file}: {why}; its runs are trained again", flush=True)
     for i, s in enumerate(specs):
         if s.output_dir in found:  # only a folder that holds this run's config can hold its finished results
-            verdict = contract.judge(Path(s.output_dir), found[s.output_dir])
+            name = os.path.relpath(s.output_dir, sweep_dir).replace(os.sep, "/")
+            verdict = stored.verdict(name) if stored is not None and name in stored.runs \
+                and not os.path.lexists(s.output_dir) else contract.judge(Path(s.output_dir), found[s.output_dir])
             if verdict.done and results.same_run(verdict.config, s.cfg.to_dict()):
                 out.done[i] = verdict.summary
             elif verdict.state == "corrupt":  # its files break the contract: trained again, and said why

@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rw_sweeps.core import contract, layout, readers, results
+from rw_sweeps.core import contract, layout, readers, results, store
 from rw_sweeps.core.console import prog, shown  # noqa: F401 - shown: imported from here too (lock, sync)
 from rw_sweeps.core.contract import RECORD_CAP
 from rw_sweeps.core.readers import Broken
@@ -295,6 +295,7 @@ class Sweep:
         self.skipped = set(self.record["skipped"])
         self.job_of = {r: j for j, rs in self.record["jobs"].items() for r in rs}
         self._judged: dict = {}  # run name → (its summary's fingerprint, its verdict)
+        self._stored = None  # the sweep's store as the last poll read it (`rw_sweeps.core.store.index`)
         self.copies: dict = {}  # run name → why it is a copy of another (`_copies`)
 
     def verdict(self, name: str):
@@ -311,7 +312,9 @@ class Sweep:
         if why is not None:
             return contract.Verdict("corrupt", why=why)
         if fp is None:  # no summary in a folder: a run of the sweep's store is judged by its record
-            v = contract.judge(run_dir) if not os.path.lexists(run_dir) else None
+            if self._stored is None and store.present(self.dir):
+                self._stored = store.index(self.dir)
+            v = self._stored.verdict(name) if self._stored is not None and not os.path.lexists(run_dir) else None
             return v if v is not None and v.state != "unfinished" else None
         v = contract.judge(run_dir)
         if v.state == "unfinished":
@@ -357,6 +360,7 @@ class Sweep:
     def poll(self, ask_slurm: bool = True, states: dict | None = None) -> Snapshot:
         """Classify every run; `states` (job id → state) saves asking SLURM again."""
         jobs = states if states is not None else self.job_states() if ask_slurm else None
+        self._stored = None  # the store is read again, once, by this poll
         now = time.time()
         out, errors = {}, {}
         for name in self.runs:

@@ -46,7 +46,7 @@ import queue
 import threading
 from pathlib import Path
 
-from rw_sweeps.core import readers, results
+from rw_sweeps.core import readers, results, store
 from rw_sweeps.core.contract import CAPS, SUMMARY
 from rw_sweeps.core.safefs import PlantedLink, atomic_write, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
@@ -121,7 +121,7 @@ def live(cfgs: list[dict], run_dirs: list[Path]) -> "Live | None":
     """The batch's wandb runs, logged while it trains, where it gets per-run wandb runs; else None (the
     runs are logged when they end, `log_runs`)."""
     w = cfgs[0]["wandb"]
-    if w["mode"] == "disabled" or not per_run(w, len(cfgs)):
+    if w["mode"] == "disabled" or not per_run(w, len(cfgs)) or _stored(run_dirs):
         return None
     return Live(cfgs, [Path(d) for d in run_dirs], [results.run_id(d) for d in run_dirs])
 
@@ -200,9 +200,16 @@ def _tasks(entries: list[dict]) -> list[tuple]:
     run where each gets its own wandb run (one that fails leaves the others logged), else the packed job's."""
     if not entries:
         return []
-    if per_run(entries[0]["cfg"]["wandb"], len(entries)):
+    if per_run(entries[0]["cfg"]["wandb"], len(entries)) and not _stored([e["run_dir"] for e in entries]):
         return [(replay_run, e, Path(e["run_dir"])) for e in entries]
     return [(_log_job, entries, Path(entries[0]["run_dir"]).parent)]
+
+
+def _stored(run_dirs: list) -> bool:
+    """Are these the runs of a job writing the sweep's store? They have no folder for a wandb run of their own:
+    their job is logged as one wandb run (in `<sweep>/wandb_jobs/`), and `wandb_export` gives each its own
+    afterwards (in `<sweep>/wandb_store/`)."""
+    return bool(run_dirs) and store.writer_for(run_dirs[0]) is not None
 
 
 def name_of(overrides: list[str]) -> str:

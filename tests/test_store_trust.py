@@ -19,7 +19,6 @@ import stat
 import subprocess
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -469,8 +468,8 @@ def test_a_sigkill_at_any_moment_loses_no_stored_run_and_the_relaunch_equals_the
                                        "recorded run folders, never in store/, where a killed flush leaves a body's "
                                        "(up to writer.SHARD_BYTES); see /tmp/notes/trust.md")
 def test_a_killed_flushs_stale_temp_file_in_the_store_is_removed_by_the_next_launch(s, monkeypatch):
-    refused, victims = plant(s, "head cut", monkeypatch)  # a run to train: the relaunch takes the lock and writes
     (sid, _), _ = parts(s)
+    plant(s, "head cut", monkeypatch)  # runs to train: the relaunch takes the lock and writes
     stale = s / store.STORE / f".{sid[:13]}-00007{BODY}.0123456789abcdef.tmp"  # as `safefs.write_with` names it
     stale.write_bytes(b"PAR1 a body cut short")
     os.utime(stale, (1, 1))

@@ -200,12 +200,12 @@ def stored_rows(runs):
         held = index.runs.get(where[1]) if index is not None else None
         if held is not None:
             by_shard.setdefault((index.sweep, held[0]), {})[where[1]] = path
-    for (sweep, sid), names in by_shard.items():
-        for name, rows in _bodies(sweep, sid, list(names)).items():
+    for (sweep, _), names in by_shard.items():
+        for name, rows in _bodies(sweep, list(names)).items():
             yield names[name], rows
 
 
-def _bodies(sweep: str, sid: str, names: list[str]) -> dict:
+def _bodies(sweep: str, names: list[str]) -> dict:
     """`store.body_rows` of one shard's runs; a refused body (a warning) reads as none, and a run whose rows
     break the contract's caps (a warning) is left out, the others read one by one."""
     try:
@@ -217,7 +217,7 @@ def _bodies(sweep: str, sid: str, names: list[str]) -> dict:
         if len(names) == 1:
             warnings.warn(f"skipping the stored run {Path(sweep, names[0])}: {e.why}")
             return {}
-    return {k: v for n in names for k, v in _bodies(sweep, sid, [n]).items()}
+    return {k: v for n in names for k, v in _bodies(sweep, [n]).items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,6 +349,7 @@ def _stored_rows(sweep: Path, index, want: set | None, folders: set) -> tuple[pa
     skipped += [_skip(Path(sweep, run), "copy", f"held by {len(sids)} shards of the store ({', '.join(sids)}); "
                                                f"read from {index.runs[run][0]}, counted once")
                 for run, sids in index.duplicates.items() if run not in folders]
+
     def read(sid: str) -> pa.Table:
         raw = index.heads[sid][0]
         have = pq.ParquetFile(pa.BufferReader(raw)).schema_arrow.names

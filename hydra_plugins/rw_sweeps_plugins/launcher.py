@@ -271,7 +271,8 @@ class RwLauncher(Launcher):
         self._locked = sweep_dir = self.sweep_dir
         atexit.register(lock.release, sweep_dir)
         signals.on_stop(lambda: lock.release(sweep_dir))
-        safefs.remove_stale_temps(sweep_dir, _recorded_runs(sweep_dir))
+        # and in the store, a killed flush's or checkpoint's (its files are written only under a held lock)
+        safefs.remove_stale_temps(sweep_dir, [*_recorded_runs(sweep_dir), *([store.STORE] if store.present(sweep_dir) else [])])
 
     # ---------------------------------------------------------------------------------------- record
     def _record(self, specs, done, todo) -> dict:

@@ -169,9 +169,11 @@ def _store(job, entries: list[dict]) -> dict[int, dict]:
     try:
         refused = job.write(entries)
     except Exception as exc:  # noqa: BLE001 - the returned summaries say why
-        for e in entries:
-            e["summary"].update(status="failed", error=f"writing the results: {one_line(exc)}")
-        return {}
+        stored = set(getattr(exc, "stored", ()))  # the shards written before the one that failed
+        for i, e in enumerate(entries):
+            if i not in stored:
+                e["summary"].update(status="failed", error=f"writing the results: {one_line(exc)}")
+        return {i: entries[i] for i in sorted(stored)}
     for i, why in refused.items():
         entries[i]["summary"].update(status="failed", error=f"writing the results: {why}")
     return {i: e for i, e in enumerate(entries) if i not in refused}

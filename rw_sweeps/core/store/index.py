@@ -74,7 +74,7 @@ class Index:
         return Verdict(state, summary, config, why)
 
 
-_cache: dict[str, tuple[tuple, Index]] = {}
+_cache: dict[tuple, tuple[tuple, Index]] = {}  # (sweep, bodies hashed) → (its listing's key, its index)
 _cache_lock = threading.Lock()
 
 
@@ -106,15 +106,20 @@ def listing(sweep) -> dict[str, os.stat_result]:
         os.close(fd)
 
 
-def index(sweep) -> Index:
-    """The sweep's store, read and verified (see the module's doc); cached while its listing is unchanged."""
+def index(sweep, bodies: bool = True) -> Index:
+    """The sweep's store, read and verified (see the module's doc); cached while its listing is unchanged.
+    `bodies`: each body is hashed against its head too (streamed, 1 MiB at a time), as every reader that
+    decides whether a run is done (the contract's judge, placement and the skip, status) asks; the runs
+    table (`analysis.load_runs`), which reads heads alone, checks a body's size, and its hash where it reads
+    the body (`body_rows`)."""
     sweep = os.path.abspath(sweep)
     entries = listing(sweep)
-    key = tuple(sorted((n, s.st_size, s.st_ino, s.st_mtime_ns, s.st_mode) for n, s in entries.items()))
+    key = (bodies, tuple(sorted((n, s.st_size, s.st_ino, s.st_mtime_ns, s.st_mode) for n, s in entries.items())))
     with _cache_lock:
-        hit = _cache.get(sweep)
-        if hit is not None and hit[0] == key:
-            return hit[1]
+        for held in (True, bodies):  # an index whose bodies were hashed serves a reader of heads too
+            hit = _cache.get((sweep, held))
+            if hit is not None and hit[0][1] == key[1]:
+                return hit[1]
     out = Index(sweep)
     for name in sorted(entries):
         if not name.endswith(HEAD):
@@ -129,6 +134,8 @@ def index(sweep) -> Index:
             body = entries.get(sid + BODY)
             if body is None or not stat.S_ISREG(body.st_mode) or body.st_size != meta["body"]["bytes"]:
                 raise Refused(sid + BODY, "missing, not a regular file, or not the size its head was sealed with")
+            if bodies:
+                _hash_body(os.path.join(sweep, STORE, sid + BODY), sid, meta)
             t = shard.read_head(raw, columns=["_run", "status"])
         except Refused as exc:
             out.refused[exc.name] = exc.why
@@ -143,8 +150,27 @@ def index(sweep) -> Index:
                 continue
             out.runs[run] = (sid, row, state)
     with _cache_lock:
-        _cache[sweep] = (key, out)
+        _cache[(sweep, bodies)] = (key, out)
     return out
+
+
+def _hash_body(path: str, sid: str, meta: dict) -> None:
+    """Refused unless the body file hashes to what its head names; read a block at a time, within its cap."""
+    import hashlib
+
+    h, size = hashlib.sha256(), 0
+    fh, st = readers.open_regular(path, sid + BODY)
+    with fh:
+        if st.st_size > shard.BODY_CAP:
+            raise Refused(sid + BODY, f"{st.st_size:,} bytes; its cap is {shard.BODY_CAP:,}")
+        while block := fh.read(1 << 20):
+            size += len(block)
+            if size > shard.BODY_CAP:
+                raise Refused(sid + BODY, f"more than its cap of {shard.BODY_CAP:,} bytes")
+            h.update(block)
+    want = meta.get("body") or {}
+    if size != want.get("bytes") or h.hexdigest() != want.get("sha256"):
+        raise Refused(sid + BODY, "it is not the body its head was sealed with (edited, truncated or replaced)")
 
 
 def body_rows(sweep, names: list[str]) -> dict[str, tuple[list[dict], list[dict]]]:

@@ -70,12 +70,13 @@ class Writer:
         """Store the runs' records (`entry`: cfg, summary, history, snapshots, run_dir) in shards of at most
         SHARD_RUNS runs and SHARD_BYTES of text; then their checkpoints are dropped. Returns, by index, why a
         run's record could not be made (its summary breaks the contract): that run alone is not stored. A
-        write that fails (a full disk) raises, and none of the runs of its shard is stored."""
+        write that fails (a full disk) raises, with `stored`: the runs of the shards written before it."""
         from ..results import _jsonl, clean  # the run folder's own text for history and snapshots
 
         part: list[tuple] = []
         size = 0
         refused: dict[int, str] = {}
+        flushed: list[int] = []
         for i, e in enumerate(entries):
             # the summary as its JSON reads back (a str subclass is a str, NaN is null), judged as a folder's is
             summary = orjson.loads(orjson.dumps(clean(e["summary"]), option=orjson.OPT_SERIALIZE_NUMPY))
@@ -87,22 +88,32 @@ class Writer:
                 continue
             e["summary"].update(status=summary["status"], error=summary.get("error"))
             if part and (len(part) >= SHARD_RUNS or size + len(hist) + len(snaps) > SHARD_BYTES):
-                self._flush(part)
+                self._flush(part, flushed)
                 part, size = [], 0
-            part.append((e, summary, hist, snaps))
+            part.append((i, e, summary, hist, snaps))
             size += len(hist) + len(snaps)
         if part:
-            self._flush(part)
-        for i, e in enumerate(entries):
+            self._flush(part, flushed)
+        for i, e in enumerate(entries):  # stored: their training states are not kept
             if i not in refused:
                 self.states.pop(self.name(e["run_dir"]), None)
         self._checkpoint_or_drop()
         return refused
 
-    def _flush(self, part: list[tuple]) -> None:
+    def _flush(self, part: list[tuple], flushed: list[int]) -> None:
+        """One shard of `part`'s records; their indices are added to `flushed`. An error raised carries
+        `stored`, the indices of the shards written before it (stored all the same)."""
+        try:
+            self._shard(part)
+        except BaseException as exc:
+            exc.stored = list(flushed)
+            raise
+        flushed += [i for i, *_ in part]
+
+    def _shard(self, part: list[tuple]) -> None:
         rows, keys, book = [], set(), {k: [] for k in shard.BOOK}
         body = {"_run": [], "history": [], "snapshots": []}
-        for e, summary, hist, snaps in part:
+        for _, e, summary, hist, snaps in part:
             name = self.name(e["run_dir"])
             row, cfg_keys = run_row(canonical(e["cfg"]), summary)
             rows.append(row)
@@ -185,4 +196,6 @@ def earlier_states(job: Writer) -> dict[str, tuple[dict | None, str]]:
             out[run] = (states[run], name)
         if held & mine:
             job.resumed[name] = held
+        elif held and all(_stored(job.sweep, r) for r in held):  # a job killed between its flush and its
+            safefs.unlink(job.folder / name)                     # checkpoint's removal: nothing left to resume
     return out

@@ -195,21 +195,21 @@ def stored_rows(runs):
         if where is None:
             continue
         if where[0] not in indexes:
-            indexes[where[0]] = store.index(where[0]) if store.present(where[0]) else None
+            indexes[where[0]] = store.index(where[0], bodies=False) if store.present(where[0]) else None
         index = indexes[where[0]]
         held = index.runs.get(where[1]) if index is not None else None
         if held is not None:
             by_shard.setdefault((index.sweep, held[0]), {})[where[1]] = path
-    for (sweep, _), names in by_shard.items():
-        for name, rows in _bodies(sweep, list(names)).items():
+    for (sweep, sid), names in by_shard.items():
+        for name, rows in _bodies(sweep, sid, list(names)).items():
             yield names[name], rows
 
 
-def _bodies(sweep: str, names: list[str]) -> dict:
+def _bodies(sweep: str, sid: str, names: list[str]) -> dict:
     """`store.body_rows` of one shard's runs; a refused body (a warning) reads as none, and a run whose rows
     break the contract's caps (a warning) is left out, the others read one by one."""
     try:
-        return store.body_rows(sweep, names)
+        got = store.body_rows(sweep, names)
     except store.Refused as e:
         warnings.warn(f"skipping {len(names)} stored run(s): {Path(sweep, store.STORE, e.name)}: {e.why}")
         return {}
@@ -217,7 +217,12 @@ def _bodies(sweep: str, names: list[str]) -> dict:
         if len(names) == 1:
             warnings.warn(f"skipping the stored run {Path(sweep, names[0])}: {e.why}")
             return {}
-    return {k: v for n in names for k, v in _bodies(sweep, [n]).items()}
+        return {k: v for n in names for k, v in _bodies(sweep, sid, [n]).items()}
+    if len(got) < len(names):   # the index body_rows reads by refused the shard (its body hashed otherwise)
+        file = sid + shard.BODY
+        why = store.index(sweep).refused.get(file) or "not in the sweep's store any more"
+        warnings.warn(f"skipping {len(names) - len(got)} stored run(s): {Path(sweep, store.STORE, file)}: {why}")
+    return got
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,7 +233,8 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool, want: set | N
         safefs.hold(sweep, create=False)
     except OSError:
         pass  # a link given as the sweep (the user's own choice) or a missing one: reached by path, as given
-    index = store.index(sweep) if store.present(sweep) else None
+    # the table is the heads': a body is hashed where it is read (`load_history`), not for the table
+    index = store.index(sweep, bodies=False) if store.present(sweep) else None
     recorded = layout.recorded(sweep)
     if index is None or _may_hold_runs(sweep):  # at every depth hydra.sweep.subdir puts them (`0/run`)
         names = layout.runs(sweep, recorded)

@@ -75,7 +75,10 @@ def runs(sweep_dir, recorded=(), depth: int = DEPTH) -> dict[str, str | None]:
         met = {n: why for n, why in met.items() if n in named or (why is None and n not in unstarted)}
     for n in recorded:
         if n not in met:
-            met[n] = problem(sweep_dir, n)
+            # the walk named every job number's entry of the sweep folder that is no folder, or a folder that
+            # holds a run or nothing: a job number it did not meet has nothing at its place, or a folder (a
+            # store's million names need no look-up each)
+            met[n] = None if contract.job_number(n) is not None else problem(sweep_dir, n)
     # a folder that holds a run is no run itself (a link at `0` where the record names `0/run` is named once)
     above = {n[:i] for n in met if "/" in n for i in range(len(n)) if n[i] == "/"}
     return {n: met[n] for n in sorted(met.keys() - above, key=order)}

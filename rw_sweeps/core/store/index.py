@@ -12,6 +12,7 @@ the many readers of one launch (placement, the skip, status) read each head once
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import stat
@@ -144,11 +145,16 @@ def index(sweep, bodies: bool = True) -> Index:
             out.refused[name] = getattr(exc, "why", None) or f"cannot be read ({type(exc).__name__}: {exc})"
             continue
         out.heads[sid] = (raw, meta)
-        for row, (run, state) in enumerate(zip(t.column("_run").to_pylist(), t.column("status").to_pylist())):
-            if run in out.runs:
-                out.duplicates.setdefault(run, [out.runs[run][0]]).append(sid)
-                continue
-            out.runs[run] = (sid, row, state)
+        names, states = t.column("_run").to_pylist(), t.column("status").to_pylist()
+        again = out.runs.keys() & names if out.runs else set()
+        if again or len(set(names)) < len(names):  # a run another head (or this one) holds already: the first's
+            for row, (run, state) in enumerate(zip(names, states)):
+                if run in out.runs:
+                    out.duplicates.setdefault(run, [out.runs[run][0]]).append(sid)
+                else:
+                    out.runs[run] = (sid, row, state)
+        else:
+            out.runs.update(zip(names, zip(itertools.repeat(sid), range(len(names)), states)))
     with _cache_lock:
         _cache[(sweep, bodies)] = (key, out)
     return out
@@ -177,7 +183,7 @@ def body_rows(sweep, names: list[str]) -> dict[str, tuple[list[dict], list[dict]
     """{run: (history rows, snapshot rows)} of the stored runs `names`, each body read once and verified
     against its head; rows checked as a run folder's are (`contract.rows_of`). A body that does not verify is
     Refused."""
-    idx = index(sweep)
+    idx = index(sweep, bodies=False)  # each body read here is hashed against its head below, before it is read
     by_shard: dict[str, list[str]] = {}
     for n in names:
         if n in idx.runs:

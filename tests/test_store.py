@@ -97,7 +97,7 @@ def test_rw_status_counts_stored_runs_and_names_a_refused_shard_in_one_line(tmp_
     again = launch("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={sweep}")
     assert again.returncode == 0, again.stderr
     lines = [ln for ln in again.stdout.splitlines() if ln.startswith("not a record:")]
-    assert len(lines) == 1 and head.name in lines[0] and lines[0].endswith("its runs are trained again")
+    assert len(lines) == 1 and head.name in lines[0] and lines[0].endswith("no run is done by it")
     assert again.stdout.strip().splitlines()[-1].endswith("2 runs: 2 done, 0 skipped, 0 failed, 0 diverged")
 
 

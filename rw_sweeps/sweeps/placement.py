@@ -193,7 +193,7 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                           f"to train over it, or choose another hydra.sweep.dir")
     stored = store.index(sweep_dir) if store.present(sweep_dir) else None
     for file, why in (stored.refused.items() if stored is not None else ()):  # its runs are not done: trained
-        print(f"not a record: {sweep_dir / store.STORE / file}: {why}; its runs are trained again", flush=True)
+        print(f"not a record: {sweep_dir / store.STORE / file}: {why}; no run is done by it", flush=True)
     for i, s in enumerate(specs):
         if s.output_dir in found:  # only a folder that holds this run's config can hold its finished results
             name = os.path.relpath(s.output_dir, sweep_dir).replace(os.sep, "/")

@@ -540,8 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, why in sweep.copies.items():
         print(shown(f"note: {os.path.join(given, name)}: {why}"), file=sys.stderr)
     for file, why in (store.index(sweep.dir).refused.items() if store.present(sweep.dir) else ()):
-        print(shown(f"not a record: {os.path.join(given, store.STORE, file)}: {why}; a relaunch trains its runs "
-                    "again"), file=sys.stderr)
+        print(shown(f"not a record: {os.path.join(given, store.STORE, file)}: {why}; no run is done by it"),
+              file=sys.stderr)
     if args.wait:
         print(summary_line(sweep.label, snap.counts), flush=True)
     else:

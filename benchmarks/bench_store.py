@@ -184,7 +184,7 @@ def inodes(against: Path | None, runs: int) -> None:
         other = sum(base.values()) - base.get("runs", 0)
         rows.append((f"{against.name}, 1,000 runs (measured, {wall_b:.0f} s)", "-", sum(base.values()),
                      f"{sum(base.values()) / 1000:.3f}", "  ".join(f"{k} {v}" for k, v in sorted(base.items()))))
-        for n in (runs, 100_000, MILLION):
+        for n in sorted({runs, 100_000, MILLION}):
             rows.append((f"{against.name}, {n:,} runs (projected)", "-", f"{round(other + n * per_run):,}",
                          f"{per_run:.3f}", f"{per_run:g} entries a run folder"))
     table(rows, ("sweep", "jobs", "entries", "a run", "where"))
@@ -194,40 +194,66 @@ def inodes(against: Path | None, runs: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ 2. grid
+GRID_CASES = (("wandb offline", ()), ("wandb disabled", ("wandb.mode=disabled",)))  # the default first: the goals'
+
+
 def grid(against: Path, pairs: int, baseline_runs: int) -> None:
-    """The 1,000-run §5 grid end to end, here and in `against`, alternating; the dense baseline."""
-    print(f"## 2. the 1,000-run §5 grid end to end (bench_sweep.grid_once: wandb offline), here and in "
-          f"{against}, alternating, {pairs} pair(s)\n")
+    """The 1,000-run §5 grid end to end, here and in `against`, alternating, with wandb offline (the default,
+    which the goals are for) and disabled (what the store changes where wandb's own files are not written);
+    the dense baseline."""
+    print(f"## 2. the 1,000-run §5 grid end to end (bench_sweep.grid_once), here and in {against}, alternating, "
+          f"{pairs} pair(s) each with wandb offline (the default) and disabled\n")
     b = bench_sweep.baseline(baseline_runs)
-    out: dict[str, list] = {"here": [], "there": []}
+    out: dict[tuple, list] = {}
     with bench_sweep.kept_to_the_end() as kept:
         for i in range(pairs):
-            order = (("here", ROOT), ("there", against)) if i % 2 == 0 else (("there", against), ("here", ROOT))
-            for where, root in order:
-                wall, cpu = bench_sweep.grid_once(root, 100, keep=kept)
-                sweep = kept[-1] / "s"
-                done = done_here(sweep) if where == "here" else done_in_folders(sweep)
-                assert done == 1000, f"{where}: {done} of 1,000 runs done"
-                out[where].append((wall, cpu, entries(sweep)))
-    med = {w: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for w, v in out.items()}
+            for case, extra in GRID_CASES:
+                order = (("here", ROOT), ("there", against)) if i % 2 == 0 else (("there", against), ("here", ROOT))
+                for where, root in order:
+                    wall, cpu = bench_sweep.grid_once(root, 100, *extra, keep=kept)
+                    sweep = kept[-1] / "s"
+                    done = done_here(sweep) if where == "here" else done_in_folders(sweep)
+                    assert done == 1000, f"{where}, {case}: {done} of 1,000 runs done"
+                    out.setdefault((case, where), []).append((wall, cpu, entries(sweep), jobs_in_store(sweep)))
+    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in out.items()}
     rows = []
-    for where, name in (("here", "here (the store)"), ("there", f"{against.name} (run folders)")):
-        walls = ", ".join(f"{x[0]:.1f}" for x in out[where])
-        e = out[where][-1][2]
-        rows.append((name, walls, f"{med[where][0]:.1f}", f"{med[where][1]:.1f}", f"{1000 / med[where][0]:.1f}",
-                     f"{1000 * b['wall_s'] / med[where][0]:,.0f}×", sum(e.values()),
-                     "  ".join(f"{k} {v}" for k, v in sorted(e.items()))))
-    table(rows, ("tree", "wall s (each)", "median s", "CPU s", "runs/s", "× baseline", "entries", "where"))
-    pair = [t[0] / h[0] for h, t in zip(out["here"], out["there"])]
-    speed = med["there"][0] / med["here"][0]
+    for case, _ in GRID_CASES:
+        for where, name in (("here", "here (the store)"), ("there", f"{against.name} (run folders)")):
+            runs = out[(case, where)]
+            e = runs[-1][2]
+            rows.append((f"{case}: {name}", ", ".join(f"{x[0]:.1f}" for x in runs), f"{med[(case, where)][0]:.1f}",
+                         f"{med[(case, where)][1]:.1f}", f"{1000 / med[(case, where)][0]:.1f}",
+                         f"{1000 * b['wall_s'] / med[(case, where)][0]:,.0f}×", sum(e.values()),
+                         "  ".join(f"{k} {v}" for k, v in sorted(e.items()))))
+    table(rows, ("grid, tree", "wall s (each)", "median s", "CPU s", "runs/s", "× baseline", "entries", "where"))
     print(f"\n  dense baseline, one process per run: {b['wall_s']:.1f} s a run (median of {baseline_runs}), "
           f"peak {b['peak_mb']:.0f} MB")
-    print(f"  here: {speed:.2f}× faster than {against.name} by the medians (pairs: "
-          f"{', '.join(f'{r:.2f}×' for r in pair)}); CPU {med['there'][1] / med['here'][1]:.2f}× less — goal ≥ "
-          f"{GOALS['grid_speedup']}×: {verdict(speed >= GOALS['grid_speedup'])}")
-    ratio = 1000 * b["wall_s"] / med["here"][0]
-    print(f"  here against the baseline: {ratio:,.0f}× its runs/s — goal ≥ {GOALS['grid_vs_baseline']}×: "
-          f"{verdict(ratio >= GOALS['grid_vs_baseline'])}")
+    for case, _ in GRID_CASES:
+        here, there = med[(case, "here")], med[(case, "there")]
+        pair = [t[0] / h[0] for h, t in zip(out[(case, "here")], out[(case, "there")])]
+        goal = f" — goal ≥ {GOALS['grid_speedup']}×: {verdict(there[0] / here[0] >= GOALS['grid_speedup'])}" \
+            if case == GRID_CASES[0][0] else ""
+        print(f"  {case}: here {there[0] / here[0]:.2f}× faster than {against.name} by the medians (pairs: "
+              f"{', '.join(f'{r:.2f}×' for r in pair)}); {there[1] / here[1]:.2f}× less CPU{goal}")
+    ratio = 1000 * b["wall_s"] / med[(GRID_CASES[0][0], "here")][0]
+    print(f"  {GRID_CASES[0][0]}, here against the baseline: {ratio:,.0f}× its runs/s — goal ≥ "
+          f"{GOALS['grid_vs_baseline']}×: {verdict(ratio >= GOALS['grid_vs_baseline'])}")
+    last = out[(GRID_CASES[0][0], "here")][-1]
+    jobs, wandb_files = last[3], last[2].get("wandb_jobs", 0)
+    if jobs and wandb_files:
+        from rw_sweeps.core.config import RunConfig, validate
+
+        j = projected_jobs(MILLION, cpu_cap(validate(RunConfig())))
+        print(f"  wandb offline's own files: {wandb_files} entries in wandb_jobs/ for {jobs} jobs, "
+              f"{wandb_files / jobs:.0f} a job; a 1,000,000-run §5 sweep on a CPU ({j:,} jobs) would hold "
+              f"~{round(j * wandb_files / jobs):,} of them = {j * wandb_files / jobs / MILLION:.3f} a run")
+
+
+def jobs_in_store(sweep: Path) -> int:
+    """The jobs that wrote a sweep's store (its files are named by their writer's id, `w<12 hex>`)."""
+    folder = sweep / "store"
+    return len({re.match(r"w[0-9a-f]{12}", n).group(0) for n in os.listdir(folder) if re.match(r"w[0-9a-f]{12}", n)}) \
+        if folder.is_dir() else 0
 
 
 # ------------------------------------------------------------------------------------------ records

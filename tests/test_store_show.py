@@ -143,16 +143,16 @@ def test_a_shard_that_does_not_verify_is_refused_naming_its_file(sweeps, tmp_pat
 
     flip(sweep / "store" / f"{edited}.runs.parquet")
     flip(sweep / "store" / f"{body_of}.body.parquet")
-    r = _show(sweep, gone[0])
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == [
-        f"python -m rw_sweeps.sweeps.show: no run {gone[0]} in {sweep}: it has {len(kept)} runs ({', '.join(kept)}); "
-        f"its store refused 1 file that may hold it: store/{edited}.runs.parquet: its seal does not verify: "
-        "edited, copied from another name, or another user's"]
-    r = _show(sweep, kept[0], "--file", "history.jsonl")
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.splitlines() == [f"python -m rw_sweeps.sweeps.show: store/{body_of}.body.parquet is refused: "
-                                     "it is not the body its head was sealed with (edited, truncated or replaced)"]
-    r = _show(sweep, kept[0], "--file", "config.yaml")  # its head verifies: what it holds is still shown
-    assert r.returncode == 0 and r.stdout == (sweeps["folders"] / kept[0] / "config.yaml").read_text()
+    # a head that does not verify holds no run; nor does a head whose body does not hash to what it names
+    refused = sorted([f"{edited}.runs.parquet", f"{body_of}.body.parquet"])
+    why = {f"{edited}.runs.parquet": "its seal does not verify: edited, copied from another name, or another user's",
+           f"{body_of}.body.parquet": "it is not the body its head was sealed with (edited, truncated or replaced)"}
+    left = sorted((n for n in idx.runs if n not in gone + kept), key=int)
+    listed = f" ({', '.join(left)})" if left else ""
+    for name in (gone[0], kept[0]):
+        r = _show(sweep, name, "--file", "history.jsonl")
+        assert r.returncode == 2 and r.stdout == ""
+        assert r.stderr.splitlines() == [
+            f"python -m rw_sweeps.sweeps.show: no run {name} in {sweep}: it has {len(left)} runs{listed}; "
+            f"its store refused 2 files that may hold it: store/{refused[0]}: {why[refused[0]]} (and 1 more)"]
     assert os.listdir(sweep / "store") == os.listdir(sweeps["stored"] / "store")  # nothing written by a reader

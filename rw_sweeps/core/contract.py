@@ -107,20 +107,6 @@ def rows(run_dir, name: str):
     yield from _checked(readers.lines(path, LINE_CAPS[name], FILE_CAPS[name], name), path, name)
 
 
-def rows_of(text: bytes, run_dir, name: str):
-    """`rows` of a `.jsonl` file's text held elsewhere (a stored run's body), under the same caps and rules."""
-    path = Path(run_dir) / name
-    if len(text) > FILE_CAPS[name]:
-        raise Broken(path, f"{name} is {len(text):,} bytes; its cap is {FILE_CAPS[name]:,}")
-
-    def lines():
-        for n, line in enumerate(text.split(b"\n"), 1):
-            if len(line) > LINE_CAPS[name]:
-                raise Broken(path, f"{name}: line {n} is longer than its cap of {LINE_CAPS[name]:,} bytes")
-            yield line
-    yield from _checked(lines(), path, name)
-
-
 def _checked(lines, path: Path, name: str):
     for n, line in enumerate(lines, 1):
         if not line.strip():

@@ -189,7 +189,7 @@ def stored_rows(runs):
     by_shard: dict[tuple[str, str], dict[str, str]] = {}
     indexes: dict[str, store.Index | None] = {}   # by sweep: its store's, once per call
     for path, where in runs:
-        if os.path.lexists(path):  # a folder: read as a folder
+        if store.has_folder(path):  # a folder: read as a folder
             continue
         where = where or store.sweep_of(path)
         if where is None:
@@ -233,8 +233,9 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool, want: set | N
         safefs.hold(sweep, create=False)
     except OSError:
         pass  # a link given as the sweep (the user's own choice) or a missing one: reached by path, as given
-    # the table is the heads': a body is hashed where it is read (`load_history`), not for the table
-    index = store.index(sweep, bodies=False) if store.present(sweep) else None
+    # the table is the heads', of the shards the contract finds whole (each head sealed, its body hashed against
+    # it), as the launcher and rw-status find them
+    index = store.index(sweep) if store.present(sweep) else None
     recorded = layout.recorded(sweep)
     if index is None or _may_hold_runs(sweep):  # at every depth hydra.sweep.subdir puts them (`0/run`)
         names = layout.runs(sweep, recorded)
@@ -285,7 +286,7 @@ def _folder_rows(sweep: Path, names: dict, refresh: bool, progress, cache: bool,
             # snapshots): the judge alone decides, every time, and the row is never taken from the cache
             digest = ""
         if digest is None:                 # a numbered job folder with nothing in it yet
-            skipped.append(_skip(path, "unfinished", NOT_STORED if stored and not os.path.lexists(path)
+            skipped.append(_skip(path, "unfinished", NOT_STORED if stored and not store.has_folder(path)
                                  else "no config.yaml or summary.json"))
             continue
         i, old = known.get(name, (None, None))
@@ -344,7 +345,7 @@ def _held_as_folders(sweep: Path, index) -> set[str]:
         top = set(os.listdir(sweep))
     except OSError:
         return set()
-    return {n for n in index.runs if n.partition("/")[0] in top and os.path.lexists(os.path.join(sweep, n))}
+    return {n for n in index.runs if n.partition("/")[0] in top and store.has_folder(os.path.join(sweep, n))}
 
 
 def _stored_rows(sweep: Path, index, want: set | None, folders: set) -> tuple[pa.Table, list, set]:

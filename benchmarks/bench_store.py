@@ -1,30 +1,35 @@
 """The sweep store (`rw_sweeps.core.store`) measured: its files, its launches, its writer, a million runs read back.
 
-    python benchmarks/bench_store.py --against ../before-the-store   # every section (~35 min here, the million-run
-                                                                     # store built once, ~10 min of it, then reused)
-    python benchmarks/bench_store.py --quick --against ../before-the-store   # smaller sizes, one pair (~8 min)
-    python benchmarks/bench_store.py --section writer                # one section: inodes | grid | writer | million
+    python benchmarks/bench_store.py --against ../before-the-store   # every section (~17 min here; the first time
+                                                                     # also ~10 min to write the million-run store)
+    python benchmarks/bench_store.py --quick --against ../before-the-store   # smaller sizes, one round (~8 min)
+    python benchmarks/bench_store.py --section writer                # one section (repeatable): inodes | grid |
+                                                                     # writer | million
 
 `--against` is another checkout of the project (a git worktree of the commit before the store, sharing this
-virtualenv: its `launch.py` imports the package from its own folder); the inodes and grid sections need it.
+virtualenv: its `launch.py` imports the package from its own folder); the grid section needs it, the inodes
+section counts its folder layout where it is given.
 
 1. inodes: a sweep of tiny runs (`bench_sweep.TINY`: K=4, N=9, M=16, 4 training and 4 test sequences, one step,
-   wandb disabled) launched with the defaults, so it is stored; every entry under its folder counted, and a
-   million-run sweep projected from the launcher's packing rule (a job's files are the same for any job size; the
-   jobs are what grows). The same shape's folder layout from `--against`, 1,000 runs counted, projected by run.
-2. grid: the 1,000-run §5 grid end to end (`bench_sweep.grid_once`: wandb offline, as by default), here and in
-   `--against` alternating (A B, B A, …), medians; and against the one-process-per-run dense baseline
-   (`bench_sweep.baseline`).
+   wandb disabled) launched with the defaults, so it is stored; every entry under its folder counted, and larger
+   sweeps projected by the launcher's packing rule (a job writes the same files whatever its size; the jobs are
+   what grows): of this shape, of §5 runs on a CPU (fewer runs a job) and in 4,096-run shards (a GPU's jobs).
+   The same shape's folder layout from `--against`, 1,000 runs counted, projected by run.
+2. grid: the 1,000-run §5 grid end to end (`bench_sweep.grid_once`), here stored, here as run folders
+   (`hydra.launcher.store=false`: the store's own share, apart from every other change since `--against`) and in
+   `--against`, in turn (the order rotated each round), with wandb offline (the default) and disabled; medians;
+   and against the one-process-per-run dense baseline (`bench_sweep.baseline`).
 3. writer: the records of real §5 runs (50 steps, 51 history rows, the summary a launch writes) through the
    project's `Writer` (the contract's judgement, the runs-table row, the shard's Parquet and seal, the atomic
    writes), runs per second; alternating with the same records written as run folders (`results.write_run`,
-   `write_summary`; the Hydra envelope not included); cProfile's top entries of one more write.
-4. million: a store of 1,000,000 runs (10 values of p × zero/Gaussian init × 50,000 seeds) written by the writer's
-   own flush (`Writer._flush`: the shard's rows, Parquet, seal and files; the contract's per-run judgement is made
-   once per distinct record instead, each a copy of one of 20 real runs judged by `contract.judge_record`), kept in
-   `--million-dir` and reused while it verifies; then, each in a fresh process, alternating: the store read by its
-   own primitives (`store.index`, every head's table, one run's body) and by the analysis (`load_runs`,
-   `phase_diagram`, `load_history`), with the wall time and peak RSS of each step.
+   `write_summary`; the Hydra envelope not included); where one more write's time goes, under cProfile.
+4. million: a store of 1,000,000 runs (10 values of p × zero/Gaussian init × 50,000 seeds), each a copy of one of
+   20 real runs whose records `Writer.write` judged and stored first; the copies written by the writer's own flush
+   (`Writer._flush`: the runs-table rows, Parquet, seal and files, 4,096 runs a shard), not judged again one by
+   one (~10 min, not ~1 h); kept in `--million-dir` and reused while it verifies. Then, each in a fresh process,
+   alternating: the store read by its own primitives (`store.index`, every head's table, one run's body) and by
+   the analysis (`load_runs`, `add_success` + `phase_diagram`, `load_history`), each step's wall time and the
+   process's peak RSS (VmHWM) after it.
 
 Every ratio is between two measurements of the same invocation: this VM's speed drifts ~2× over minutes, and
 other work shares its two cores.
@@ -188,9 +193,11 @@ def inodes(against: Path | None, runs: int) -> None:
             rows.append((f"{against.name}, {n:,} runs (projected)", "-", f"{round(other + n * per_run):,}",
                          f"{per_run:.3f}", f"{per_run:g} entries a run folder"))
     table(rows, ("sweep", "jobs", "entries", "a run", "where"))
-    at_100k = next((r[2] for r in rows if r[0].startswith("here, 100,000 runs")), None)
+    at = {r[0]: r[2] for r in rows}
+    tiny, s5 = at[next(k for k in at if k.startswith("here, 100,000 runs"))], at["here, 100,000 §5 runs on a CPU (projected)"]
     print(f"\n  goal: ≤ {GOALS['entries_per_run']} entries a run (≤ 1,000 for 100,000 runs): tiny runs "
-          f"{verdict(float(at_100k) / 100_000 <= GOALS['entries_per_run'])} ({at_100k} at 100,000)")
+          f"{verdict(tiny / 100_000 <= GOALS['entries_per_run'])} ({tiny:,} at 100,000); §5 runs on a CPU "
+          f"{verdict(s5 / 100_000 <= GOALS['entries_per_run'])} ({s5:,} projected at 100,000)")
 
 
 # ------------------------------------------------------------------------------------------ 2. grid
@@ -198,27 +205,31 @@ GRID_CASES = (("wandb offline", ()), ("wandb disabled", ("wandb.mode=disabled",)
 
 
 def grid(against: Path, pairs: int, baseline_runs: int) -> None:
-    """The 1,000-run §5 grid end to end, here and in `against`, alternating, with wandb offline (the default,
-    which the goals are for) and disabled (what the store changes where wandb's own files are not written);
-    the dense baseline."""
-    print(f"## 2. the 1,000-run §5 grid end to end (bench_sweep.grid_once), here and in {against}, alternating, "
-          f"{pairs} pair(s) each with wandb offline (the default) and disabled\n")
+    """The 1,000-run §5 grid end to end, here (stored), here as run folders (`hydra.launcher.store=false`: the
+    store's own share, apart from every other change since `against`) and in `against`, in turn (the order
+    rotated each pair), with wandb offline (the default, which the goals are for) and disabled (what the store
+    changes where wandb's own files are not written); the dense baseline."""
+    trees = (("here", "here (the store)", ROOT, ()),
+             ("folders", "here, store=false (run folders)", ROOT, ("hydra.launcher.store=false",)),
+             ("there", f"{against.name} (run folders)", against, ()))
+    print(f"## 2. the 1,000-run §5 grid end to end (bench_sweep.grid_once): here stored, here as run folders and in "
+          f"{against}, in turn, {pairs} round(s) each with wandb offline (the default) and disabled\n")
     b = bench_sweep.baseline(baseline_runs)
     out: dict[tuple, list] = {}
     with bench_sweep.kept_to_the_end() as kept:
         for i in range(pairs):
             for case, extra in GRID_CASES:
-                order = (("here", ROOT), ("there", against)) if i % 2 == 0 else (("there", against), ("here", ROOT))
-                for where, root in order:
-                    wall, cpu = bench_sweep.grid_once(root, 100, *extra, keep=kept)
+                for where, _, root, more in trees[i % 3:] + trees[:i % 3]:
+                    wall, cpu = bench_sweep.grid_once(root, 100, *extra, *more, keep=kept)
                     sweep = kept[-1] / "s"
-                    done = done_here(sweep) if where == "here" else done_in_folders(sweep)
+                    done = done_here(sweep) if root == ROOT else done_in_folders(sweep)
                     assert done == 1000, f"{where}, {case}: {done} of 1,000 runs done"
+                    assert (where == "here") == (sweep / "store").is_dir(), f"{where}, {case}: stored or not, wrongly"
                     out.setdefault((case, where), []).append((wall, cpu, entries(sweep), jobs_in_store(sweep)))
     med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for k, v in out.items()}
     rows = []
     for case, _ in GRID_CASES:
-        for where, name in (("here", "here (the store)"), ("there", f"{against.name} (run folders)")):
+        for where, name, _, _ in trees:
             runs = out[(case, where)]
             e = runs[-1][2]
             rows.append((f"{case}: {name}", ", ".join(f"{x[0]:.1f}" for x in runs), f"{med[(case, where)][0]:.1f}",
@@ -229,14 +240,16 @@ def grid(against: Path, pairs: int, baseline_runs: int) -> None:
     print(f"\n  dense baseline, one process per run: {b['wall_s']:.1f} s a run (median of {baseline_runs}), "
           f"peak {b['peak_mb']:.0f} MB")
     for case, _ in GRID_CASES:
-        here, there = med[(case, "here")], med[(case, "there")]
-        pair = [t[0] / h[0] for h, t in zip(out[(case, "here")], out[(case, "there")])]
-        goal = f" — goal ≥ {GOALS['grid_speedup']}×: {verdict(there[0] / here[0] >= GOALS['grid_speedup'])}" \
-            if case == GRID_CASES[0][0] else ""
-        print(f"  {case}: here {there[0] / here[0]:.2f}× faster than {against.name} by the medians (pairs: "
-              f"{', '.join(f'{r:.2f}×' for r in pair)}); {there[1] / here[1]:.2f}× less CPU{goal}")
+        here = med[(case, "here")]
+        for other, name in (("there", against.name), ("folders", "store=false here")):
+            them = med[(case, other)]
+            pair = [t[0] / h[0] for h, t in zip(out[(case, "here")], out[(case, other)])]
+            goal = f" — goal ≥ {GOALS['grid_speedup']}×: {verdict(them[0] / here[0] >= GOALS['grid_speedup'])}" \
+                if case == GRID_CASES[0][0] and other == "there" else ""
+            print(f"  {case}: the store {them[0] / here[0]:.2f}× faster than {name} by the medians (rounds: "
+                  f"{', '.join(f'{r:.2f}×' for r in pair)}); {them[1] / here[1]:.2f}× less CPU{goal}")
     ratio = 1000 * b["wall_s"] / med[(GRID_CASES[0][0], "here")][0]
-    print(f"  {GRID_CASES[0][0]}, here against the baseline: {ratio:,.0f}× its runs/s — goal ≥ "
+    print(f"  {GRID_CASES[0][0]}, the store against the dense baseline: {ratio:,.0f}× its runs/s — goal ≥ "
           f"{GOALS['grid_vs_baseline']}×: {verdict(ratio >= GOALS['grid_vs_baseline'])}")
     last = out[(GRID_CASES[0][0], "here")][-1]
     jobs, wandb_files = last[3], last[2].get("wandb_jobs", 0)
@@ -464,7 +477,11 @@ if what == "store":
     from rw_sweeps.core import store
     from rw_sweeps.core.store import shard
     out["imports"] = (time.perf_counter() - t0, peak())
-    idx = step("store.index", lambda: store.index(sweep))
+    try:  # the heads alone, each body's hash left to its reader (where this version can)
+        step("store.index(bodies=False): heads verified", lambda: store.index(sweep, bodies=False))
+    except TypeError:
+        pass
+    idx = step("store.index: heads verified, bodies hashed", lambda: store.index(sweep))
     out["runs"] = len(idx.runs); out["refused"] = len(idx.refused)
     def heads():
         ts = [shard.read_head(raw).drop_columns([c for c in shard.BOOK if c != "_run"]) for raw, _ in idx.heads.values()]
@@ -574,7 +591,7 @@ def main() -> None:
                     "2,000-run writes, a 100,000-run store")
     ap.add_argument("--against", type=Path, help="a checkout of the project before the store (inodes, grid)")
     ap.add_argument("--section", choices=SECTIONS, action="append", help="one section (repeat for several); all by default")
-    ap.add_argument("--pairs", type=int, help="grid pairs (default 3; 1 with --quick)")
+    ap.add_argument("--pairs", type=int, help="grid rounds, each here stored, here as folders and --against (default 3; 1 with --quick)")
     ap.add_argument("--baseline-runs", type=int, help="dense baseline runs of the grid section (default 2; 1 with --quick)")
     ap.add_argument("--million-dir", type=Path, help="where the million-run store is kept (default: under the temp dir)")
     ap.add_argument("--rebuild", action="store_true", help="write the million-run store again even if it verifies")

@@ -48,6 +48,8 @@ def test_a_store_sweep_holds_heads_bodies_the_job_log_and_its_hydra_config(tmp_p
                "hydra.launcher.max_runs_per_job=2", f"hydra.sweep.dir={sweep}")
     assert r.returncode == 0, r.stderr
     names = os.listdir(sweep / "store")
+    assert store.sweep_id(sweep) is not None and "sweep.id" in names  # the store's own id, sealed into its heads
+    names.remove("sweep.id")
     jobs = {n.split("-")[0].split(".")[0] for n in names}
     assert len(jobs) == 2  # two packed jobs, each its own writer id
     for job in jobs:

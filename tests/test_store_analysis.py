@@ -112,7 +112,7 @@ def test_a_refused_head_is_skipped_and_its_runs_are_no_rows(twins, tmp_path, dam
     assert sorted((s["path"], s["status"]) for s in skipped) == sorted(
         [(str(head), "corrupt"), *((str(sweep / r), "unfinished") for r in lost)])
     why = next(s["reason"] for s in skipped if s["status"] == "corrupt")
-    assert why.startswith({"flipped": "its seal does not verify: edited, copied from another name, or another user's",
+    assert why.startswith({"flipped": "its seal does not verify: edited, copied from another name or another sweep, or another user's",
                            "truncated": "not a whole head of this store"}[damage])
     assert {s["reason"] for s in skipped if s["status"] == "unfinished"} == {load_module.NOT_STORED}
     c = counts(add_success(df), skipped)   # the report counts them against their sweep, not against `store/`
@@ -137,19 +137,23 @@ def test_stored_histories_and_snapshots_equal_the_folders(twins):
         assert all(np.array_equal(x, y) for x, y in zip(sa[key], sb[key]))
 
 
-def test_a_body_that_does_not_verify_is_a_warning_naming_it(twins, tmp_path):
+def test_a_body_that_does_not_verify_holds_no_row_and_is_named(twins, tmp_path):
     sweep = _copy(twins[0], tmp_path)
     head = _head_of(sweep, "0")
     lost = {r for r, (sid, _, _) in store.index(sweep).runs.items() if sid + shard.HEAD == head.name}
     body = head.with_name(head.name[: -len(shard.HEAD)] + shard.BODY)
     raw = bytearray(body.read_bytes())
-    raw[len(raw) // 2] ^= 0x01   # same size: the index accepts it, its hash does not
+    raw[len(raw) // 2] ^= 0x01   # the same size: only its hash tells
     body.write_bytes(bytes(raw))
-    df = load_runs(sweep)
-    assert len(df) == 6 and df.attrs["skipped"] == []   # the table is the heads' (a body is hashed where it is read)
-    with pytest.warns(UserWarning, match=re.escape(f"{body}: it is not the body its head was sealed with")):
-        hist = load_history(df)
-    assert {Path(p).name for p in hist["path"]} == {str(i) for i in range(6)} - lost and len(lost) == 3
+    df = load_runs(sweep)  # as the launcher and rw-status judge it: its runs are not done
+    assert len(lost) == 3 and set(df["run"]) == {str(i) for i in range(6)} - lost
+    skipped = {s["path"]: s for s in df.attrs["skipped"]}
+    assert skipped[str(body)]["status"] == "corrupt"
+    assert "it is not the body its head was sealed with" in skipped[str(body)]["reason"]
+    assert {p: s["status"] for p, s in skipped.items() if p != str(body)} == \
+        {str(sweep / r): "unfinished" for r in lost}  # the runs its record names, stored by no shard that verifies
+    hist = load_history(df)
+    assert {Path(p).name for p in hist["path"]} == {str(i) for i in range(6)} - lost
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ def test_a_shard_that_does_not_verify_is_refused_naming_its_file(sweeps, tmp_pat
     flip(sweep / "store" / f"{body_of}.body.parquet")
     # a head that does not verify holds no run; nor does a head whose body does not hash to what it names
     refused = sorted([f"{edited}.runs.parquet", f"{body_of}.body.parquet"])
-    why = {f"{edited}.runs.parquet": "its seal does not verify: edited, copied from another name, or another user's",
+    why = {f"{edited}.runs.parquet": "its seal does not verify: edited, copied from another name or another sweep, or another user's",
            f"{body_of}.body.parquet": "it is not the body its head was sealed with (edited, truncated or replaced)"}
     left = sorted((n for n in idx.runs if n not in gone + kept), key=int)
     listed = f" ({', '.join(left)})" if left else ""

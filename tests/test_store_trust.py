@@ -188,19 +188,24 @@ def test_a_body_with_a_bit_flipped_holds_no_done_run(s, where):
 
 
 # ------------------------------------------------------------------------------------------ planted, copied, renamed
+def _columns(sweep: Path, sid: str) -> tuple[dict, dict]:
+    """The columns of the shard `sid`'s head and body."""
+    head = shard.read_head(store.index(sweep).heads[sid][0])
+    body = shard.read_body((sweep / store.STORE / (sid + BODY)).read_bytes())
+    return ({c: head.column(c).to_pylist() for c in head.column_names},
+            {c: body.column(c).to_pylist() for c in body.column_names})
+
+
 def _encoded_again(sweep: Path, sid: str, as_sid: str, key: Path | None = None, monkeypatch=None) -> tuple[bytes, bytes]:
     """The shard `sid` made again whole by `shard.encode`, as `as_sid`: the same columns, metadata and body,
     sealed with this user's key, or with `key` (another user's)."""
-    raw, meta = store.index(sweep).heads[sid]
-    head = shard.read_head(raw)
-    body = shard.read_body((sweep / store.STORE / (sid + BODY)).read_bytes())
-    columns = ({c: head.column(c).to_pylist() for c in head.column_names},
-               {c: body.column(c).to_pylist() for c in body.column_names})
+    meta = store.index(sweep).heads[sid][1]
+    columns = _columns(sweep, sid)
     if key is None:
-        return shard.encode(as_sid, *columns, meta["config_keys"])
+        return shard.encode(as_sid, *columns, meta["config_keys"], store.sweep_id(sweep))
     with monkeypatch.context() as m:
         m.setenv("RW_SWEEPS_SEAL_KEY", str(key))
-        return shard.encode(as_sid, *columns, meta["config_keys"])
+        return shard.encode(as_sid, *columns, meta["config_keys"], store.sweep_id(sweep))
 
 
 def _another_users_key(folder: Path) -> Path:
@@ -314,11 +319,25 @@ def twin(tmp_path_factory) -> Path:
     return d
 
 
-def test_a_run_two_shards_hold_is_one_run(reference, twin, s):
-    """Two writers raced (or a requeued job stored its runs again): every run is held by two valid shards
-    and counts once, for the index, the layout, rw-status and the relaunch (which writes nothing)."""
+def test_shards_of_another_sweep_copied_in_hold_no_run(reference, twin, s):
+    """A sweep's heads are sealed with its store's own id: the same runs stored by another sweep (the same
+    command, another folder) and copied in are no record here, each named in one line."""
     for name, raw in shard_files(twin).items():
         (s / store.STORE / name).write_bytes(raw)
+    idx = store.index(s)
+    assert sorted(idx.refused) == sorted(n for n in shard_files(twin) if n.endswith(HEAD))
+    assert all("copied from another name or another sweep" in why for why in idx.refused.values())
+    assert shards(s) == shards(reference) and idx.duplicates == {}
+
+
+def test_a_run_two_shards_hold_is_one_run(reference, twin, s):
+    """Two writers of one sweep raced (or a requeued job stored its runs again): every run is held by two valid
+    shards and counts once, for the index, the layout, rw-status and the relaunch (which writes nothing)."""
+    for sid in shards(twin):  # the twin's records, as two other writers of this sweep would have sealed them
+        head, body = shard.encode(sid, *_columns(twin, sid), store.index(twin).heads[sid][1]["config_keys"],
+                                  store.sweep_id(s))
+        (s / store.STORE / (sid + HEAD)).write_bytes(head)
+        (s / store.STORE / (sid + BODY)).write_bytes(body)
     theirs, ours = shards(twin), shards(reference)
     idx = store.index(s)
     assert idx.refused == {} and sorted(idx.runs) == RUNS

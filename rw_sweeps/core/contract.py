@@ -165,9 +165,9 @@ def judge(run_dir, config: dict | None = None) -> Verdict:
     its sweep's store holds is judged by its record (`rw_sweeps.core.store`: judged by `judge_record` before
     it was sealed)."""
     run_dir = Path(run_dir)
-    if not os.path.lexists(run_dir):
-        from .store import stored_verdict  # the store reads this module: imported where it is needed
+    from .store import has_folder, stored_verdict  # the store reads this module: imported where it is needed
 
+    if not has_folder(run_dir):  # no run folder holds it (an empty one, a link, a file hide no stored record)
         verdict = stored_verdict(run_dir)
         if verdict is not None:
             return verdict

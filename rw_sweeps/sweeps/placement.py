@@ -198,7 +198,7 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
         if s.output_dir in found:  # only a folder that holds this run's config can hold its finished results
             name = os.path.relpath(s.output_dir, sweep_dir).replace(os.sep, "/")
             verdict = stored.verdict(name) if stored is not None and name in stored.runs \
-                and not os.path.lexists(s.output_dir) else contract.judge(Path(s.output_dir), found[s.output_dir])
+                and not store.has_folder(s.output_dir) else contract.judge(Path(s.output_dir), found[s.output_dir])
             if verdict.done and results.same_run(verdict.config, s.cfg.to_dict()):
                 out.done[i] = verdict.summary
             elif verdict.state == "corrupt":  # its files break the contract: trained again, and said why
@@ -219,6 +219,8 @@ def free_numbers(sweep_dir: Path, count: int, taken=(), consecutive: bool = Fals
     if count <= 0:
         return []
     used = {n for n in taken if n is not None}
+    if store.present(sweep_dir):  # a stored run's number is taken as a folder's is
+        used.update(n for n in map(contract.job_number, store.index(sweep_dir).runs) if n is not None)
     try:
         with os.scandir(sweep_dir) as it:
             used.update(n for n in (contract.job_number(e.name) for e in it) if n is not None)

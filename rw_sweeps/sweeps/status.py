@@ -302,6 +302,12 @@ class Sweep:
         """The contract's judgement of the run (`contract.judge`, as the launcher and analysis judge it) if this
         sweep wrote its summary (not one left over from an earlier one), else None; judged once per summary."""
         run_dir = self.dir / name
+        if not store.has_folder(run_dir):  # a run of the sweep's store is judged by its record
+            if self._stored is None and store.present(self.dir):
+                self._stored = store.index(self.dir)
+            v = self._stored.verdict(name) if self._stored is not None else None
+            if v is not None:
+                return v
         fp = fingerprint(run_dir)
         if fp is not None and fp == self.record["stale"].get(name):
             return None
@@ -311,11 +317,8 @@ class Sweep:
         why = layout.problem(self.dir, name)  # a link on its path is never followed, a file is no run folder
         if why is not None:
             return contract.Verdict("corrupt", why=why)
-        if fp is None:  # no summary in a folder: a run of the sweep's store is judged by its record
-            if self._stored is None and store.present(self.dir):
-                self._stored = store.index(self.dir)
-            v = self._stored.verdict(name) if self._stored is not None and not os.path.lexists(run_dir) else None
-            return v if v is not None and v.state != "unfinished" else None
+        if fp is None:
+            return None
         v = contract.judge(run_dir)
         if v.state == "unfinished":
             return None
@@ -514,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"seconds an ended job's summaries may take to appear before its runs are failed ({GRACE_S:g})")
     args = ap.parse_args(argv)
     given = args.sweep_dir  # named in every line as typed: the record's path may be another name for it
+    if not store.has_folder(given) and store.stored_verdict(given) is not None:  # one run of a sweep's store
+        return run_status(given)
     if not os.path.isdir(given):
         print(shown(f"error: no sweep folder {given}"), file=sys.stderr)
         return 2

@@ -448,9 +448,12 @@ def main(argv: list[str] | None = None) -> int:
               f"({', '.join(keys) or 'one setting'}) in {args.sweep / STORED_HOME / CELLS}", flush=True)
     for line in c["errors"][:5]:
         print(f"failed {line}", file=sys.stderr)
+    refused = store.index(args.sweep).refused if store.present(args.sweep) else {}
+    for file, why in refused.items():  # its runs are no record: not exported, and the export says so
+        print(f"not a record: {args.sweep / store.STORE / file}: {why}; no run is exported from it", file=sys.stderr)
     print(f"wandb export {args.sweep}: {c['exported']} exported, {c['skipped'] + c['unfinished']} skipped "
           f"({c['skipped']} already exported, {c['unfinished']} unfinished), {c['failed']} failed", flush=True)
-    return 1 if c["failed"] else 0
+    return 1 if c["failed"] or refused else 0
 
 
 if __name__ == "__main__":

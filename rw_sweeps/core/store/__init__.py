@@ -13,7 +13,7 @@ from __future__ import annotations
 # 10,000 files, and each run stays a folder to `ls` and `cat`; at it a store is ~0.01 files a run.
 STORE_FROM = 1000
 
-from .index import STORE, Index, body_rows, index, listing, present, sweep_of
+from .index import STORE, Index, body_rows, has_folder, index, listing, present, sweep_id, sweep_of
 from .shard import Refused
 from .writer import Writer, earlier_states, writer_for
 
@@ -27,4 +27,4 @@ def stored_verdict(run_dir):
 
 
 __all__ = ["STORE", "STORE_FROM", "Index", "Refused", "Writer", "body_rows", "index", "listing", "present", "stored_verdict",
-           "sweep_of", "writer_for", "earlier_states"]
+           "sweep_of", "writer_for", "earlier_states", "has_folder", "sweep_id"]

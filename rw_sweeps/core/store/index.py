@@ -4,8 +4,9 @@
 regular file, no link), verifies its seal (`shard.verify_head`) and the size of the body it names, and maps
 each run to its record. A file that is no record (torn, truncated, planted, edited, copied under another
 name, a link, a FIFO, a body of the wrong size) is `refused`, with one line, and its runs are not done here: a
-launch trains them again. A run two heads hold (two jobs raced, or a requeued job finished it again) is read
-from the first in shard order and named in `duplicates`. Nothing is read without a bound.
+launch trains them again. A run two heads hold (a failed run trained again, a run trained over with
+`overwrite`, two jobs that raced) is read from the newest (the time its job wrote the head, sealed in it) and
+named in `duplicates`. Nothing is read without a bound.
 
 The index is cached per process by the store folder's listing (name, size, inode and mtime of each file), so
 the many readers of one launch (placement, the skip, status) read each head once.
@@ -17,6 +18,7 @@ import json
 import os
 import stat
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import orjson
@@ -108,56 +110,87 @@ def listing(sweep) -> dict[str, os.stat_result]:
 
 
 def index(sweep, bodies: bool = True) -> Index:
-    """The sweep's store, read and verified (see the module's doc); cached while its listing is unchanged.
-    `bodies`: each body is hashed against its head too (streamed, 1 MiB at a time), as every reader that
-    decides whether a run is done (the contract's judge, placement and the skip, status) asks; the runs
-    table (`analysis.load_runs`), which reads heads alone, checks a body's size, and its hash where it reads
-    the body (`body_rows`)."""
+    """The sweep's store, read and verified (see the module's doc). Every reader asks the same: each head's seal
+    verified and its body hashed against it (streamed, 1 MiB at a time, the bodies two at a time). A shard is
+    read once per process while its files are unchanged (`_shard`), so a later index (the next poll, the launch
+    after placement) reads only what is new. `bodies=False`: the body's hash is left to the reader of that
+    body (`body_rows`, which hashes the bodies it reads)."""
     sweep = os.path.abspath(sweep)
     entries = listing(sweep)
-    key = (bodies, tuple(sorted((n, s.st_size, s.st_ino, s.st_mtime_ns, s.st_mode) for n, s in entries.items())))
+    key = tuple(sorted((n, s.st_size, s.st_ino, s.st_mtime_ns, s.st_mode) for n, s in entries.items()))
     with _cache_lock:
         for held in (True, bodies):  # an index whose bodies were hashed serves a reader of heads too
             hit = _cache.get((sweep, held))
-            if hit is not None and hit[0][1] == key[1]:
+            if hit is not None and hit[0] == key:
                 return hit[1]
     out = Index(sweep)
-    for name in sorted(entries):
-        if not name.endswith(HEAD):
+    heads = [n for n in sorted(entries) if n.endswith(HEAD)]
+    sid_of = sweep_id(sweep) if heads else None
+    with ThreadPoolExecutor(2) as pool:  # hashing releases the GIL: two bodies at once
+        shards = list(pool.map(lambda n: _shard(sweep, n, entries, bodies, sid_of), heads))
+    read: list[tuple] = []  # (when written, shard id, its runs, their states): the newest record of a run wins
+    for name, got in zip(heads, shards):
+        if isinstance(got, Refused):
+            out.refused[got.name] = got.why
             continue
-        sid = name[:-len(HEAD)]
-        if not ID.match(sid):
-            out.refused[name] = "not a shard's name"
-            continue
-        try:
-            raw = readers.read_bytes(os.path.join(sweep, STORE, name), shard.HEAD_CAP, name)
-            meta = shard.verify_head(sid, raw)
-            body = entries.get(sid + BODY)
-            if body is None or not stat.S_ISREG(body.st_mode) or body.st_size != meta["body"]["bytes"]:
-                raise Refused(sid + BODY, "missing, not a regular file, or not the size its head was sealed with")
-            if bodies:
-                _hash_body(os.path.join(sweep, STORE, sid + BODY), sid, meta)
-            t = shard.read_head(raw, columns=["_run", "status"])
-        except Refused as exc:
-            out.refused[exc.name] = exc.why
-            continue
-        except (OSError, readers.Broken, pa.ArrowException) as exc:
-            out.refused[name] = getattr(exc, "why", None) or f"cannot be read ({type(exc).__name__}: {exc})"
-            continue
+        sid, raw, meta, names, states = got
         out.heads[sid] = (raw, meta)
-        names, states = t.column("_run").to_pylist(), t.column("status").to_pylist()
+        read.append((meta.get("written", 0), sid, names, states))
+    for _, sid, names, states in sorted(read, key=lambda r: (r[0] if type(r[0]) is int else 0, r[1])):
         again = out.runs.keys() & names if out.runs else set()
-        if again or len(set(names)) < len(names):  # a run another head (or this one) holds already: the first's
+        if again or len(set(names)) < len(names):  # a run an older head (or this one) holds: this, newer, wins
             for row, (run, state) in enumerate(zip(names, states)):
                 if run in out.runs:
                     out.duplicates.setdefault(run, [out.runs[run][0]]).append(sid)
-                else:
-                    out.runs[run] = (sid, row, state)
+                out.runs[run] = (sid, row, state)
         else:
             out.runs.update(zip(names, zip(itertools.repeat(sid), range(len(names)), states)))
     with _cache_lock:
         _cache[(sweep, bodies)] = (key, out)
     return out
+
+
+_shards: dict[tuple, tuple] = {}  # (sweep, head) → (its files' stat keys, bodies hashed, what `_shard` read)
+
+
+def sweep_id(sweep) -> str | None:
+    """The store's `sweep.id` (32 hex digits, read as a regular file), or None when it has none that reads."""
+    try:
+        text = readers.read_bytes(os.path.join(sweep, STORE, shard.SWEEP_ID), 64, shard.SWEEP_ID).decode("ascii")
+    except (OSError, readers.Broken, UnicodeDecodeError):
+        return None
+    return text.strip() if shard.SWEEP_ID_TEXT.match(text) else None
+
+
+def _shard(sweep: str, name: str, entries: dict, bodies: bool, sweep_id: str | None):
+    """(shard id, head bytes, metadata, runs, states) of the head `name`, verified (and its body hashed with
+    `bodies`), or the Refused that says why not; memoised on the stat of its two files."""
+    sid = name[:-len(HEAD)]
+    body = entries.get(sid + BODY)
+    stamp = (sweep_id, *((s.st_size, s.st_ino, s.st_mtime_ns, s.st_mode) if s is not None else None
+                         for s in (entries.get(name), body)))
+    with _cache_lock:
+        hit = _shards.get((sweep, name))
+    if hit is not None and hit[0] == stamp and (hit[1] or not bodies):
+        return hit[2]
+    try:
+        if not ID.match(sid):
+            raise Refused(name, "not a shard's name")
+        raw = readers.read_bytes(os.path.join(sweep, STORE, name), shard.HEAD_CAP, name)
+        meta = shard.verify_head(sid, raw, sweep_id)
+        if body is None or not stat.S_ISREG(body.st_mode) or body.st_size != meta["body"]["bytes"]:
+            raise Refused(sid + BODY, "missing, not a regular file, or not the size its head was sealed with")
+        if bodies:
+            _hash_body(os.path.join(sweep, STORE, sid + BODY), sid, meta)
+        t = shard.read_head(raw, columns=["_run", "status"])
+        got = (sid, raw, meta, t.column("_run").to_pylist(), t.column("status").to_pylist())
+    except Refused as exc:
+        got = exc
+    except (OSError, readers.Broken, pa.ArrowException) as exc:
+        got = Refused(name, getattr(exc, "why", None) or f"cannot be read ({type(exc).__name__}: {exc})")
+    with _cache_lock:
+        _shards[(sweep, name)] = (stamp, bodies, got)
+    return got
 
 
 def _hash_body(path: str, sid: str, meta: dict) -> None:
@@ -209,12 +242,27 @@ def _rows(text: str) -> list[dict]:
     return orjson.loads("[" + text.rstrip("\n").replace("\n", ",") + "]") if text else []
 
 
+def has_folder(run_dir) -> bool:
+    """Is the run at `run_dir` held by a run folder: a real folder (no link) with its config.yaml or summary.json?
+    Else its sweep's store speaks for it: an empty folder, a link or a file planted at a stored run's name
+    hides no record."""
+    try:
+        if not stat.S_ISDIR(os.lstat(run_dir).st_mode):
+            return False
+    except OSError:
+        return False
+    return any(os.path.lexists(os.path.join(run_dir, f)) for f in ("summary.json", "config.yaml"))
+
+
+CLIMB = 16  # folders above a run looked at for its sweep's store: any `hydra.sweep.subdir` depth in use
+
+
 def sweep_of(run_dir) -> tuple[str, str] | None:
     """(the sweep folder, the run's name) of a run that a store holds, for a run folder path that is not there
-    (a stored run has no folder): the nearest folder above it, up to `layout.DEPTH` levels, with a store."""
+    (a stored run has no folder): the nearest folder above it, up to CLIMB levels, with a store."""
     path = os.path.abspath(run_dir)
     parts = []
-    for _ in range(4):
+    for _ in range(CLIMB):
         path, part = os.path.split(path)
         if not part:
             return None

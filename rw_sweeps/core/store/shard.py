@@ -11,8 +11,8 @@ Why two files: a reader of the runs table (the phase diagram) reads and verifies
 bytes; a reader of a history verifies and reads the body it is in.
 
 The seal (`rw_sweeps.core.seal`: HMAC-SHA256 under the user's key) covers every byte of the head file as
-written, the seal's own 64 characters read as zeros, and the shard's id (so a copy under another name is no
-record): an edited, truncated, planted or renamed head does not verify, and the body it names must hash to
+written, the seal's own 64 characters read as zeros, the shard's id and its sweep's id (the store's
+`sweep.id`, made once with the store: so a copy under another name, or into another sweep, is no record): an edited, truncated, planted or renamed head does not verify, and the body it names must hash to
 what the head says. Parquet's page checksums are written and checked as well, so a flipped bit says where.
 A head is judged before it is sealed (`rw_sweeps.core.store.writer`): a sealed record is one the contract
 found done, failed or diverged when its run ended.
@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import re
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,6 +32,8 @@ from .. import seal
 from ..readers import GiB
 
 HEAD, BODY, CHECKPOINT, LOG = ".runs.parquet", ".body.parquet", ".ckpt.pt", ".log"
+SWEEP_ID = "sweep.id"  # the store's own random name, made with it: sealed into every head (a copy is no record)
+SWEEP_ID_TEXT = re.compile(r"[0-9a-f]{32}\n?\Z")
 ID = re.compile(r"w[0-9a-f]{12}-[0-9]{5}\Z")  # a writer's random id and its flush number
 META = b"rw_sweeps.store"
 FORMAT = 1
@@ -53,18 +56,20 @@ class Refused(ValueError):
         super().__init__(f"{name}: {why}")
 
 
-def encode(shard_id: str, heads: dict[str, list], body: dict[str, list], config_keys: list[str]) -> tuple[bytes, bytes]:
-    """(the head's bytes, the body's bytes) of a shard: `heads` and `body` are columns (`_run` first in each)."""
+def encode(shard_id: str, heads: dict[str, list], body: dict[str, list], config_keys: list[str],
+           sweep_id: str) -> tuple[bytes, bytes]:
+    """(the head's bytes, the body's bytes) of a shard of the sweep `sweep_id` (its store's `sweep.id`):
+    `heads` and `body` are columns (`_run` first in each)."""
     body_raw = _parquet(pa.table({k: pa.array(v, type=pa.large_string() if k in BODY_COLUMNS else None)
                                   for k, v in body.items()}), row_group_size=BODY_GROUP)
-    meta = {"format": FORMAT, "shard": shard_id, "runs": len(heads["_run"]),
+    meta = {"format": FORMAT, "shard": shard_id, "runs": len(heads["_run"]), "written": time.time_ns(),
             "body": {"bytes": len(body_raw), "sha256": hashlib.sha256(body_raw).hexdigest()},
             "config_keys": sorted(config_keys), "seal": _ZEROS}
     raw = _parquet(pa.table(heads), row_group_size=max(1, len(heads["_run"])), meta={META: json.dumps(meta)})
     footer = _footer(raw)
     if raw.count(_ZEROS.encode(), footer) != 1:  # cannot happen: the metadata is the footer's only such text
         raise RuntimeError("the head's seal has no single place in its footer")
-    mark = seal.seal(b"rw-sweeps store", shard_id.encode(), raw).encode()
+    mark = seal.seal(b"rw-sweeps store", sweep_id.encode(), shard_id.encode(), raw).encode()
     at = raw.index(_ZEROS.encode(), footer)
     return raw[:at] + mark + raw[at + SEAL_HEX:], body_raw
 
@@ -88,8 +93,9 @@ def _footer(raw: bytes) -> int:
     return len(raw) - 8 - n
 
 
-def verify_head(shard_id: str, raw: bytes) -> dict:
-    """The head's metadata if `raw` is the head this user's code sealed for `shard_id`, else Refused."""
+def verify_head(shard_id: str, raw: bytes, sweep_id: str | None) -> dict:
+    """The head's metadata if `raw` is the head this user's code sealed for `shard_id` in the sweep `sweep_id`
+    (its store's `sweep.id`), else Refused."""
     name = shard_id + HEAD
     try:
         footer = _footer(raw)
@@ -101,8 +107,11 @@ def verify_head(shard_id: str, raw: bytes) -> dict:
         raise Refused(name, "its seal is missing or malformed")
     at = raw.index(mark.encode(), footer)
     zeroed = raw[:at] + _ZEROS.encode() + raw[at + SEAL_HEX:]
-    if not seal.verify(mark, b"rw-sweeps store", shard_id.encode(), zeroed):
-        raise Refused(name, "its seal does not verify: edited, copied from another name, or another user's")
+    if sweep_id is None:
+        raise Refused(name, f"the store has no {SWEEP_ID} naming its sweep: no head of it is a record")
+    if not seal.verify(mark, b"rw-sweeps store", sweep_id.encode(), shard_id.encode(), zeroed):
+        raise Refused(name, "its seal does not verify: edited, copied from another name or another sweep, or "
+                            "another user's")
     if meta.get("format") != FORMAT or meta.get("shard") != shard_id:
         raise Refused(name, f"a shard of format {meta.get('format')!r}; this version reads {FORMAT}")
     return meta

@@ -51,6 +51,7 @@ class Writer:
         self.paths = {os.path.join(self.sweep, n): n for n in runs}
         self.overrides = overrides or {}
         safefs.ensure_dir(self.folder)
+        self.sweep_id = _own_sweep_id(self.sweep)
         with _lock:
             for p in self.paths:
                 _active[p] = self
@@ -129,7 +130,7 @@ class Writer:
         heads = {**book, **parquet_safe({k: v for k, v in columns.items() if k not in book})}
         sid = f"{self.id}-{self.flushes:05d}"
         self.flushes += 1
-        head_raw, body_raw = shard.encode(sid, heads, body, sorted(keys))
+        head_raw, body_raw = shard.encode(sid, heads, body, sorted(keys), self.sweep_id)
         safefs.atomic_write(self.folder / (sid + shard.BODY), body_raw)
         safefs.atomic_write(self.folder / (sid + shard.HEAD), head_raw)  # last: the runs are stored
 
@@ -153,6 +154,35 @@ class Writer:
             if not runs & set(self.states) and all(_stored(self.sweep, r) for r in runs):
                 safefs.unlink(self.folder / old)
                 del self.resumed[old]
+
+
+def _own_sweep_id(sweep: str) -> str:
+    """The store's `sweep.id`, made if it has none: a fresh file linked into place, so that of two jobs making
+    it at once one wins and both read the winner's (a rename would let the later replace the earlier)."""
+    from .index import sweep_id
+
+    found = sweep_id(sweep)
+    if found is not None:
+        return found
+    fd = safefs.open_dir(os.path.join(sweep, STORE))
+    try:
+        tmp = f".{shard.SWEEP_ID}.{secrets.token_hex(8)}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+        with os.fdopen(out, "w") as fh:
+            fh.write(secrets.token_hex(16) + "\n")
+        try:
+            os.link(tmp, shard.SWEEP_ID, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+        except FileExistsError:
+            pass  # another job made it first: its id is the sweep's
+        finally:
+            os.unlink(tmp, dir_fd=fd)
+    finally:
+        os.close(fd)
+    found = sweep_id(sweep)
+    if found is None:
+        raise OSError(f"{os.path.join(sweep, STORE, shard.SWEEP_ID)}: not the store's id (32 hex digits); "
+                      "remove it only if the store holds no record")
+    return found
 
 
 def _stored(sweep: str, name: str) -> bool:

@@ -24,9 +24,8 @@ section counts its folder layout where it is given.
    writes), runs per second; alternating with the same records written as run folders (`results.write_run`,
    `write_summary`; the Hydra envelope not included); where one more write's time goes, under cProfile.
 4. million: a store of 1,000,000 runs (10 values of p × zero/Gaussian init × 50,000 seeds), each a copy of one of
-   20 real runs whose records `Writer.write` judged and stored first; the copies written by the writer's own flush
-   (`Writer._flush`: the runs-table rows, Parquet, seal and files, 4,096 runs a shard), not judged again one by
-   one (~10 min, not ~1 h); kept in `--million-dir` and reused while it verifies. Then, each in a fresh process,
+   20 real runs with its own seed and run id, written by one `Writer`, 4,096 runs a `write` (a shard each: every
+   record judged, its row, Parquet, seal and files; ~10 min); kept in `--million-dir` and reused while it verifies. Then, each in a fresh process,
    alternating: the store read by its own primitives (`store.index`, every head's table, one run's body) and by
    the analysis (`load_runs`, `add_success` + `phase_diagram`, `load_history`), each step's wall time and the
    process's peak RSS (VmHWM) after it.
@@ -92,13 +91,22 @@ def launch(tree: Path, sweep: Path, *overrides: str) -> tuple[float, str]:
     return wall, r.stdout + r.stderr
 
 
-def done_here(sweep: Path) -> int:
-    """Runs the contract finds done in a sweep of this checkout: its store's and its folders'."""
-    from rw_sweeps.core import store
+DONE = r"""
+import json, sys
+from rw_sweeps.core import store
+idx = store.index(sys.argv[1])
+print(json.dumps({"done": sum(v[-1] == "done" for v in idx.runs.values()), "refused": idx.refused}))
+"""
 
-    idx = store.index(sweep)
-    stored = sum(state == "done" for _, _, state in idx.runs.values())
-    return stored + done_in_folders(sweep)
+
+def done_here(sweep: Path) -> int:
+    """Runs the contract finds done in a sweep of this checkout, its store's and its folders': asked of a fresh
+    process, so that the tree's code as it is now reads what its launch wrote."""
+    r = subprocess.run([sys.executable, "-c", DONE, str(sweep)], cwd=ROOT, capture_output=True, text=True, check=True)
+    got = json.loads(r.stdout)
+    if got["refused"]:
+        print(f"  {sweep}: {len(got['refused'])} store file(s) refused, e.g. {next(iter(got['refused'].items()))}")
+    return got["done"] + done_in_folders(sweep)
 
 
 def done_in_folders(sweep: Path) -> int:
@@ -161,11 +169,12 @@ def inodes(against: Path | None, runs: int) -> None:
         wall, out = launch(ROOT, folder / "s", f"seed=range(0,{runs})", *bench_sweep.TINY)
         counted = entries(folder / "s")
         assert "store" in counted and done_here(folder / "s") == runs, f"not {runs} stored done runs"
+        job_files = sum(bool(re.match(r"w[0-9a-f]{12}", n)) for n in os.listdir(folder / "s" / "store"))
     jobs = jobs_of(out)
     assert sum(jobs) == runs, f"the launch announced {sum(jobs)} runs in jobs, not {runs}"
     total = sum(counted.values())
-    per_job = (counted["store"] - 1) / len(jobs)  # the store folder itself once
-    fixed = total - counted["store"] + 1
+    # a job's files are named by its writer's id; the rest (the sweep's files, the store's own) are fixed
+    per_job, fixed = job_files / len(jobs), total - job_files
     cap = max(jobs)
     rows.append((f"here, {runs:,} runs (measured, {wall:.0f} s)", len(jobs), total, f"{total / runs:.5f}",
                  "  ".join(f"{k} {v}" for k, v in sorted(counted.items()))))
@@ -416,48 +425,28 @@ class _Overrides(dict):
         return overrides_of(name)
 
 
-def judged_records(scratch: Path) -> list[tuple]:
-    """The 20 real records as `Writer.write` stores them (judged by the contract, in a scratch store), read
-    back: [(config, summary, history text, snapshots text)]."""
-    from rw_sweeps.core import store
-    from rw_sweeps.core.store import shard
-
-    n = len(real_records())
-    write_store(scratch, entries_for(scratch, n))
-    idx = store.index(scratch)
-    bodies = {}
-    for sid in idx.heads:
-        t = shard.read_body((scratch / store.STORE / (sid + shard.BODY)).read_bytes())
-        bodies.update(zip(t.column("_run").to_pylist(), zip(t.column("history").to_pylist(),
-                                                             t.column("snapshots").to_pylist())))
-    out = []
-    for i in range(n):
-        config, summary = idx.record(str(i))
-        assert summary["status"] == "done", summary.get("error")
-        out.append((config, summary, *bodies[str(i)]))
-    return out
-
-
 def build_million(sweep: Path, n: int) -> float:
-    """A store of n runs in `sweep` by the writer's own flush, shard by shard (see the module's doc): seconds."""
+    """A store of n runs in `sweep`, one `Writer` writing 4,096 runs a call (a shard each), every record judged
+    (see the module's doc): seconds."""
     from rw_sweeps.core.results import run_id
     from rw_sweeps.core.store import Writer
     from rw_sweeps.core.store.writer import SHARD_RUNS
 
-    with tempfile.TemporaryDirectory() as tmp:
-        judged = judged_records(Path(tmp, "s"))
+    recs = [(cfg.to_dict(), summary, history, snapshots) for cfg, summary, history, snapshots in real_records()]
     shutil.rmtree(sweep, ignore_errors=True)
     t = time.perf_counter()
     job = Writer(sweep, [str(i) for i in range(n)], overrides=_Overrides())
     rng = random.Random(0)
     for start in range(0, n, SHARD_RUNS):
-        part = []
+        batch = []
         for i in range(start, min(n, start + SHARD_RUNS)):
-            cfg, s, h, sn = judged[i % len(judged)]
-            seed, run_dir = i // len(judged), sweep / str(i)
-            part.append(({"cfg": {**cfg, "seed": seed}, "run_dir": run_dir},
-                         {**s, "seed": seed, "run_id": run_id(run_dir), "wall_s": rng.uniform(0.5, 2.0)}, h, sn))
-        job._flush(part)
+            cfg, summary, history, snapshots = recs[i % len(recs)]
+            seed, run_dir = i // len(recs), sweep / str(i)
+            batch.append({"cfg": {**cfg, "seed": seed}, "run_dir": run_dir, "history": history, "snapshots": snapshots,
+                          "summary": {**summary, "seed": seed, "run_id": run_id(run_dir),
+                                      "wall_s": rng.uniform(0.5, 2.0)}})
+        refused = job.write(batch)
+        assert not refused, f"the writer refused {len(refused)} record(s): {next(iter(refused.values()))}"
     job.close()
     return time.perf_counter() - t
 
@@ -520,6 +509,7 @@ def million(sweep: Path, n: int, reps: int, rebuild: bool) -> None:
     """A million-run store written, then read back in fresh processes, alternating the store's own
     primitives and the analysis."""
     from rw_sweeps.core import store
+    from rw_sweeps.core.store.writer import SHARD_RUNS
 
     print(f"## 4. a store of {n:,} runs ({len(P_VALUES)} values of p × zero/Gaussian init × {n // 20:,} seeds, each a "
           f"copy of a real §5 run) in {sweep}\n")
@@ -531,7 +521,7 @@ def million(sweep: Path, n: int, reps: int, rebuild: bool) -> None:
         print("  the store was built earlier and verifies: reused (--rebuild to write it again)")
     else:
         s = build_million(sweep, n)
-        print(f"  written by Writer._flush in {s:.0f} s = {n / s:,.0f} runs/s")
+        print(f"  written by Writer.write, {SHARD_RUNS:,} runs a call, in {s:.0f} s = {n / s:,.0f} runs/s")
     files = list((sweep / "store").iterdir())
     heads = [f for f in files if f.name.endswith(".runs.parquet")]
     print(f"  {len(files)} files: {len(heads)} shards, heads {sum(f.stat().st_size for f in heads) / 1e6:.0f} MB, bodies "

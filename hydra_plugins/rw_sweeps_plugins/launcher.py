@@ -207,6 +207,9 @@ class RwLauncher(Launcher):
         if getattr(self, "_stores", None) is None:
             p = self.params
             if not p["pack"]:
+                if p.get("store"):
+                    log.info("hydra.launcher.store=true: only packed jobs write a store; with "
+                             "hydra.launcher.pack=false each run is written to its own folder")
                 self._stores = False
             elif p.get("store") is not None:
                 self._stores = bool(p["store"])

@@ -176,7 +176,9 @@ def _shard(sweep: str, name: str, entries: dict, bodies: bool, sweep_id: str | N
     try:
         if not ID.match(sid):
             raise Refused(name, "not a shard's name")
-        raw = readers.read_bytes(os.path.join(sweep, STORE, name), shard.HEAD_CAP, name)
+        fh, st = readers.open_regular(os.path.join(sweep, STORE, name), name)  # no link, no FIFO, never blocking
+        with fh:
+            raw = shard.read_head_file(fh, st.st_size, name)
         meta = shard.verify_head(sid, raw, sweep_id)
         if body is None or not stat.S_ISREG(body.st_mode) or body.st_size != meta["body"]["bytes"]:
             raise Refused(sid + BODY, "missing, not a regular file, or not the size its head was sealed with")

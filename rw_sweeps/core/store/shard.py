@@ -93,6 +93,36 @@ def _footer(raw: bytes) -> int:
     return len(raw) - 8 - n
 
 
+FOOTER_CAP = 16 << 20  # a head's footer: its schema and metadata (a few KB for the runs table's columns)
+
+
+def read_head_file(fh, size: int, name: str) -> bytes:
+    """A head's bytes from its open file of `size` bytes, read whole only if its footer describes a file of
+    that size (its column chunks end where the footer starts): a planted sparse or padded file costs a few
+    reads, not its size in memory."""
+    if size < 12 or size > HEAD_CAP:
+        raise Refused(name, f"{size:,} bytes: no head of this store (its cap is {HEAD_CAP:,})")
+    fh.seek(size - 8)
+    tail = fh.read(8)
+    n = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or not 0 < n <= min(FOOTER_CAP, size - 12):
+        raise Refused(name, "not a whole Parquet file (its footer is missing or out of bounds)")
+    fh.seek(size - 8 - n)
+    try:
+        md = pq.read_metadata(pa.BufferReader(b"PAR1" + fh.read(n) + tail))
+        ends = [min(o for o in (c.dictionary_page_offset, c.data_page_offset) if o) + c.total_compressed_size
+                for g in range(md.num_row_groups) for c in map(md.row_group(g).column, range(md.num_columns))]
+    except Exception as exc:  # noqa: BLE001 - a footer that does not parse
+        raise Refused(name, f"not a whole head of this store ({type(exc).__name__}: {_short(exc)})") from None
+    if max(ends, default=4) != size - 8 - n:
+        raise Refused(name, "its footer does not describe the file (padded, cut or grown)")
+    fh.seek(0)
+    raw = fh.read(size + 1)
+    if len(raw) != size:
+        raise Refused(name, "it changed while it was read")
+    return raw
+
+
 def verify_head(shard_id: str, raw: bytes, sweep_id: str | None) -> dict:
     """The head's metadata if `raw` is the head this user's code sealed for `shard_id` in the sweep `sweep_id`
     (its store's `sweep.id`), else Refused."""

@@ -217,9 +217,11 @@ def earlier_states(job: Writer) -> dict[str, tuple[dict | None, str]]:
         try:
             raw = readers.read_bytes(job.folder / name, CHECKPOINT_CAP, name)
             states = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-        except Exception:  # noqa: BLE001 - torn, foreign, planted: it resumes nothing
-            continue
-        if not isinstance(states, dict):
+            if not isinstance(states, dict):
+                raise TypeError("not a mapping of runs to their states")
+        except Exception as exc:  # noqa: BLE001 - torn, foreign, planted: it resumes nothing, in one line
+            why = getattr(exc, "why", None) or f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"
+            print(f"not a checkpoint: {job.folder / name}: {why}; it resumes no run", flush=True)
             continue
         held = {r for r in states if isinstance(r, str)}
         for run in held & mine:

@@ -492,9 +492,9 @@ def test_sigterm_mid_training_resumes_from_the_jobs_one_checkpoint_file_to_the_u
         whole, tmp_path_factory):
     ref, shape = whole
     cut = tmp_path_factory.mktemp("stopped") / "S"
-    o = Output(start_launch(*command(cut, shape=shape)))
-    o.wait_for(lambda ln: ln.startswith("training "), "the first job to train")
-    wait_for_work(o.p.pid, 0.3, what="its runs to take steps")
+    every = steps_of(shape) // 8  # a periodic checkpoint: the first says the first job is mid-way
+    o = Output(start_launch(*command(cut, f"checkpoint_every={every}", shape=shape)))
+    wait_until(lambda: in_store(cut, CKPT) or o.p.poll() is not None, HANG_S, "the first job's first checkpoint")
     o.p.send_signal(signal.SIGTERM)
     code, out, err = o.finish()
     assert code == 143, err

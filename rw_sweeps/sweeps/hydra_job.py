@@ -214,19 +214,17 @@ class Chunk:
         return returns
 
     def _store_writer(self):
-        """The job's writer of the sweep's store, its Hydra config (the job's, once) written beside it."""
+        """The job's writer of the sweep's store, which keeps the job's Hydra config with its records."""
         from rw_sweeps.core.store import Writer
 
         s0 = self.specs[0]
         root = os.path.abspath(s0.sweep_dir)
         names = {os.path.relpath(os.path.abspath(s.output_dir), root).replace(os.sep, "/"): list(s.overrides)
                  for s in self.specs}
-        job = Writer(root, list(names), overrides=names)
-        if not self.lean and s0.base_hydra.get("output_subdir") is not None:
-            yaml_of = YamlTemplates()
-            _write(job.folder / f"{job.id}.hydra.yaml", yaml_of.text(s0.base_hydra, s0.hydra_changes, wrap="hydra"))
-        self._job = job
-        return job
+        # the job's hydra.yaml goes into each of its heads' metadata (`rw-show --file hydra.yaml`), not a file
+        hydra = None if self.lean or s0.base_hydra.get("output_subdir") is None else \
+            YamlTemplates().text(s0.base_hydra, s0.hydra_changes, wrap="hydra")
+        return Writer(root, list(names), overrides=names, hydra=hydra)
 
     def _envelopes(self, specs: list, yaml_of: YamlTemplates) -> dict[int, BaseException]:
         """The `.hydra/` files of these runs; the errors, by index (that run fails alone)."""
@@ -261,11 +259,10 @@ class Chunk:
         if console is not None:
             for line in lines:
                 say(console.format(_record(line)))
-        if file_fmt is not None and not self.lean and not self.finished:
+        # a stored run has no folder for its log: its line is its summary's (`rw-show`), said on the console
+        if file_fmt is not None and not self.lean and not self.finished and not self.stored:
             text = "".join(file_fmt.format(_record(line)) + "\n" for line in lines)
-            job = getattr(self, "_job", None) if self.stored else None
-            # a stored run's lines go to its job's one log, `store/<job id>.log`
-            append_text(job.folder / f"{job.id}.log" if job is not None else Path(s.output_dir) / f"{s.name}.log", text)
+            append_text(Path(s.output_dir) / f"{s.name}.log", text)
 
 
 def _failed(s: Spec, exc: BaseException) -> tuple:

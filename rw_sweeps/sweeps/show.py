@@ -27,12 +27,14 @@ from rw_sweeps.core.contract import CONFIG, HISTORY, SNAPSHOTS, SUMMARY
 from rw_sweeps.core.store import shard
 
 OVERRIDES = ".hydra/overrides.yaml"  # the Hydra job's overrides, in its run folder
+HYDRA = ".hydra/hydra.yaml"  # the Hydra job's config: a stored run's job's, kept in its head's metadata
 OVERRIDES_CAP = 1024 * 1024  # bytes of a job's overrides.yaml (a list of `key=value` lines)
 FILES = {"config.yaml": CONFIG, "summary.json": SUMMARY, "history.jsonl": HISTORY, "snapshots.jsonl": SNAPSHOTS,
-         "overrides.yaml": OVERRIDES}  # --file's names → the file's place in a run folder
+         "overrides.yaml": OVERRIDES, "hydra.yaml": HYDRA}  # --file's names → the file's place in a run folder
 CAPS = {CONFIG: contract.CAPS[CONFIG], SUMMARY: contract.CAPS[SUMMARY], HISTORY: contract.FILE_CAPS[HISTORY],
-        SNAPSHOTS: contract.FILE_CAPS[SNAPSHOTS], OVERRIDES: OVERRIDES_CAP}  # a run folder's files, read within these
-WRITE_ORDER = (CONFIG, HISTORY, SNAPSHOTS, OVERRIDES, SUMMARY)  # the summary last: it marks a run finished
+        SNAPSHOTS: contract.FILE_CAPS[SNAPSHOTS], OVERRIDES: OVERRIDES_CAP,
+        HYDRA: OVERRIDES_CAP}  # a run folder's files, read within these
+WRITE_ORDER = (CONFIG, HISTORY, SNAPSHOTS, OVERRIDES, HYDRA, SUMMARY)  # the summary last: it marks a run finished
 NAMES_SHOWN = 5  # run names a "no such run" line gives
 
 
@@ -94,6 +96,9 @@ def stored_texts(sweep: Path, name: str, which=WRITE_ORDER) -> dict[str, str]:
         out[SUMMARY] = summary_text(summary)
     if OVERRIDES in which:
         out[OVERRIDES] = overrides_text(stored_overrides(idx, name))
+    hydra = idx.heads[idx.runs[name][0]][1].get("hydra")
+    if HYDRA in which and isinstance(hydra, str):  # its job's (none with `lean`)
+        out[HYDRA] = hydra
     return {f: out[f] for f in WRITE_ORDER if f in which}
 
 

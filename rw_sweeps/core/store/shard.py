@@ -5,7 +5,8 @@
 - `<id>.runs.parquet`, the head, written last: a row per run with the runs table's columns
   (`rw_sweeps.core.table.run_row`: typed, so a table of a million runs is read without parsing a record),
   and `_run`, `_config`, `_summary`, `_overrides` (JSON text: the record itself). Its footer's metadata
-  names the shard, its runs, its body's size and SHA-256, and holds the head's **seal**.
+  names the shard, its runs, its body's size and SHA-256, holds its job's `hydra.yaml` text (a job's Hydra
+  config, kept per job rather than per run) and the head's **seal**.
 
 Why two files: a reader of the runs table (the phase diagram) reads and verifies only heads, ~1 % of the
 bytes; a reader of a history verifies and reads the body it is in.
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 from .. import seal
 from ..readers import GiB
 
-HEAD, BODY, CHECKPOINT, LOG = ".runs.parquet", ".body.parquet", ".ckpt.pt", ".log"
+HEAD, BODY, CHECKPOINT = ".runs.parquet", ".body.parquet", ".ckpt.pt"
 SWEEP_ID = "sweep.id"  # the store's own random name, made with it: sealed into every head (a copy is no record)
 SWEEP_ID_TEXT = re.compile(r"[0-9a-f]{32}\n?\Z")
 ID = re.compile(r"w[0-9a-f]{12}-[0-9]{5}\Z")  # a writer's random id and its flush number
@@ -57,14 +58,14 @@ class Refused(ValueError):
 
 
 def encode(shard_id: str, heads: dict[str, list], body: dict[str, list], config_keys: list[str],
-           sweep_id: str) -> tuple[bytes, bytes]:
+           sweep_id: str, hydra: str | None = None) -> tuple[bytes, bytes]:
     """(the head's bytes, the body's bytes) of a shard of the sweep `sweep_id` (its store's `sweep.id`):
     `heads` and `body` are columns (`_run` first in each)."""
     body_raw = _parquet(pa.table({k: pa.array(v, type=pa.large_string() if k in BODY_COLUMNS else None)
                                   for k, v in body.items()}), row_group_size=BODY_GROUP)
     meta = {"format": FORMAT, "shard": shard_id, "runs": len(heads["_run"]), "written": time.time_ns(),
             "body": {"bytes": len(body_raw), "sha256": hashlib.sha256(body_raw).hexdigest()},
-            "config_keys": sorted(config_keys), "seal": _ZEROS}
+            "config_keys": sorted(config_keys), "hydra": hydra, "seal": _ZEROS}
     raw = _parquet(pa.table(heads), row_group_size=max(1, len(heads["_run"])), meta={META: json.dumps(meta)})
     footer = _footer(raw)
     if raw.count(_ZEROS.encode(), footer) != 1:  # cannot happen: the metadata is the footer's only such text

@@ -41,7 +41,8 @@ def writer_for(run_dir) -> "Writer | None":
 class Writer:
     """The store files of one packed job (see the module's doc)."""
 
-    def __init__(self, sweep_dir, runs: list[str], overrides: dict[str, list] | None = None):
+    def __init__(self, sweep_dir, runs: list[str], overrides: dict[str, list] | None = None,
+                 hydra: str | None = None):
         self.sweep = os.path.abspath(sweep_dir)
         self.folder = Path(self.sweep, STORE)
         self.id = "w" + secrets.token_hex(6)
@@ -50,6 +51,7 @@ class Writer:
         self.resumed: dict[str, set] = {}     # an earlier job's checkpoint file → the runs it holds
         self.paths = {os.path.join(self.sweep, n): n for n in runs}
         self.overrides = overrides or {}
+        self.hydra = hydra  # the job's hydra.yaml text, kept in each head's metadata
         safefs.ensure_dir(self.folder)
         self.sweep_id = _own_sweep_id(self.sweep)
         with _lock:
@@ -130,7 +132,7 @@ class Writer:
         heads = {**book, **parquet_safe({k: v for k, v in columns.items() if k not in book})}
         sid = f"{self.id}-{self.flushes:05d}"
         self.flushes += 1
-        head_raw, body_raw = shard.encode(sid, heads, body, sorted(keys), self.sweep_id)
+        head_raw, body_raw = shard.encode(sid, heads, body, sorted(keys), self.sweep_id, hydra=self.hydra)
         safefs.atomic_write(self.folder / (sid + shard.BODY), body_raw)
         safefs.atomic_write(self.folder / (sid + shard.HEAD), head_raw)  # last: the runs are stored
 

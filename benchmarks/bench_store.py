@@ -369,7 +369,8 @@ def writer(runs: int, folder_runs: int, reps: int) -> None:
             t = time.perf_counter()
             write_folders(batch)
             theirs.append(time.perf_counter() - t)
-        sizes = {p.suffixes[-2]: p.stat().st_size for p in (sweep / "store").iterdir()}
+        sizes = {kind: p.stat().st_size for p in (sweep / "store").iterdir() for kind in (".runs", ".body")
+                 if p.name.endswith(kind + ".parquet")}
         steps, top = profiled(Path(tempfile.mkdtemp(prefix="rw-writer-prof-")) / "s", runs, kept)
     s_us = statistics.median(ours) / runs * 1e6
     f_us = statistics.median(theirs) / folder_runs * 1e6

@@ -113,7 +113,7 @@ def test_a_refused_head_is_skipped_and_its_runs_are_no_rows(twins, tmp_path, dam
         [(str(head), "corrupt"), *((str(sweep / r), "unfinished") for r in lost)])
     why = next(s["reason"] for s in skipped if s["status"] == "corrupt")
     assert why.startswith({"flipped": "its seal does not verify: edited, copied from another name or another sweep, or another user's",
-                           "truncated": "not a whole head of this store"}[damage])
+                           "truncated": "not a whole Parquet file"}[damage])
     assert {s["reason"] for s in skipped if s["status"] == "unfinished"} == {load_module.NOT_STORED}
     c = counts(add_success(df), skipped)   # the report counts them against their sweep, not against `store/`
     assert c[["sweep", "runs", "unfinished", "corrupt"]].values.tolist() == [[str(sweep), 3, 3, 1]]

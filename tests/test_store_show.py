@@ -73,7 +73,10 @@ def test_a_stored_run_written_to_a_folder_is_that_run_folder(sweeps, tmp_path):
     out = tmp_path / "copy"
     r = _show(stored, "2", "--to", out)
     assert r.returncode == 0, r.stderr
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == sorted(FILES.values())
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == \
+        sorted([*FILES.values(), ".hydra/hydra.yaml"])
+    job = (out / ".hydra/hydra.yaml").read_text()  # its job's hydra.yaml (kept per job, in its head)
+    assert job == store.index(stored).heads[store.index(stored).runs["2"][0]][1]["hydra"] and "sweep:" in job
     for given, path in FILES.items():
         if given == "summary.json":
             _same_but_own((out / path).read_text(), (folders / "2" / path).read_text())

@@ -159,16 +159,20 @@ class Verdict:
         return self.state == "done"
 
 
+# Where a run's record may be kept but its folder: `rw_sweeps.core.store` adds its lookup when it is imported
+# (every reader of a sweep imports it, through `rw_sweeps.core.layout`); this module imports no store, which
+# reads its rules. A lookup gives the run's Verdict, or None where a run folder holds the run or it keeps none.
+ELSEWHERE: list = []
+
+
 def judge(run_dir, config: dict | None = None) -> Verdict:
     """The one judgement of a run folder (see the module's doc). `config`: its config.yaml, if already read
     and found valid by the caller (placement reads every folder's config once). A run with no folder that
     its sweep's store holds is judged by its record (`rw_sweeps.core.store`: judged by `judge_record` before
     it was sealed)."""
     run_dir = Path(run_dir)
-    from .store import has_folder, stored_verdict  # the store reads this module: imported where it is needed
-
-    if not has_folder(run_dir):  # no run folder holds it (an empty one, a link, a file hide no stored record)
-        verdict = stored_verdict(run_dir)
+    for elsewhere in ELSEWHERE:  # a run no folder holds, recorded elsewhere: the sweep store's
+        verdict = elsewhere(run_dir)
         if verdict is not None:
             return verdict
     if run_dir.is_symlink():  # O_NOFOLLOW guards a file's own name only: a linked folder is refused here

@@ -60,7 +60,7 @@ def _json(x) -> str:
     return text
 
 
-def _jsonl(rows: list[dict]) -> str:
+def jsonl(rows: list[dict]) -> str:
     """One JSON object per line (compact separators with orjson; the same values either way)."""
     if orjson is not None:
         return b"".join([orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in rows]).decode()
@@ -71,16 +71,21 @@ _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: 4× faster, 
 _configs = Templates(lambda d: yaml.dump(d, Dumper=_Dumper, sort_keys=False))  # a grid's configs share a shape
 
 
+def config_text(cfg: dict) -> str:
+    """config.yaml's text for a run's config."""
+    return _configs.text(cfg)
+
+
 def write_config(run_dir: Path, cfg: dict) -> None:
-    atomic_write(Path(run_dir) / CONFIG, _configs.text(cfg))
+    atomic_write(Path(run_dir) / CONFIG, config_text(cfg))
 
 
 def write_run(run_dir: Path, cfg: dict, history: list[dict], snapshots: list[dict]) -> None:
     """Everything but the summary, which `write_summary` adds last: its presence marks the run finished."""
     run_dir = Path(run_dir)
     write_config(run_dir, cfg)
-    atomic_write(run_dir / HISTORY, _jsonl(history))
-    atomic_write(run_dir / SNAPSHOTS, _jsonl(snapshots))
+    atomic_write(run_dir / HISTORY, jsonl(history))
+    atomic_write(run_dir / SNAPSHOTS, jsonl(snapshots))
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:

@@ -299,6 +299,28 @@ def _named(e: OSError, path) -> OSError:
     return type(e)(e.errno, e.strerror, str(path))
 
 
+def create_once(path: Path, data: bytes) -> bool:
+    """Write the file `path` only if nothing is at its name: a fresh temp file linked into place, through the
+    folder's handle (of two processes making it at once one wins, where a rename would let the later replace
+    the earlier). True if this call made it."""
+    with _InDir(path, create=True) as (dfd, name):
+        tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(tmp, _CREATE, 0o666, dir_fd=dfd)
+        except OSError as e:
+            raise _named(e, path) from None
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            try:
+                os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            os.unlink(tmp, dir_fd=dfd)
+
+
 def atomic_write(path: Path, data: str | bytes) -> None:
     """Text (UTF-8) or bytes to `path`, atomically (`write_with`)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data

@@ -215,7 +215,7 @@ class Chunk:
 
     def _store_writer(self):
         """The job's writer of the sweep's store, which keeps the job's Hydra config with its records."""
-        from rw_sweeps.core.store import Writer
+        from rw_sweeps.core.store import Writer  # the store (pyarrow): only a job that writes one
 
         s0 = self.specs[0]
         root = os.path.abspath(s0.sweep_dir)

@@ -26,6 +26,8 @@ from rw_sweeps.core.console import prog, shown
 from rw_sweeps.core.contract import CONFIG, HISTORY, SNAPSHOTS, SUMMARY
 from rw_sweeps.core.store import shard
 
+from .hydra_job import to_yaml
+
 OVERRIDES = ".hydra/overrides.yaml"  # the Hydra job's overrides, in its run folder
 HYDRA = ".hydra/hydra.yaml"  # the Hydra job's config: a stored run's job's, kept in its head's metadata
 OVERRIDES_CAP = 1024 * 1024  # bytes of a job's overrides.yaml (a list of `key=value` lines)
@@ -45,7 +47,7 @@ class Refusal(Exception):
 # ------------------------------------------------------------------------------------------ a stored run's text
 def config_text(config: dict) -> str:
     """config.yaml's text, as `results.write_config` writes it."""
-    return results._configs.text(config)
+    return results.config_text(config)
 
 
 def summary_text(summary: dict) -> str:
@@ -55,13 +57,11 @@ def summary_text(summary: dict) -> str:
 
 def rows_text(rows: list[dict]) -> str:
     """history.jsonl's or snapshots.jsonl's text, as `results.write_run` writes it."""
-    return results._jsonl(rows)
+    return results.jsonl(rows)
 
 
 def overrides_text(overrides: list[str]) -> str:
     """.hydra/overrides.yaml's text, as the launcher writes a job's (Hydra's own YAML)."""
-    from .hydra_job import to_yaml  # Hydra and OmegaConf: only where a run's overrides are printed
-
     return to_yaml(list(overrides))
 
 

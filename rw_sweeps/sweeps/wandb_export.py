@@ -287,7 +287,7 @@ def cell_table(sweep: Path, folder_rows: list[dict], folder_keys: set,
                stored_names: list[str]) -> tuple[list[str], list[list]]:
     """(columns, rows) of the per-cell table: a row per value combination of the swept keys (`swept`), with
     its runs, done and succeeded counts, success rate, and the mean, min and max test_acc of its done runs."""
-    import pandas as pd
+    import pandas as pd  # pandas: only a sweep above EXPORT_ALL runs has its cells tabled
 
     keys = swept(sweep, folder_rows, folder_keys, stored_names)
     frames = list(_sources(sweep, folder_rows, stored_names, [*keys, "status", "test_acc", "opt_acc"]))

@@ -13,17 +13,24 @@ from __future__ import annotations
 # 10,000 files, and each run stays a folder to `ls` and `cat`; at it a store is ~0.01 files a run.
 STORE_FROM = 1000
 
+from .. import contract
 from .index import STORE, Index, body_rows, has_folder, index, listing, present, sweep_id, sweep_of
 from .shard import Refused
 from .writer import Writer, earlier_states, writer_for
 
 
 def stored_verdict(run_dir):
-    """The contract's verdict on a run that has no folder but a record in its sweep's store; else None."""
+    """The contract's verdict on a run that no run folder holds (`has_folder`) but its sweep's store does;
+    else None."""
+    if has_folder(run_dir):
+        return None
     where = sweep_of(run_dir)
     if where is None:
         return None
     return index(where[0]).verdict(where[1])
+
+
+contract.ELSEWHERE.append(stored_verdict)  # `contract.judge` judges a stored run by its record
 
 
 __all__ = ["STORE", "STORE_FROM", "Index", "Refused", "Writer", "body_rows", "index", "listing", "present", "stored_verdict",

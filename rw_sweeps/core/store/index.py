@@ -13,6 +13,7 @@ the many readers of one launch (placement, the skip, status) read each head once
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -197,8 +198,6 @@ def _shard(sweep: str, name: str, entries: dict, bodies: bool, sweep_id: str | N
 
 def _hash_body(path: str, sid: str, meta: dict) -> None:
     """Refused unless the body file hashes to what its head names; read a block at a time, within its cap."""
-    import hashlib
-
     h, size = hashlib.sha256(), 0
     fh, st = readers.open_regular(path, sid + BODY)
     with fh:

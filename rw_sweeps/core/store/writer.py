@@ -13,6 +13,7 @@ removes that file once every run in it is stored.
 """
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import threading
@@ -20,11 +21,12 @@ from pathlib import Path
 
 import orjson
 
-from .. import contract, safefs
+from .. import contract, readers, safefs
+from ..results import CHECKPOINT_CAP, clean, jsonl
 from ..config import canonical
 from ..table import parquet_safe, run_row
 from . import shard
-from .index import STORE, listing, present
+from .index import STORE, index, listing, present, sweep_id
 
 SHARD_RUNS = 4096          # runs per shard at most: a GPU job of 100,000 runs flushes in parts
 SHARD_BYTES = 256 << 20    # a body's text before a flush, at most (a run larger than that is a shard alone)
@@ -74,8 +76,6 @@ class Writer:
         SHARD_RUNS runs and SHARD_BYTES of text; then their checkpoints are dropped. Returns, by index, why a
         run's record could not be made (its summary breaks the contract): that run alone is not stored. A
         write that fails (a full disk) raises, with `stored`: the runs of the shards written before it."""
-        from ..results import _jsonl, clean  # the run folder's own text for history and snapshots
-
         part: list[tuple] = []
         size = 0
         refused: dict[int, str] = {}
@@ -83,7 +83,7 @@ class Writer:
         for i, e in enumerate(entries):
             # the summary as its JSON reads back (a str subclass is a str, NaN is null), judged as a folder's is
             summary = orjson.loads(orjson.dumps(clean(e["summary"]), option=orjson.OPT_SERIALIZE_NUMPY))
-            hist, snaps = _jsonl(e["history"]), _jsonl(e["snapshots"])
+            hist, snaps = jsonl(e["history"]), jsonl(e["snapshots"])
             try:  # judged as a folder's files are (a NaN in a row, written as null, is null to the judge)
                 summary = contract.judge_record(e["cfg"], summary, e["history"], e["snapshots"], Path(e["run_dir"]))
             except contract.Broken as exc:
@@ -144,7 +144,7 @@ class Writer:
         self._checkpoint_or_drop()
 
     def _checkpoint_or_drop(self) -> None:
-        import torch  # only a job that trains writes a checkpoint
+        import torch  # torch: only a job that trains writes a checkpoint
 
         path = self.folder / (self.id + shard.CHECKPOINT)
         if self.states:
@@ -161,25 +161,10 @@ class Writer:
 def _own_sweep_id(sweep: str) -> str:
     """The store's `sweep.id`, made if it has none: a fresh file linked into place, so that of two jobs making
     it at once one wins and both read the winner's (a rename would let the later replace the earlier)."""
-    from .index import sweep_id
-
     found = sweep_id(sweep)
     if found is not None:
         return found
-    fd = safefs.open_dir(os.path.join(sweep, STORE))
-    try:
-        tmp = f".{shard.SWEEP_ID}.{secrets.token_hex(8)}.tmp"
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd)
-        with os.fdopen(out, "w") as fh:
-            fh.write(secrets.token_hex(16) + "\n")
-        try:
-            os.link(tmp, shard.SWEEP_ID, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
-        except FileExistsError:
-            pass  # another job made it first: its id is the sweep's
-        finally:
-            os.unlink(tmp, dir_fd=fd)
-    finally:
-        os.close(fd)
+    safefs.create_once(Path(sweep, STORE, shard.SWEEP_ID), (secrets.token_hex(16) + "\n").encode())
     found = sweep_id(sweep)
     if found is None:
         raise OSError(f"{os.path.join(sweep, STORE, shard.SWEEP_ID)}: not the store's id (32 hex digits); "
@@ -188,8 +173,6 @@ def _own_sweep_id(sweep: str) -> str:
 
 
 def _stored(sweep: str, name: str) -> bool:
-    from .index import index
-
     return name in index(sweep).runs
 
 
@@ -203,12 +186,7 @@ def earlier_states(job: Writer) -> dict[str, tuple[dict | None, str]]:
     loaded, file)}, the newest file's where two hold a run; each file read as a run folder's checkpoint is (a
     regular file within its cap, `weights_only`), a file that does not load is passed over. Whose state a
     blob is, `results.checked_checkpoint` decides (its seal and config)."""
-    import io
-
-    import torch
-
-    from .. import readers
-    from ..results import CHECKPOINT_CAP
+    import torch  # torch: only a job that resumes runs reads a checkpoint
 
     entries = {n: s for n, s in listing(job.sweep).items()
                if n.endswith(shard.CHECKPOINT) and shard.ID.match(n[:-len(shard.CHECKPOINT)] + "-00000")

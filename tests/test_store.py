@@ -133,3 +133,18 @@ def test_a_stored_record_equals_the_run_folder_of_the_same_run(tmp_path):
     history, snapshots = store.body_rows(a, ["0"])["0"]
     assert history == list(contract.rows(b / "0", contract.HISTORY))
     assert snapshots == list(contract.rows(b / "0", contract.SNAPSHOTS))
+
+
+def test_a_body_whose_head_was_never_written_is_removed_by_the_next_launch(tmp_path):
+    sweep = tmp_path / "S"
+    assert launch("-m", *TINY, "seed=0,1", "hydra.launcher.store=true", f"hydra.sweep.dir={sweep}").returncode == 0
+    (head,) = (sweep / "store").glob("*.runs.parquet")
+    body = head.with_name(head.name.replace(".runs.parquet", ".body.parquet"))
+    head.unlink()  # as a job killed between its flush's two renames leaves it
+    planted = sweep / "store" / "notes.body.parquet"  # a name no writer makes: not the project's, left alone
+    planted.write_bytes(b"mine")
+    r = launch("-m", *TINY, "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    assert f"removed {body}: a body whose head was never written (no record)" in r.stdout + r.stderr
+    assert not body.exists() and planted.read_bytes() == b"mine"
+    assert r.stdout.strip().splitlines()[-1].endswith("2 runs: 2 done, 0 skipped, 0 failed, 0 diverged")

@@ -276,6 +276,8 @@ class RwLauncher(Launcher):
         signals.on_stop(lambda: lock.release(sweep_dir))
         # and in the store, a killed flush's or checkpoint's (its files are written only under a held lock)
         safefs.remove_stale_temps(sweep_dir, [*_recorded_runs(sweep_dir), *([store.STORE] if store.present(sweep_dir) else [])])
+        for name in store.remove_orphans(sweep_dir) if store.present(sweep_dir) else ():  # a killed flush's body
+            log.info(f"removed {sweep_dir / store.STORE / name}: a body whose head was never written (no record)")
 
     # ---------------------------------------------------------------------------------------- record
     def _record(self, specs, done, todo) -> dict:

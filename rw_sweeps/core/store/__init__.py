@@ -16,7 +16,7 @@ STORE_FROM = 1000
 from .. import contract
 from .index import STORE, Index, body_rows, has_folder, index, listing, present, sweep_id, sweep_of
 from .shard import Refused
-from .writer import Writer, earlier_states, writer_for
+from .writer import Writer, earlier_states, remove_orphans, writer_for
 
 
 def stored_verdict(run_dir):
@@ -34,4 +34,4 @@ contract.ELSEWHERE.append(stored_verdict)  # `contract.judge` judges a stored ru
 
 
 __all__ = ["STORE", "STORE_FROM", "Index", "Refused", "Writer", "body_rows", "index", "listing", "present", "stored_verdict",
-           "sweep_of", "writer_for", "earlier_states", "has_folder", "sweep_id"]
+           "sweep_of", "writer_for", "earlier_states", "has_folder", "sweep_id", "remove_orphans"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import secrets
+import stat
 import threading
 from pathlib import Path
 
@@ -211,3 +212,17 @@ def earlier_states(job: Writer) -> dict[str, tuple[dict | None, str]]:
         elif held and all(_stored(job.sweep, r) for r in held):  # a job killed between its flush and its
             safefs.unlink(job.folder / name)                     # checkpoint's removal: nothing left to resume
     return out
+
+
+def remove_orphans(sweep) -> list[str]:
+    """Remove the bodies whose head was never written (a job killed between the two renames of a flush): a
+    body alone is no record and nothing reads it. Called by a launch once it holds the sweep's lock, when no
+    job of another launch writes the store. Only names a writer makes (`shard.ID`); the names removed."""
+    entries = listing(sweep)
+    gone = []
+    for name, st in entries.items():
+        sid = name[:-len(shard.BODY)] if name.endswith(shard.BODY) else None
+        if sid is not None and shard.ID.match(sid) and sid + shard.HEAD not in entries and stat.S_ISREG(st.st_mode):
+            safefs.unlink(Path(sweep, STORE, name))
+            gone.append(name)
+    return gone

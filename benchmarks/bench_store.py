@@ -25,7 +25,8 @@ section counts its folder layout where it is given.
    `write_summary`; the Hydra envelope not included); where one more write's time goes, under cProfile.
 4. million: a store of 1,000,000 runs (10 values of p × zero/Gaussian init × 50,000 seeds), each a copy of one of
    20 real runs with its own seed and run id, written by one `Writer`, 4,096 runs a `write` (a shard each: every
-   record judged, its row, Parquet, seal and files; ~10 min); kept in `--million-dir` and reused while it verifies. Then, each in a fresh process,
+   record judged, its row, Parquet, seal and files; ~10 min); kept in `--million-dir` and reused while it
+   verifies. Then, each in a fresh process,
    alternating: the store read by its own primitives (`store.index`, every head's table, one run's body) and by
    the analysis (`load_runs`, `add_success` + `phase_diagram`, `load_history`), each step's wall time and the
    process's peak RSS (VmHWM) after it.
@@ -175,7 +176,7 @@ def inodes(against: Path | None, runs: int) -> None:
     total = sum(counted.values())
     # a job's files are named by its writer's id; the rest (the sweep's files, the store's own) are fixed
     per_job, fixed = job_files / len(jobs), total - job_files
-    cap = max(jobs)
+    cap = max(jobs)  # the largest job measured: at most the launcher's cap, so the projections count jobs high
     rows.append((f"here, {runs:,} runs (measured, {wall:.0f} s)", len(jobs), total, f"{total / runs:.5f}",
                  "  ".join(f"{k} {v}" for k, v in sorted(counted.items()))))
     for n in sorted({100_000, MILLION} - {runs}):
@@ -183,11 +184,11 @@ def inodes(against: Path | None, runs: int) -> None:
         e = round(fixed + j * per_job)
         rows.append((f"here, {n:,} runs (projected)", j, e, f"{e / n:.5f}", f"jobs of ≤ {cap:,} runs, "
                      f"{per_job:g} files a job"))
-    s5 = cpu_cap(validate(RunConfig()))
+    cap5 = cpu_cap(validate(RunConfig()))
     for n in (100_000, MILLION):  # a real shape: a CPU job holds fewer runs, so there are more jobs
-        j = projected_jobs(n, s5)
+        j = projected_jobs(n, cap5)
         e = round(fixed + j * per_job)
-        rows.append((f"here, {n:,} §5 runs on a CPU (projected)", j, e, f"{e / n:.5f}", f"jobs of ≤ {s5:,} runs"))
+        rows.append((f"here, {n:,} §5 runs on a CPU (projected)", j, e, f"{e / n:.5f}", f"jobs of ≤ {cap5:,} runs"))
     for n in (100_000, MILLION):  # the fewest jobs: a GPU job of ≥ SHARD_RUNS runs writes a shard each SHARD_RUNS
         j = -(-n // SHARD_RUNS)
         e = round(fixed + j * per_job)
@@ -203,7 +204,8 @@ def inodes(against: Path | None, runs: int) -> None:
                          f"{per_run:.3f}", f"{per_run:g} entries a run folder"))
     table(rows, ("sweep", "jobs", "entries", "a run", "where"))
     at = {r[0]: r[2] for r in rows}
-    tiny, s5 = at[next(k for k in at if k.startswith("here, 100,000 runs"))], at["here, 100,000 §5 runs on a CPU (projected)"]
+    tiny = at[next(k for k in at if k.startswith("here, 100,000 runs"))]
+    s5 = at["here, 100,000 §5 runs on a CPU (projected)"]
     print(f"\n  goal: ≤ {GOALS['entries_per_run']} entries a run (≤ 1,000 for 100,000 runs): tiny runs "
           f"{verdict(tiny / 100_000 <= GOALS['entries_per_run'])} ({tiny:,} at 100,000); §5 runs on a CPU "
           f"{verdict(s5 / 100_000 <= GOALS['entries_per_run'])} ({s5:,} projected at 100,000)")
@@ -213,20 +215,20 @@ def inodes(against: Path | None, runs: int) -> None:
 GRID_CASES = (("wandb offline", ()), ("wandb disabled", ("wandb.mode=disabled",)))  # the default first: the goals'
 
 
-def grid(against: Path, pairs: int, baseline_runs: int) -> None:
+def grid(against: Path, rounds: int, baseline_runs: int) -> None:
     """The 1,000-run §5 grid end to end, here (stored), here as run folders (`hydra.launcher.store=false`: the
     store's own share, apart from every other change since `against`) and in `against`, in turn (the order
-    rotated each pair), with wandb offline (the default, which the goals are for) and disabled (what the store
+    rotated each round), with wandb offline (the default, which the goals are for) and disabled (what the store
     changes where wandb's own files are not written); the dense baseline."""
     trees = (("here", "here (the store)", ROOT, ()),
              ("folders", "here, store=false (run folders)", ROOT, ("hydra.launcher.store=false",)),
              ("there", f"{against.name} (run folders)", against, ()))
     print(f"## 2. the 1,000-run §5 grid end to end (bench_sweep.grid_once): here stored, here as run folders and in "
-          f"{against}, in turn, {pairs} round(s) each with wandb offline (the default) and disabled\n")
+          f"{against}, in turn, {rounds} round(s) each with wandb offline (the default) and disabled\n")
     b = bench_sweep.baseline(baseline_runs)
     out: dict[tuple, list] = {}
     with bench_sweep.kept_to_the_end() as kept:
-        for i in range(pairs):
+        for i in range(rounds):
             for case, extra in GRID_CASES:
                 for where, _, root, more in trees[i % 3:] + trees[:i % 3]:
                     wall, cpu = bench_sweep.grid_once(root, 100, *extra, *more, keep=kept)
@@ -349,8 +351,9 @@ def writer(runs: int, folder_runs: int, reps: int) -> None:
     from rw_sweeps.core import store
 
     _, _, history, snapshots = real_records()[0]
-    print(f"## 3. the writer: records of real §5 runs ({len(history)} history rows, {len(snapshots)} snapshots) through "
-          f"store.Writer, {runs:,} runs a write; run folders ({folder_runs:,} runs a write) alternating, {reps} rounds\n")
+    print(f"## 3. the writer: records of real §5 runs ({len(history)} history rows, {len(snapshots)} snapshots) "
+          f"through store.Writer, {runs:,} runs a write; run folders ({folder_runs:,} runs a write) alternating, "
+          f"{reps} rounds\n")
     ours, theirs = [], []
     with bench_sweep.kept_to_the_end() as kept:
         for r in range(reps):
@@ -377,22 +380,23 @@ def writer(runs: int, folder_runs: int, reps: int) -> None:
     table([("store.Writer.write", ", ".join(f"{t:.2f}" for t in ours), f"{s_us:.0f}", f"{1e6 / s_us:,.0f}"),
            ("run folders (write_run, write_summary)", ", ".join(f"{t:.2f}" for t in theirs), f"{f_us:.0f}",
             f"{1e6 / f_us:,.0f}")], ("path", "s a write (each)", "µs a run", "runs/s"))
-    print(f"\n  the store {f_us / s_us:.1f}× the run folders' runs/s; one shard's head {sizes.get('.runs', 0) / 1e6:.2f} MB "
+    print(f"\n  the store {f_us / s_us:.1f}× the run folders' runs/s; one shard's head "
+          f"{sizes.get('.runs', 0) / 1e6:.2f} MB "
           f"and body {sizes.get('.body', 0) / 1e6:.2f} MB (the last write's last shard)")
     print(f"  goal ≥ {GOALS['writer_runs_s']:,} runs/s: {verdict(1e6 / s_us >= GOALS['writer_runs_s'])}\n")
     print(f"  where a write's time goes (cProfile, one more write of {runs:,} runs; cumulative s, share of the write):")
     total = steps.pop("store.Writer.write")
-    table([(k, f"{v:.2f}", f"{v / total:.0%}") for k, v in steps.items()] + [("store.Writer.write (all)", f"{total:.2f}",
-          "100%")], ("step", "s", "share"))
+    table([(k, f"{v:.2f}", f"{v / total:.0%}") for k, v in steps.items()]
+          + [("store.Writer.write (all)", f"{total:.2f}", "100%")], ("step", "s", "share"))
     print("\n  cProfile's top entries of that write by own time:")
     table(top, ("function", "calls", "own s", "cumulative s"))
 
 
-PROFILED = [  # (label, file ending, function): the steps of a write, by cumulative time
+PROFILED = [  # (label, file ending, function or its names over time): the steps of a write, by cumulative time
     ("contract.judge_record: the record judged", "core/contract.py", "judge_record"),
     ("  its history and snapshot rows parsed and checked", "core/contract.py", "_done_files"),
     ("  its config checked (config_problem)", "core/contract.py", "config_problem"),
-    ("results._jsonl: history and snapshots as JSONL text", "core/results.py", "_jsonl"),
+    ("results.jsonl: history and snapshots as JSONL text", "core/results.py", ("jsonl", "_jsonl")),
     ("Writer._flush: a shard made and written", "store/writer.py", "_flush"),
     ("  table.run_row: the runs-table rows", "core/table.py", "run_row"),
     ("  shard.encode: Parquet and the seal", "store/shard.py", "encode"),
@@ -411,8 +415,8 @@ def profiled(sweep: Path, runs: int, kept: list) -> tuple[dict[str, float], list
     write_store(sweep, batch)
     prof.disable()
     st = pstats.Stats(prof)
-    steps = {label: sum(v[3] for (f, _, name), v in st.stats.items() if name == fn and f.endswith(ending))
-             for label, ending, fn in PROFILED}
+    steps = {label: sum(v[3] for (f, _, name), v in st.stats.items() if name in (fn if isinstance(fn, tuple) else (fn,))
+                        and f.endswith(ending)) for label, ending, fn in PROFILED}
     top = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:12]
     return steps, [(f"{Path(f).parent.name}/{Path(f).name}:{line}({name})" if f != "~" else name, v[1], f"{v[2]:.3f}",
                     f"{v[3]:.3f}") for (f, line, name), v in top]
@@ -474,7 +478,8 @@ if what == "store":
     idx = step("store.index: heads verified, bodies hashed", lambda: store.index(sweep))
     out["runs"] = len(idx.runs); out["refused"] = len(idx.refused)
     def heads():
-        ts = [shard.read_head(raw).drop_columns([c for c in shard.BOOK if c != "_run"]) for raw, _ in idx.heads.values()]
+        book = [c for c in shard.BOOK if c != "_run"]
+        ts = [shard.read_head(raw).drop_columns(book) for raw, _ in idx.heads.values()]
         return pa.concat_tables(ts, promote_options="default").to_pandas()
     df = step("every head's table → pandas", heads)
     out["rows"] = len(df)
@@ -487,7 +492,8 @@ else:
     df = step("load_runs", lambda: load_runs(sweep, progress=False))
     out["rows"] = len(df)
     if len(df):
-        fig = step("add_success + phase_diagram(data.p, init)", lambda: phase_diagram(add_success(df), "data.p", "init"))
+        fig = step("add_success + phase_diagram(data.p, init)",
+                   lambda: phase_diagram(add_success(df), "data.p", "init"))
         out["cells"] = len(fig.phase_table); plt.close(fig)
         h = step("load_history: one run", lambda: load_history(df[df["run"] == name]))
         out["history_rows"] = len(h)
@@ -496,13 +502,13 @@ print("RESULT " + json.dumps(out))
 
 
 def child(sweep: Path, name: str, what: str) -> dict:
-    """One fresh process reading the million-run store (`what`: store or analysis); its timings and peaks."""
-    t = time.perf_counter()
+    """One fresh process reading the million-run store (`what`: store or analysis): its timings and peaks, and
+    `error` where it failed (its last line; with the steps it had reported where it failed after them)."""
     r = subprocess.run([sys.executable, "-c", CHILD, str(sweep), name, what], cwd=ROOT, capture_output=True, text=True)
+    out = json.loads(r.stdout.split("RESULT ", 1)[1]) if "RESULT " in r.stdout else {}
     if r.returncode != 0:
-        return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200], "process": (time.perf_counter() - t, 0)}
-    out = json.loads(r.stdout.split("RESULT ", 1)[1])
-    out["process"] = (time.perf_counter() - t, 0)
+        last = (r.stderr.strip().splitlines() or ["?"])[-1][:160]
+        out["error"] = f"exit {r.returncode}{' after its last step' if out else ''}: {last}"
     return out
 
 
@@ -525,7 +531,8 @@ def million(sweep: Path, n: int, reps: int, rebuild: bool) -> None:
         print(f"  written by Writer.write, {SHARD_RUNS:,} runs a call, in {s:.0f} s = {n / s:,.0f} runs/s")
     files = list((sweep / "store").iterdir())
     heads = [f for f in files if f.name.endswith(".runs.parquet")]
-    print(f"  {len(files)} files: {len(heads)} shards, heads {sum(f.stat().st_size for f in heads) / 1e6:.0f} MB, bodies "
+    print(f"  {len(files)} files: {len(heads)} shards, heads {sum(f.stat().st_size for f in heads) / 1e6:.0f} MB, "
+          f"bodies "
           f"{sum(f.stat().st_size for f in files if f.name.endswith('.body.parquet')) / 1e9:.2f} GB\n")
     name = str(n - 12_345)  # a run in the middle of a shard
     got: dict[str, list[dict]] = {"store": [], "analysis": []}
@@ -535,21 +542,22 @@ def million(sweep: Path, n: int, reps: int, rebuild: bool) -> None:
     rows = []
     for what in ("store", "analysis"):
         runs = got[what]
-        errors = [x["error"] for x in runs if "error" in x]
-        if errors:
-            rows.append((f"{what}: FAILED", errors[0], "", "", ""))
+        for x in runs:
+            if "error" in x:
+                rows.append((f"{what}: a process FAILED", x["error"], "", "", ""))
+        runs = [x for x in runs if "rows" in x]
+        if not runs:
             continue
         for label in [k for k, v in runs[0].items() if isinstance(v, list)]:
             walls = [x[label][0] for x in runs if label in x]
             rows.append((f"{what}: {label}", ", ".join(f"{w:.2f}" for w in walls), f"{statistics.median(walls):.2f}",
-                         f"{max(x[label][1] for x in runs if label in x):.2f}" if label != "process" else "",
-                         ""))
+                         f"{max(x[label][1] for x in runs if label in x):.2f}", ""))
         rows.append((f"{what}: rows read", runs[0].get("rows"), "", "", f"history rows {runs[0].get('history_rows')}"
                      + (f", {runs[0]['cells']} cells" if "cells" in runs[0] else "")))
     table(rows, ("step (a fresh process each)", "s (each)", "median s", "peak RSS GB", ""))
-    a = got["analysis"]
-    if any("error" in x for x in a):
-        print("\n  the analysis failed on the store: the goals are not measured")
+    a = [x for x in got["analysis"] if "load_history: one run" in x or ("rows" in x and not x["rows"])]
+    if not a:
+        print("\n  the analysis failed on the store every time: the goals are not measured")
         return
     if not a[0]["rows"]:
         print("\n  load_runs reads no stored runs yet (0 rows): its goals are not measured; the store's own rows above "
@@ -558,7 +566,8 @@ def million(sweep: Path, n: int, reps: int, rebuild: bool) -> None:
     med = lambda k: statistics.median(x[k][0] for x in a)  # noqa: E731
     rss = max(x["load_runs"][1] for x in a)
     print(f"\n  goals: load_runs ≤ {GOALS['load_s']:g} s {verdict(med('load_runs') <= GOALS['load_s'])} "
-          f"({med('load_runs'):.1f} s), peak RSS ≤ {GOALS['load_gb']:g} GB {verdict(rss <= GOALS['load_gb'])} ({rss:.2f} GB), "
+          f"({med('load_runs'):.1f} s), peak RSS ≤ {GOALS['load_gb']:g} GB {verdict(rss <= GOALS['load_gb'])} "
+          f"({rss:.2f} GB), "
           f"phase diagram ≤ {GOALS['phase_s']:g} s "
           f"{verdict(med('add_success + phase_diagram(data.p, init)') <= GOALS['phase_s'])}, one history ≤ "
           f"{GOALS['history_s']:g} s {verdict(med('load_history: one run') <= GOALS['history_s'])} "
@@ -578,13 +587,17 @@ def header() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="10,000 runs for the inodes, one grid pair and baseline run, "
-                    "2,000-run writes, a 100,000-run store")
+    ap.add_argument("--quick", action="store_true", help="10,000 runs for the inodes, one grid round and baseline "
+                    "run, 2,000-run writes, a 100,000-run store")
     ap.add_argument("--against", type=Path, help="a checkout of the project before the store (inodes, grid)")
-    ap.add_argument("--section", choices=SECTIONS, action="append", help="one section (repeat for several); all by default")
-    ap.add_argument("--pairs", type=int, help="grid rounds, each here stored, here as folders and --against (default 3; 1 with --quick)")
-    ap.add_argument("--baseline-runs", type=int, help="dense baseline runs of the grid section (default 2; 1 with --quick)")
-    ap.add_argument("--million-dir", type=Path, help="where the million-run store is kept (default: under the temp dir)")
+    ap.add_argument("--section", choices=SECTIONS, action="append",
+                    help="one section (repeat for several); all by default")
+    ap.add_argument("--rounds", type=int, help="grid rounds, each here stored, here as folders and --against "
+                    "(default 3; 1 with --quick)")
+    ap.add_argument("--baseline-runs", type=int, help="dense baseline runs of the grid section (default 2; 1 with "
+                    "--quick)")
+    ap.add_argument("--million-dir", type=Path, help="where the million-run store is kept (default: under the temp "
+                    "dir)")
     ap.add_argument("--rebuild", action="store_true", help="write the million-run store again even if it verifies")
     args = ap.parse_args()
     sections = args.section or list(SECTIONS)
@@ -600,7 +613,7 @@ def main() -> None:
         if s == "inodes":
             inodes(args.against, 10_000 if q else 100_000)
         elif s == "grid":
-            grid(args.against.resolve(), args.pairs or (1 if q else 3), args.baseline_runs or (1 if q else 2))
+            grid(args.against.resolve(), args.rounds or (1 if q else 3), args.baseline_runs or (1 if q else 2))
         elif s == "writer":
             writer(2_000 if q else 10_000, 200 if q else 1_000, 3)
         elif s == "million":

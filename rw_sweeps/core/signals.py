@@ -160,6 +160,16 @@ def check() -> None:
         raise Stopped(signum)
 
 
+def unanswered() -> None:
+    """At the end of a launch that was not stopped: raise the signal that came and was never acted on. Python
+    ignores an exception raised in a callback it runs for itself (a weak reference's, a finaliser's), so a
+    signal whose `Stopped` was raised there was lost, and the launch went on to its end: it still ends as
+    that signal asks, with its line and code."""
+    check()
+    if _State.first is not None and not _State.ending and threading.current_thread() is threading.main_thread():
+        raise Stopped(_State.first)
+
+
 def stopping(exc: Optional[BaseException] = None) -> int:
     """The orderly end begins (idempotent): later signals raise nothing; returns the exit code (the
     first signal's; Ctrl-C's 130 for a KeyboardInterrupt that came without one)."""

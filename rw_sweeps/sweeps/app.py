@@ -295,7 +295,7 @@ def run_front_door(main: Callable, argv: list[str], calling_file: str, config_pa
             raise Refused(one_line(exc)) from exc
         with errors_reach_caller():
             main()
-        signals.check()  # a signal held for after the last results were written
+        signals.unanswered()  # a signal held for after the last results were written, or one Python ignored
     except Refused as exc:  # one line, no traceback, before any job started
         signals.finishing()
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

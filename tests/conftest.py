@@ -1,6 +1,7 @@
 """Shared helpers: run `launch.py` as users do (a real process, real Hydra)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -249,3 +250,20 @@ def pytest_sessionfinish(session, exitstatus):
             f"error: {len(split)} test module(s) ran on more than one worker ({split[0]}, …): their shared "
             f"sweeps were built once per worker; see tests/conftest.py", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder: Path, size: str = "1m"):
+    """A tmpfs of `size` mounted at the new folder `folder` (root only; CI runs as root), unmounted after; the
+    test is skipped where it cannot be mounted."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    folder.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                       text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], capture_output=True)

@@ -17,7 +17,7 @@ import pytest
 from rw_sweeps.core import contract, results, wandb_io
 from rw_sweeps.sweeps import tracking
 
-from .conftest import launch, python, summaries
+from .conftest import launch, python, summaries, small_tmpfs
 from .wandb_files import read_run
 
 FULL = "/dev/full"  # every write fails with ENOSPC: "No space left on device"
@@ -141,18 +141,9 @@ FILLER_KB = 800  # of the disk's 1 MiB: what is left holds about two of the grid
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 1 MiB tmpfs holding an 800 KiB filler file; yields (disk, free), free() deleting the filler."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk") as disk:
         (disk / "filler").write_bytes(b"\0" * (FILLER_KB * 1024))
         yield disk, (disk / "filler").unlink
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 def _lines(r: subprocess.CompletedProcess) -> list[str]:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from rw_sweeps.core import contract, layout, store
 from rw_sweeps.core.store import shard
 
-from .conftest import cpu_seconds, launch, start_launch, status_here, steps_lasting, wait_for_work, wait_until
+from .conftest import small_tmpfs, cpu_seconds, launch, start_launch, status_here, steps_lasting, wait_for_work, wait_until
 from .test_signals import Output, the_line
 
 pytestmark = pytest.mark.e2e  # every test here starts a process (tests/conftest.py)
@@ -516,17 +516,8 @@ def test_sigterm_mid_training_resumes_from_the_jobs_one_checkpoint_file_to_the_u
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 1 MiB tmpfs (root only; CI runs as root), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "disk") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 def _fill(disk: Path) -> Path:

@@ -273,6 +273,12 @@ def remove_stale_temps(root: Path, folders: Iterable[str] = (), older_than_s: fl
 def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
     """`write(fh)` into a fresh temp file in `path`'s folder (made if missing), then renamed into place, both
     through the folder's handle (the one writer)."""
+    _placed(path, write, lambda tmp, name, dfd: os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd))
+
+
+def _placed(path: Path, write: Callable, place: Callable) -> bool:
+    """`write(fh)` into a fresh temp file in `path`'s folder, then `place(tmp, name, dir_fd)` puts it at its
+    name (a rename, or a link); the temp file never outlives the call. What `place` returns (None: True)."""
     with _InDir(path, create=True) as (dfd, name):
         tmp = f".{name}.{secrets.token_hex(8)}.tmp"
         try:
@@ -282,7 +288,7 @@ def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
         try:
             with os.fdopen(fd, "wb") as fh:
                 write(fh)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            placed = place(tmp, name, dfd)
         except BaseException as e:
             try:
                 os.unlink(tmp, dir_fd=dfd)
@@ -291,6 +297,11 @@ def write_with(path: Path, write: Callable[[io.BufferedWriter], None]) -> None:
             if isinstance(e, OSError) and e.errno is not None and not isinstance(e, PlantedLink):
                 raise _named(e, path) from None
             raise
+        try:  # still there after a link (a rename took it)
+            os.unlink(tmp, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        return placed is None or placed
 
 
 def _named(e: OSError, path) -> OSError:
@@ -303,22 +314,14 @@ def create_once(path: Path, data: bytes) -> bool:
     """Write the file `path` only if nothing is at its name: a fresh temp file linked into place, through the
     folder's handle (of two processes making it at once one wins, where a rename would let the later replace
     the earlier). True if this call made it."""
-    with _InDir(path, create=True) as (dfd, name):
-        tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    def link(tmp: str, name: str, dfd: int) -> bool:
         try:
-            fd = os.open(tmp, _CREATE, 0o666, dir_fd=dfd)
-        except OSError as e:
-            raise _named(e, path) from None
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            try:
-                os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-            except FileExistsError:
-                return False
-            return True
-        finally:
-            os.unlink(tmp, dir_fd=dfd)
+            os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+        except FileExistsError:
+            return False
+        return True
+
+    return _placed(path, lambda fh: fh.write(data), link)
 
 
 def atomic_write(path: Path, data: str | bytes) -> None:

@@ -34,7 +34,7 @@ from rw_sweeps.core.console import shown
 from rw_sweeps.core.errors import one_line
 from rw_sweeps.core import results, safefs
 from rw_sweeps.core.safefs import atomic_write, write_with
-from rw_sweeps.core.store import shard
+from rw_sweeps.core.store import arrow, shard
 from rw_sweeps.core.table import ECHOED, LEGACY_NORMALIZE, flatten_config, run_row  # noqa: F401 - the row's owner
 
 CACHE_NAME = "runs.parquet"
@@ -253,7 +253,7 @@ def _load_sweep(sweep: Path, refresh: bool, progress, cache: bool, want: set | N
         skipped += skips
         config_keys |= keys
         if table.num_rows:
-            stored = table.to_pandas()
+            stored = arrow.to_pandas(table)
             df = pd.concat([df, stored], ignore_index=True, sort=False) if len(df) else stored
     if len(df):
         df = df.iloc[_run_order_of(df["_run"])].reset_index(drop=True)
@@ -359,7 +359,7 @@ def _stored_rows(sweep: Path, index, want: set | None, folders: set) -> tuple[pa
 
     def read(sid: str) -> pa.Table:
         raw = index.heads[sid][0]
-        have = pq.ParquetFile(pa.BufferReader(raw)).schema_arrow.names
+        have = arrow.parquet(raw).schema_arrow.names
         t = shard.read_head(raw, columns=[c for c in have if c == "_run" or (
             c not in shard.BOOK and (want is None or c in want))])
         if folders or index.duplicates:   # only the rows this head holds for the table
@@ -458,13 +458,13 @@ def _read_cache(sweep: Path):
     if not seal.verify(mark, b"runs.parquet", raw):   # planted, edited or another user's: rebuilt
         return pd.DataFrame(), {}
     try:
-        table = pq.read_table(pa.BufferReader(raw))
+        table = arrow.read(raw)
         meta = json.loads((table.schema.metadata or {}).get(_META_KEY, b"{}"))
         if meta.get("version") != CACHE_VERSION or not set(_BOOK) <= set(table.column_names):
             return pd.DataFrame(), {}      # another format (or the CLI's output table): rebuild
         if not _cache_types_ok(table):     # a column the contract makes numeric holds text: rebuild
             return pd.DataFrame(), {}
-        df = table.to_pandas()
+        df = arrow.to_pandas(table)
         df.attrs = {}
         return df, meta
     except Exception as e:                 # a torn or foreign file is only a slower load

@@ -54,6 +54,11 @@ def python(*argv, cwd: Path = ROOT, env: dict | None = None, timeout: float = 60
     (`tests/_forked.py`: ~1 s of CPU less a launch), or in a fresh interpreter where the environment changes what
     a library read as the server loaded it. `env`: the whole environment (default: this process's)."""
     e = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    # A command typed in a shell starts its own wandb service. wandb hands its service to child processes
+    # through WANDB_SERVICE, which a test calling wandb in this worker leaves set: a command that inherited it
+    # would share this worker's service, where a run of an earlier command that died stays registered (`run ID
+    # … is in use`).
+    e.pop("WANDB_SERVICE", None)
     if _forked.serves(e, list(argv)):
         return _forked.run(list(argv), cwd, e, timeout)
     return subprocess.run([sys.executable, *map(os.fspath, argv)], cwd=cwd, env=e, text=True, capture_output=True,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from rw_sweeps.core import contract, store
 from rw_sweeps.core.store import shard
 from rw_sweeps.sweeps import status
 
-from .conftest import launch, summaries
+from .conftest import ROOT, launch, summaries
 
 TINY = ["data.n_train=16", "data.n_test=16", "data.N=9", "model.M=20", "optim.steps=3", "wandb.mode=disabled"]
 pytestmark = pytest.mark.e2e
@@ -148,3 +150,37 @@ def test_a_body_whose_head_was_never_written_is_removed_by_the_next_launch(tmp_p
     assert f"removed {body}: a body whose head was never written (no record)" in r.stdout + r.stderr
     assert not body.exists() and planted.read_bytes() == b"mine"
     assert r.stdout.strip().splitlines()[-1].endswith("2 runs: 2 done, 0 skipped, 0 failed, 0 diverged")
+
+
+READ_EVERYTHING = """
+import os, sys, threading
+from analysis.load import load_history, load_runs
+from rw_sweeps.sweeps import show, status
+
+def native():  # the process's threads, less Python's own (tqdm's monitor): what C++ started
+    return len(os.listdir("/proc/self/task")) - len(threading.enumerate())
+
+before = native()
+sweep = sys.argv[1]
+assert status.main([sweep]) == 0
+runs = load_runs(sweep, progress=False)
+assert len(runs) == 4 and len(load_history(runs)) > 0
+assert show.main([sweep, "0"]) == 0
+print("threads", before, native())
+"""
+
+
+def test_the_readers_of_a_store_start_no_native_thread_that_could_outlive_them(tmp_path):
+    """Arrow's thread pools, started by a threaded read, can abort a process at its exit after its work is done
+    (`terminate called without an active exception`, exit -6, seen once from rw-status): every read of the
+    store is done in the reading thread, so no such thread exists when a reader exits."""
+    sweep = tmp_path / "S"
+    r = launch("-m", *TINY, "data.p=0.1,0.5", "seed=0,1", "hydra.launcher.store=true", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 0, r.stderr
+    script = tmp_path / "read.py"
+    script.write_text(READ_EVERYTHING)
+    got = subprocess.run([sys.executable, str(script), str(sweep)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert got.returncode == 0, got.stderr
+    before, after = map(int, got.stdout.strip().splitlines()[-1].split()[1:])
+    assert after == before, got.stdout

@@ -247,9 +247,9 @@ def _hashable(v):
 def _sources(sweep: Path, folder_rows: list[dict], stored_names: list[str], columns=None):
     """The run rows of the sweep as pandas frames: the folders' rows, then each head's columns (`columns`,
     those it has; all when None) for the stored runs it is the first to hold."""
-    import pandas as pd  # pandas and Parquet's footer: only a large sweep's cells need them
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pandas as pd  # pandas and Arrow: only a large sweep's cells need them
+
+    from rw_sweeps.core.store import arrow
 
     if folder_rows:
         frame = pd.DataFrame(folder_rows)
@@ -263,9 +263,9 @@ def _sources(sweep: Path, folder_rows: list[dict], stored_names: list[str], colu
         keep = [n in wanted and idx.runs[n][0] == sid for n in have]
         if not any(keep):
             continue
-        present = set(pq.ParquetFile(pa.BufferReader(raw)).schema_arrow.names)
+        present = set(arrow.parquet(raw).schema_arrow.names)
         cols = [c for c in (meta.get("config_keys") or [] if columns is None else columns) if c in present]
-        yield store.shard.read_head(raw, columns=cols).to_pandas()[keep]
+        yield arrow.to_pandas(store.shard.read_head(raw, columns=cols))[keep]
 
 
 def swept(sweep: Path, folder_rows: list[dict], folder_keys: set, stored_names: list[str]) -> list[str]:

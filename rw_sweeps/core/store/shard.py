@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import seal
+from . import arrow
 from ..readers import GiB
 
 HEAD, BODY, CHECKPOINT = ".runs.parquet", ".body.parquet", ".ckpt.pt"
@@ -150,7 +151,7 @@ def verify_head(shard_id: str, raw: bytes, sweep_id: str | None) -> dict:
 
 def read_head(raw: bytes, columns=None) -> pa.Table:
     """The head's table (`columns`: a selection, read alone) from bytes `verify_head` accepted."""
-    return pq.read_table(pa.BufferReader(raw), columns=columns, page_checksum_verification=True)
+    return arrow.read(raw, columns)
 
 
 def verify_body(shard_id: str, meta: dict, raw: bytes) -> None:
@@ -162,8 +163,7 @@ def verify_body(shard_id: str, meta: dict, raw: bytes) -> None:
 
 def read_body(raw: bytes, runs: list[str] | None = None) -> pa.Table:
     """The body rows of `runs` (all when None), from verified bytes; row groups without them are skipped."""
-    filters = [("_run", "in", list(runs))] if runs is not None else None
-    return pq.read_table(pa.BufferReader(raw), filters=filters, page_checksum_verification=True)
+    return arrow.read(raw) if runs is None else arrow.read_rows(raw, "_run", runs)
 
 
 def _short(exc: BaseException) -> str:

@@ -24,7 +24,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rw_sweeps.core import contract, layout, store
+from rw_sweeps.core import contract, layout, readers, store
+from rw_sweeps.core.results import CHECKPOINT_CAP
 from rw_sweeps.core.store import shard
 
 from .conftest import small_tmpfs, cpu_seconds, launch, start_launch, status_here, steps_lasting, wait_for_work, wait_until
@@ -381,6 +382,10 @@ def test_nothing_at_a_shards_name_is_read_past_its_cap_followed_or_waited_on(ref
     with open(folder / huge, "wb") as fh:
         fh.truncate(shard.HEAD_CAP + 1)
     os.mkfifo(folder / ("w000000000006" + CKPT))
+    # a checkpoint larger than this machine's free memory, sparse: it costs its planter no disk
+    big = "w000000000007" + CKPT
+    with open(folder / big, "wb") as fh:
+        fh.truncate(min(CHECKPOINT_CAP + 1, (readers.memory_available() or CHECKPOINT_CAP) + 1))
     outside_bytes = {p.name: p.read_bytes() for p in outside.iterdir()}
 
     idx = store.index(s)
@@ -394,6 +399,8 @@ def test_nothing_at_a_shards_name_is_read_past_its_cap_followed_or_waited_on(ref
     r = relaunch(s)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == last_line(s, 4, 0), r.stdout
+    said = [ln for ln in r.stdout.splitlines() if ln.startswith("not a checkpoint: ") and big in ln]
+    assert said and all("not read" in ln or "its cap" in ln for ln in said), said  # by its size: never read
     assert records(s) == records(reference)
     assert {p.name: p.read_bytes() for p in outside.iterdir()} == outside_bytes  # not written through a link
     assert os.readlink(folder / (a + HEAD)) == str(outside / (a + HEAD))

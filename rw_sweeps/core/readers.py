@@ -83,6 +83,10 @@ def read_bytes(path, cap: int, what: str | None = None) -> bytes:
     with fh:
         if st.st_size > cap:
             raise Broken(path, f"{what} is {st.st_size:,} bytes; its cap is {cap:,}")
+        free = memory_available()
+        if free is not None and st.st_size > free:  # a planted sparse file costs its finder no disk
+            raise Broken(path, f"{what} is {st.st_size:,} bytes, more than this machine's free memory "
+                               f"({free:,} bytes): not read")
         # as much as the file holds, plus one byte to see it grew: read(n) allocates n bytes first, and a
         # 256 MiB cap read that way costs 256 MiB for a 1 KB record
         want = min(cap, st.st_size) + 1
@@ -92,6 +96,19 @@ def read_bytes(path, cap: int, what: str | None = None) -> bytes:
     if len(raw) > cap:
         raise Broken(path, f"{what} holds more than its cap of {cap:,} bytes")
     return raw
+
+
+def memory_available() -> int | None:
+    """The bytes this machine can still give a process (Linux's MemAvailable), None where it does not say: a
+    file read whole that is larger could only end the reader, for lack of memory."""
+    try:
+        with open("/proc/meminfo", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def lines(path, line_cap: int, total_cap: int, what: str | None = None) -> Iterator[bytes]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import shlex
 import os
 from collections import Counter
 from pathlib import Path
@@ -90,7 +91,8 @@ MAX_RUN_ROWS = 2000  # rows in the page's per-run table; every run is in runs.pa
 
 
 def run_table(runs: pd.DataFrame, out: Path) -> tuple[str, int]:
-    """The per-run table as HTML (a link to each run's folder, the swept keys, the seed, the headline
+    """The per-run table as HTML (a link to each run's folder, or for a stored run the `rw-show` command that
+    prints it, the swept keys, the seed, the headline
     fields), sortable by any column in the browser, and how many runs it leaves out."""
     keys = [k for k in swept_keys(runs) if k != "seed"] + (["seed"] if "seed" in runs else [])
     cols = [c for c in dict.fromkeys([*keys, *RUN_COLUMNS]) if c in runs.columns]
@@ -102,13 +104,27 @@ def run_table(runs: pd.DataFrame, out: Path) -> tuple[str, int]:
     for path, row in zip(shown["path"], shown[cols].itertuples(index=False)):
         href = Path(os.path.relpath(path, Path(out).resolve())).as_posix()
         cells = "".join(f"<td>{_e(_num(v))}</td>" for v in row)
-        # a stored run has no folder to link to: its name alone (its record is in the sweep's store)
-        name = (f"<a href='{_e(href)}/'>{_e(Path(path).name)}</a>" if os.path.isdir(path)
-                else _e(Path(path).name))
+        # a stored run has no folder to link to: its name, with the command that prints it as a folder would
+        sweep, run = os.path.split(path)
+        name = (f"<a href='{_e(href)}/'>{_e(run)}</a>" if os.path.isdir(path)
+                else f"<span title='{_e(f'rw-show {shlex.quote(sweep)} {shlex.quote(run)}')}'>{_e(run)}</span>")
         body.append(f"<tr><td>{name}</td>{cells}</tr>")
     html_ = (f"<table class='sortable' id='runs'><thead><tr>{head}</tr></thead>"
              f"<tbody>{''.join(body)}</tbody></table>")
     return html_, len(runs) - len(shown)
+
+
+def negative_loss_note(runs: pd.DataFrame) -> str:
+    """Why the table's test_loss may be below 0, where any run's is: eq. 2.1's loss is −log(f_y + ε) of a raw score
+    f_y = (V·X·S)_y, not a probability, which exceeds 1 − ε once V has grown; a softmax's cross-entropy cannot."""
+    loss = pd.to_numeric(runs["test_loss"], errors="coerce") if "test_loss" in runs else pd.Series(dtype=float)
+    n = int((loss < 0).sum())
+    if not n:
+        return ""
+    return (f" {n} run(s) have a negative test_loss (lowest {loss.min():.3g}): eq. 2.1's loss (and model=gpt's with "
+            "model.readout=linear) is −log(f_y + ε) of the raw score f_y = (V·X·S)_y, which is not a probability "
+            "and exceeds 1 − ε once V has grown, so the loss goes below 0; a softmax readout's cross-entropy "
+            "cannot.")
 
 
 def _num(v):
@@ -147,7 +163,8 @@ def write_report(out: Path, runs: pd.DataFrame, skipped: list[dict], figures: li
         table, left = run_table(runs, out)
         h.append("<h2>Every run</h2><p>One row per run, linked to its folder; click a column to sort. "
                  + (f"The first {MAX_RUN_ROWS} runs; all {len(runs)} are in " if left else "Also as ")
-                 + "<a href='runs.parquet'>runs.parquet</a> (<code>pandas.read_parquet</code>).</p>" + table)
+                 + "<a href='runs.parquet'>runs.parquet</a> (<code>pandas.read_parquet</code>)."
+                 + _e(negative_loss_note(runs)) + "</p>" + table)
     for sw, sub in (runs.groupby("sweep") if len(runs) else []):
         h.append(f"<h2>Config of {_e(sw)}</h2><p>The keys of the options its runs used. <b>swept</b>: a grid "
                  "axis (or the seed); <b>derived</b>: varies, but follows the swept keys; <b>of</b>: the options that "

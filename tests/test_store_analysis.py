@@ -233,6 +233,7 @@ def test_the_report_of_a_stored_sweep_equals_its_folder_twin(twins, tmp_path):
         page = (tmp_path / name / "index.html").read_text()
         return re.findall(r"<tr><td>(.*?)</td>", page.split("id='runs'")[1].split("</table>")[0])
 
-    assert run_cells("stored") == [str(i) for i in range(6)]   # a stored run has no folder to link to
+    # a stored run has no folder to link to: its name, with the command that prints it as its folder would
+    assert run_cells("stored") == [f"<span title='rw-show {stored} {i}'>{i}</span>" for i in range(6)]
     assert all(c.startswith("<a href=") for c in run_cells("folders"))
     assert not (stored / load_module.CACHE_NAME).exists()

@@ -62,8 +62,8 @@ def parse_args(argv=None):
     if args.out.is_symlink():  # the report is written into a real folder, never through a link
         ap.exit(2, f"error: --out {shown(args.out)}: is a symbolic link; give a folder that is not a link "
                    "(the report is never written through one)\n")
-    if args.tol < 0:
-        ap.error(f"--tol must be >= 0, got {args.tol}")
+    if not 0 <= args.tol < 1:  # accuracies are in [0, 1]: at tol >= 1 every run, at chance or not, succeeds
+        ap.error(f"--tol {args.tol:g}: must be in [0, 1) (success is test_acc >= OPT - tol; e.g. 0.02)")
     out = args.out.resolve()
     blocked = next((a for a in (out, *out.parents) if a.exists() and not a.is_dir()), None)
     if blocked is not None:   # the report is a folder of files: a file at its name or above it stops mkdir

@@ -241,7 +241,7 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
                 # would blend red and green into brown)
                 im = ax.tricontourf(tri, g["value"].to_numpy(), levels=np.linspace(vmin, vmax, 21), cmap="RdYlGn",
                                     extend="both")
-                if np.nanmin(g["value"]) < level < np.nanmax(g["value"]):
+                if crosses(g["value"], level):
                     ax.tricontour(tri, g["value"].to_numpy(), levels=[level], colors="k", linewidths=1.5)
                 if _theory(sub, rec, tri, g, ax, notes):
                     ax.plot([], [], "--", color="tab:red", label="theory: break at the last step")
@@ -267,6 +267,39 @@ def adaptive_diagram(runs: pd.DataFrame, rec: dict, notes: list):
     return fig
 
 
+def crosses(values, level: float) -> bool:
+    """Do the points' values lie on both sides of the level, so that a two-axis panel draws its level set?"""
+    v = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    return len(v) > 0 and v.min() < level < v.max()
+
+
+def _boundary_caption(runs: pd.DataFrame, rec: dict) -> str:
+    """The caption's sentence on the boundary, from the points drawn: the level line of a one-axis sweep; the
+    level set of each two-axis panel whose values cross it, and where none does, that none is drawn."""
+    metric, level = rec["metric"], rec["level"]
+    if len(rec["axes"]) == 1:
+        return f"black line: {metric} = {level:g}, dotted where the curve crosses it"
+    if len(rec["axes"]) > 2:
+        return f"no boundary drawn (more than two axes: the points coloured by {metric})"
+    runs, facet = _facets(runs, rec)
+    pts = points(runs, rec, facet)
+    panels = list(pts.groupby(facet, sort=True, dropna=False)) if facet else [((), pts)]
+    drawn = sum(len(g.dropna(subset=["value"])) >= 3 and crosses(g["value"], level) for _, g in panels)
+    if not drawn:
+        v = pd.to_numeric(pts["value"], errors="coerce")
+        return (f"no boundary drawn: no panel's points cross {metric} = {level:g} (the points' values "
+                f"{v.min():.3g}–{v.max():.3g})")
+    where = "" if drawn == len(panels) else f" (in {drawn} of {len(panels)} panels; the others' points do not cross it)"
+    return f"black: the boundary {metric} = {level:g}{where}"
+
+
+def _described(runs: pd.DataFrame, rec: dict) -> str:
+    try:
+        return _boundary_caption(runs, rec)
+    except KeyError:  # runs without an axis's column: the diagram is not drawn either, and says why
+        return "the boundary not read (the runs lack an axis)"
+
+
 def adaptive_figures(runs: pd.DataFrame, records: dict, notes: list) -> list:
     """(name, caption, draw) for each adaptive sweep's diagram; `records` = {sweep folder: its record}."""
     made = []
@@ -278,7 +311,7 @@ def adaptive_figures(runs: pd.DataFrame, records: dict, notes: list) -> list:
         name = f"adaptive_{rec['metric']}" + (f"_{i}" if len(records) > 1 else "")
         caption = (f"{rec['metric']} over {on} ({Path(sweep).name}, an adaptive sweep): the mean over each "
                    f"point's runs, interpolated on the learner's triangulation; dots: the sampled points; "
-                   f"black: the boundary {rec['metric']} = {rec['level']:g}"
+                   f"{_described(sub, rec)}"
                    + (f" (success: test_acc ≥ OPT − {rec['tol']:g})" if rec["metric"] == SUCCESS else ""))
         made.append((name, caption, lambda sub=sub, rec=rec: adaptive_diagram(sub, rec, notes)))
     return made

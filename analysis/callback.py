@@ -3,13 +3,15 @@
 `conf/config.yaml` ships it under `hydra.callbacks.wandb_analysis`; `wandb.analysis=false` (or
 `wandb.mode=disabled`) turns it off for one launch, `~hydra.callbacks.wandb_analysis` removes it. It uses
 only Hydra's public callback API: `on_multirun_start` warms its imports on a thread while the jobs train,
-`on_multirun_end` reads the run folders and logs the run. It defines no per-job hook, so the packed
-launcher builds no per-run DictConfig for it. A detached or dry-run sweep has nothing to analyse yet.
+`on_multirun_end` reads the run folders and logs the run, with one line when it starts (and how to skip it)
+and one with what it cost. It defines no per-job hook, so the packed launcher builds no per-run DictConfig
+for it. A detached or dry-run sweep has nothing to analyse yet.
 """
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +60,14 @@ class WandbAnalysis(Callback):
             return
         if self._warming is not None:
             self._warming.join()
+        print(f"wandb analysis run: the runs table and phase diagram of {shown(sweep_dir)} "
+              f"(wandb.analysis=false skips it)", flush=True)
+        wall, cpu = time.perf_counter(), time.process_time()
         try:
-            wandb_run.log_analysis(sweep_dir, w)
+            runs, figures = wandb_run.log_analysis(sweep_dir, w)
         except Exception as exc:  # noqa: BLE001 - the run folders are the source of truth
             print(f"warning: wandb analysis run not logged: {type(exc).__name__}: {shown(exc)}", file=sys.stderr)
+            return
+        print(f"wandb analysis run: {runs} run{'s' * (runs != 1)}, {figures} figure{'s' * (figures != 1)} "
+              f"in {time.perf_counter() - wall:.1f} s ({time.process_time() - cpu:.1f} CPU s), "
+              f"{shown(sweep_dir / 'wandb_analysis')}", flush=True)

@@ -3,14 +3,17 @@ their min–max band, against OPT (dashed) and chance 1/K (dotted). One panel pe
 seed), the report's default figure beside the phase diagrams."""
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .load import load_history
-from .phase import LABELS, axis_label, axis_values, pooled_keys, swept_keys
+from .load import has_key, load_history
+from .phase import LABELS, axis_label, axis_values, distinct_runs, pooled_keys, swept_keys
 
 MAX_CELLS = 36      # panels drawn; a larger grid's first cells, and the report says so
+PANEL_CHARS = 40    # a panel title's line: its axes (~2.8 of the panel's 3.4 in) at 8 pt, ~0.6 em a character
 MAX_RUNS = 64       # runs read per cell (the first, in folder order); a panel with more says "k of n"
 
 
@@ -27,6 +30,7 @@ def cells(runs: pd.DataFrame) -> tuple[list[str], list[tuple]]:
 def curve_figures(runs: pd.DataFrame, notes: list[str], metric: str = "test_acc") -> list[tuple]:
     """(name, caption, draw) for the learning curves, or none when no run has a history of `metric`."""
     done = runs[runs["status"] == "done"] if "status" in runs else runs
+    done = distinct_runs(done)   # a run loaded twice (two copies of a sweep) is one curve of its panel
     if not len(done):
         return []
     keys, combos = cells(done)
@@ -52,6 +56,16 @@ def _cell(runs: pd.DataFrame, keys: list[str], combo: tuple) -> pd.DataFrame:
     return runs[mask.to_numpy()]
 
 
+def _title(cell: pd.DataFrame, keys: list[str], combo: tuple, mixed: bool) -> str:
+    """A panel's values of the swept keys, but those its runs' option lacks (`data.p` of a bayes_net run, no
+    value of it); led by the data family where the runs are of several (what tells such a panel apart)."""
+    shown = [f"{LABELS.get(k, k)}={axis_label(k, v)}" for k, v in zip(keys, combo)
+             if v != "none" or has_key(cell, k).any()]
+    if mixed and "data.name" not in keys:
+        shown.insert(0, str(cell["data.name"].iloc[0]))
+    return ", ".join(shown)
+
+
 def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric: str = "test_acc"):
     n = len(combos)
     cols = min(n, 4)
@@ -60,6 +74,7 @@ def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric
     for ax in axes.flat[n:]:
         ax.axis("off")
     cells = [_cell(runs, keys, combo) for combo in combos]
+    mixed = "data.name" in runs and runs["data.name"].nunique() > 1
     # every panel's histories in one read: a stored sweep's body is read once, not once per panel
     read = pd.concat([c.head(MAX_RUNS) for c in cells])
     every = load_history(read)
@@ -68,9 +83,12 @@ def draw_curves(runs: pd.DataFrame, keys: list[str], combos: list[tuple], metric
         sub = cell.head(MAX_RUNS)
         parts = [by_run[p] for p in sub["path"] if p in by_run]
         hist = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-        title = ", ".join(f"{LABELS.get(k, k)}={axis_label(k, v)}" for k, v in zip(keys, combo))
+        title = _title(cell, keys, combo, mixed)
         n = f"{len(sub)} of {len(cell)} runs" if len(sub) < len(cell) else f"{len(sub)} run{'s' * (len(sub) != 1)}"
-        ax.set_title(f"{title} ({n})" if title else n, fontsize=8)
+        # in lines as wide as the panel (3.4 in at 8 pt: ~50 characters), so four swept keys never run into
+        # the next panel's title
+        ax.set_title(textwrap.fill(f"{title} ({n})" if title else n, width=PANEL_CHARS, break_on_hyphens=False),
+                     fontsize=8)
         if len(hist) and metric in hist and hist[metric].notna().any():
             g = hist.groupby("step")[metric]
             mean, lo, hi = g.mean(), g.min(), g.max()

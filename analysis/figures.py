@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from .claims import F11_COS, F11_PARENT
 from .heatmap import heatmap
 from .load import load_history, load_snapshots
 from rw_sweeps.core.markov import Pi   # plain numpy: the one Π
@@ -29,6 +30,22 @@ CURVES = ("fig6", "fig7", "fig10")
 RANDOM_INIT = ("fig6_readings", "fig10_readings", "escape", "locking")
 PAPER_STEPS = (100, 400, 700, 1000)   # the snapshot steps of Figs. 12-13
 ZOOM = 10                             # last positions shown in the attention zoom, Fig. 4(d)
+# What each paper figure shows (the paper's text, arXiv 2511.23239), written in its caption
+# beside what the run shows: a caption states the run's numbers, never the paper's picture as the run's.
+PAPER = {
+    "fig4": "accuracy close to OPT (50 %) within a few steps, V recovers Πᵀ, attention on the parent x_{N−1} "
+            "close to 1",
+    "fig5": "accuracy ≈ 1/K, V ≈ ∝ 1_{K×K}, the same attention on every token",
+    "fig8": "as Fig. 4 at K = 20, N = 101: accuracy near OPT, V recovers Πᵀ, attention on the parent",
+    "fig9": "as Fig. 5 at K = 20, N = 101: accuracy ≈ 1/K, the same attention on every token",
+    "fig6": "p = 0.5 close to OPT (50 %) after about 400 steps; p = 1 below 100 % through step 1000",
+    "fig7": "Task 1 close to 100 % within 100 steps; Task 2 around 50 %",
+    "fig10": "with the FFN: Task 1 close to 100 % within 100 steps; Task 2 around 50 %",
+    "fig11": "V recovers Πᵀ, and the attention on the direct parent is the largest and close to 1",
+    "fig12": "V ≈ ∝ 1_{K×K} through step 700, no longer at step 1000",
+    "fig13": "X·S ≈ ∝ 1 with variance ≈ 0 across sequences through step 700; at step 1000 one token's score "
+             "much larger than the others",
+}
 
 
 def fig_pi(K: int = 6, ps=(0.5, 0.7, 1.0)):
@@ -166,12 +183,14 @@ def paper_figures(runs: pd.DataFrame, notes: list[str] | None = None, max_runs: 
         if exp in PER_RUN:
             for i, (_, run) in enumerate(_one_per_setting(sub).head(max_runs).iterrows()):
                 yield (f"{exp}_run{i}", f"{n}: accuracy, V beside Πᵀ, mean attention by "
-                       f"position and its last {ZOOM} positions — {_describe(run)}",
+                       f"position and its last {ZOOM} positions — {_describe(run)}. "
+                       f"The paper: {PAPER[exp]}. {_shows(run)}.",
                        partial(fig_run, run, f"{n} — {_describe(run)}"))
         elif exp in CURVES:
             by = swept_keys(sub)
             yield (f"{exp}_curves", f"{n}: test accuracy and KL over steps, mean and min–max "
-                   f"over seeds, by {', '.join(by) or 'nothing (one setting)'}.",
+                   f"over seeds, by {', '.join(by) or 'nothing (one setting)'}. The paper: {PAPER[exp]}. "
+                   f"These runs at their last step: {_ends(sub, by)}.",
                    partial(fig_curves, sub, by, f"{n}: {len(sub)} runs"))
             if exp == "fig6":
                 yield from _figs_11_to_13(sub)
@@ -186,14 +205,74 @@ def _figs_11_to_13(sub: pd.DataFrame):
     rw, det = sub[~p.isin([0.0, 1.0])], sub[p.isin([0.0, 1.0])]
     if len(rw):
         run = rw.iloc[0]
-        yield ("fig11", f"Fig. 11: the random walk of Fig. 6 — {_describe(run)}: V recovers Πᵀ, "
-               "attention on the parent.", partial(fig_11, run))
+        yield ("fig11", f"Fig. 11: the random walk of Fig. 6 — {_describe(run)}. The paper: {PAPER['fig11']}. "
+               f"{_shows(run)}: {_fig11_verdict(run)}.", partial(fig_11, run))
     run = det.iloc[0] if len(det) else sub.iloc[0]
     yield ("fig12", f"Fig. 12: V at the snapshot steps nearest {list(PAPER_STEPS)} — "
-           f"{_describe(run)}.", partial(fig_v_steps, run, title=f"Fig. 12 — {_describe(run)}"))
+           f"{_describe(run)}. The paper: {PAPER['fig12']}. {_shows(run)}.",
+           partial(fig_v_steps, run, title=f"Fig. 12 — {_describe(run)}"))
     yield ("fig13", "Fig. 13: the weighted-average token X·S of one test sequence, and the "
-           f"variance of its entries across test sequences — {_describe(run)}.",
-           partial(fig_h_steps, run, title=f"Fig. 13 — {_describe(run)}"))
+           f"variance of its entries across test sequences — {_describe(run)}. The paper: {PAPER['fig13']}. "
+           f"{_shows(run)}.", partial(fig_h_steps, run, title=f"Fig. 13 — {_describe(run)}"))
+
+
+# ---------------------------------------------------------------------------------------------
+# what the runs show, for the captions: their own summary numbers
+
+def _value(run, key):
+    """The run's summary value of `key` as a float, or None where it has none (missing, null, NaN)."""
+    v = pd.to_numeric(pd.Series([run.get(key)]), errors="coerce").iloc[0]
+    return None if pd.isna(v) else float(v)
+
+
+def _shows(run) -> str:
+    """What the run shows at its last step, from its summary: accuracy against OPT and 1/K, and (a walk) the
+    attention on the parent, cos(V, Πᵀ) and where the symmetric attention broke."""
+    acc, opt, K, steps = (_value(run, k) for k in ("test_acc", "opt_acc", "data.K", "steps"))
+    parts = [f"test_acc {_g(acc)}" + (f" (OPT {_g(opt)}, 1/K {1 / K:.3g})" if opt is not None and K else "")]
+    if _is_walk(run):
+        parts += [f"{label} {_g(_value(run, key))}" for key, label in
+                  (("parent_attention", "parent attention"), ("v_pi_cosine", "cos(V, Πᵀ)"))
+                  if _value(run, key) is not None]
+        broke = _value(run, "symmetry_break_step")
+        if broke is not None:
+            parts.append(f"symmetric attention left at step {int(broke)}")
+        elif "symmetry_break_step" in run.index and steps is not None:
+            parts.append(f"attention symmetric through step {int(steps)}")
+    at = f" at step {int(steps)}" if steps is not None else ""
+    return f"This run{at}: " + ", ".join(parts)
+
+
+def _fig11_verdict(run) -> str:
+    """Whether the run shows Fig. 11's picture by the reading table's thresholds (`analysis.claims`)."""
+    parent, cos = _value(run, "parent_attention"), _value(run, "v_pi_cosine")
+    if parent is None or cos is None:
+        return "it has no parent attention or cos(V, Πᵀ) to compare"
+    if parent >= F11_PARENT and cos >= F11_COS:
+        return "the paper's picture"
+    return (f"not the paper's picture (that needs parent attention ≥ {F11_PARENT:g} and cos(V, Πᵀ) ≥ "
+            f"{F11_COS:g})")
+
+
+def _ends(runs: pd.DataFrame, by: list[str]) -> str:
+    """Per setting of `by`: the final test accuracy, mean and min–max over its runs, against OPT."""
+    groups = runs.groupby(by, sort=True, dropna=False) if by else [((), runs)]
+    out = []
+    for key, sub in groups:
+        acc = pd.to_numeric(sub.get("test_acc", pd.Series(dtype=float)), errors="coerce").dropna()
+        opt = pd.to_numeric(sub.get("opt_acc", pd.Series(dtype=float)), errors="coerce").dropna()
+        label = ", ".join(f"{k} = {axis_label(k, v)}" for k, v in zip(by, np.atleast_1d(key))) or "all runs"
+        if not len(acc):
+            out.append(f"{label}: no test_acc")
+            continue
+        spread = f" ({_g(acc.min())}–{_g(acc.max())})" if len(acc) > 1 else ""
+        out.append(f"{label}: test_acc {_g(acc.mean())}{spread} over {len(acc)} run(s)"
+                   + (f", OPT {_g(opt.iloc[0])}" if len(opt) else ""))
+    return "; ".join(out)
+
+
+def _g(v) -> str:
+    return "none" if v is None else f"{v:.3g}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +299,10 @@ def _attention(ax, S, title, zoom=None):
     lo = N - zoom if zoom else 0
     colors = ["C3" if k == N - 1 else "C2" if k == N else "C0" for k in j[lo:]]
     ax.bar(j[lo:], S[lo:], color=colors, width=0.8)
-    ax.set_xlabel("position j  (red: parent x_{N−1}, green: query)", fontsize=8)
+    # the key names only the colours drawn (a zoom, or a map without the query's column, lacks some)
+    key = [text for c, text in (("C3", "red: position N−1, a walk's parent"), ("C2", "green: the query"))
+           if c in colors]
+    ax.set_xlabel("position j" + (f"  ({', '.join(key)})" if key else ""), fontsize=8)
     ax.set_ylabel("S_j")
     ax.set_title(title, fontsize=9)
     if zoom:

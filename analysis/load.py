@@ -103,6 +103,10 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
             if k in df.columns and str(df[k].dtype) != "str" and _only(df[k], "string"):
                 df[k] = df[k].astype("str")
         df = _schema_typed(df, config_keys)
+        if "init.sigma" in df.columns and "init" in df.columns:
+            # zero init is the σ = 0 point of the σ axis (V = W = 0, `phase.zero_init`): a groupby on σ keeps
+            # its runs; `has_key` still says σ is no key of its option
+            df["init.sigma"] = df["init.sigma"].where(df["init"] != "zero", 0.0)
     df.attrs = {"config_keys": Shared(sorted(config_keys)), "skipped": Shared(skipped)}
     return df
 
@@ -620,11 +624,6 @@ def _schema_typed(df: pd.DataFrame, keys) -> pd.DataFrame:
             except (TypeError, ValueError):
                 pass
     return df
-
-
-def _is(v, kind) -> bool:
-    """isinstance, where a bool is no number (JSON's true is not 1)."""
-    return isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
 
 
 def _read_jsonl(f: Path):

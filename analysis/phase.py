@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -137,6 +138,8 @@ def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "s
         raise ValueError(f"x, y, row and col must be different keys, got {keys}")
     if agg not in ("mean", "median"):
         raise ValueError(f"agg must be mean or median, got {agg!r}")
+    if metric in ("success", "acc_norm") and metric not in df.columns:
+        df = add_success(df)   # `load_runs`'s table as it comes: the success rule at the default tolerance
     for k in keys + [metric] + ([theory] if theory else []):
         if k not in df.columns:
             raise KeyError(k)
@@ -166,7 +169,10 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     on a log scale when they span decades. The title counts the distinct runs per cell (a run loaded twice
     counts once) and names the swept keys the cells pool over.
 
-    Returns the figure; its table (`phase_table`, one line per cell) is `fig.phase_table`."""
+    Returns the figure, or with `ax=` the Axes it drew into (as seaborn's axes-level functions do, so a
+    notebook cell ending with the call shows the figure once); its table (`phase_table`, one line per cell)
+    is `.phase_table` of either, and of the figure. `success` and `acc_norm` are added (`add_success`, the
+    default tolerance) where `df` lacks them."""
     into = ax   # the caller's axes: the diagram, its colour bar and its legend stay inside its slot
     if into is not None and (row or col):
         raise ValueError("ax= draws one panel: leave row and col out (or pass no ax)")
@@ -206,9 +212,14 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
         if col:
             sub = sub[_match(sub[col], cv)]
         ax = axes[i, j]
-        _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory)
         facet = ", ".join(f"{LABELS.get(k, k)} = {axis_label(k, v)}"
                           for k, v in ((row, rv), (col, cv)) if k)
+        if not len(sub):   # a facet no run reached (sweeps of other shapes loaded together): said, not drawn
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, f"{facet}:\nno runs", ha="center", va="center", fontsize=9, color="0.4",
+                    transform=ax.transAxes)
+            continue
+        _facet(ax, sub, x, y, xs, ys, y_names, metric, cmap, norm, theory)
         ax.set_title(facet, fontsize=10)
     if into is None:
         fig.set_layout_engine("constrained")
@@ -221,7 +232,8 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
                           else ""),
                        shrink=0.9, aspect=30, **({"fraction": 0.08, "pad": 0.03} if into is not None else {}))
     if circle and x in ("data.p", "p") and all(isinstance(v, (int, float)) for v in xs):
-        for panel in axes.flat:   # after the colour bar took its room: a twin made before keeps the old slot
+        # after the colour bar took its room: a twin made before keeps the old slot
+        for panel in (a for a in axes.flat if a.axison):
             _opt_axis(panel, xs)
     if into is not None and fig.get_layout_engine() is None:
         _keep_in_slot(into, bar.ax, slot)
@@ -230,9 +242,14 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     label = _metric_label(metric, agg) + ("; cell: measured / predicted" if theory else "")
     pooled = pooled_keys(df, [k for k in (x, y, row, col) if k])
     over = f", pooled over {', '.join(pooled)}" if pooled else ""
-    # wrapped at the figure's edges: a long title (many pooled keys) is never cut off
+    # broken into lines as wide as the axes (the figure), so a long title (many pooled keys) is never cut
+    # off; matplotlib's own wrap= is laid out against the figure at draw time, and an inline (tight) figure
+    # keeps the height of the unwrapped line: blank above the panel
+    size = 11 if into is None else 9
+    width = (into.get_position().width if into is not None else 1.0) * fig.get_figwidth()
     (into.set_title if into is not None else fig.suptitle)(
-        title or f"{label} ({per_cell} run{'' if per_cell == '1' else 's'} per cell{over})", fontsize=11 if into is None else 9, wrap=True)
+        _wrapped(title or f"{label} ({per_cell} run{'' if per_cell == '1' else 's'} per cell{over})", width, size),
+        fontsize=size)
     handles = []
     if table["theory_fail"].any():
         handles.append(Patch(fill=False, edgecolor="black", ls="--", lw=2,
@@ -246,7 +263,15 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
         into.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(0, 0),
                     bbox_transform=_below_xlabel(into), borderaxespad=0)
     fig.phase_table = table
+    if into is not None:
+        into.phase_table = table
+        return into
     return fig
+
+
+def _wrapped(text: str, inches: float, fontsize: float) -> str:
+    """`text` in lines that fit `inches` at `fontsize` (a character of DejaVu Sans: ~0.6 em on average)."""
+    return textwrap.fill(text, width=max(int(inches * 72 / (0.6 * fontsize)), 20), break_on_hyphens=False)
 
 
 def _keep_in_slot(ax, bar_ax, slot) -> None:

@@ -44,6 +44,7 @@ def _pngs(folder: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ the report's folder
+@pytest.mark.e2e  # it launches
 def test_a_report_folder_that_is_a_link_is_refused_in_one_line(grid, tmp_path):
     target = tmp_path / "out5"
     target.mkdir()
@@ -55,6 +56,7 @@ def test_a_report_folder_that_is_a_link_is_refused_in_one_line(grid, tmp_path):
     assert list(target.iterdir()) == []
 
 
+@pytest.mark.e2e  # it launches
 def test_the_sweep_end_report_folder_at_a_link_is_refused_not_followed(grid, tmp_path):
     from analysis.__main__ import build
     from rw_sweeps.core import safefs
@@ -68,6 +70,7 @@ def test_the_sweep_end_report_folder_at_a_link_is_refused_not_followed(grid, tmp
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.e2e  # it launches
 def test_the_report_folder_swapped_for_a_link_mid_analysis_is_never_written_through(grid, tmp_path, monkeypatch):
     """A co-worker swaps the sweep-end report folder for a link while the analysis reads the runs: the next file
     written there is refused (reached from the sweep's handle, one folder at a time), none lands outside."""
@@ -90,6 +93,7 @@ def test_the_report_folder_swapped_for_a_link_mid_analysis_is_never_written_thro
     assert list(outside.iterdir()) == []
 
 
+@pytest.mark.e2e  # it launches
 def test_the_report_is_written_through_the_held_folder(grid, tmp_path):
     r = python("-m", "analysis", grid, "--out", tmp_path / "rep")
     assert r.returncode == 0, r.stderr
@@ -102,6 +106,7 @@ def test_the_report_is_written_through_the_held_folder(grid, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the user's own files
+@pytest.mark.e2e  # it launches
 def test_a_users_own_runs_parquet_in_a_folder_that_is_no_sweep_is_left_as_it_is(grid, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
@@ -120,6 +125,7 @@ def test_a_users_own_runs_parquet_in_a_folder_that_is_no_sweep_is_left_as_it_is(
     assert sorted(p.name for p in home.iterdir()) == ["0", "notes.txt", "runs.parquet"]
 
 
+@pytest.mark.e2e  # it launches
 def test_a_folder_without_a_runs_parquet_gets_the_sealed_cache(grid, tmp_path):
     from analysis.load import _read_cache
 
@@ -155,6 +161,7 @@ def test_a_sealed_adaptive_json_copied_from_another_sweep_is_ignored_in_one_line
 
 
 # ------------------------------------------------------------------------------------------ names printed
+@pytest.mark.e2e  # it launches
 def test_a_run_folder_named_with_escape_codes_is_printed_escaped(grid, tmp_path):
     shutil.copytree(grid / "0", grid / PLANTED, symlinks=True)  # a copy of a run folder, under a planted name
     r = python("-m", "analysis", grid, "--out", tmp_path / "rep")

@@ -58,6 +58,7 @@ def everything_in(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
+@pytest.mark.e2e  # it launches
 def test_run_folders_swapped_for_links_while_launches_write_land_nothing_outside(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -89,6 +90,7 @@ def test_run_folders_swapped_for_links_while_launches_write_land_nothing_outside
     assert all((sweep / n / "summary.json").is_file() for n in "01")
 
 
+@pytest.mark.e2e  # it launches
 def test_run_folders_swapped_for_links_while_the_adaptive_sweeper_writes_land_nothing_outside(tmp_path):
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -110,6 +112,7 @@ def test_run_folders_swapped_for_links_while_the_adaptive_sweeper_writes_land_no
     assert everything_in(victim) == []
 
 
+@pytest.mark.e2e  # it launches
 def test_a_launch_into_a_folder_of_someone_elses_files_is_one_line_and_touches_nothing(tmp_path):
     home = tmp_path / "project"
     (home / "0").mkdir(parents=True)
@@ -129,6 +132,7 @@ def test_a_launch_into_a_folder_of_someone_elses_files_is_one_line_and_touches_n
     assert not (home / ".rw_lock").exists() and not (home / ".rw_sweep.json").exists()
 
 
+@pytest.mark.e2e  # it launches
 def test_an_empty_folder_and_a_sweep_of_ours_are_launched_into(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -205,6 +209,7 @@ def test_a_path_through_dot_dot_is_the_folder_the_kernel_finds(tmp_path):
         safefs.release(given)
 
 
+@pytest.mark.e2e  # it launches
 def test_a_sweep_folder_that_is_a_link_is_one_line(tmp_path):
     (tmp_path / "real").mkdir()
     os.symlink(tmp_path / "real", tmp_path / "sl")
@@ -238,6 +243,7 @@ def test_no_module_but_safefs_writes_a_sweep_file_by_path():
     assert offenders == []
 
 
+@pytest.mark.e2e  # it launches
 def test_a_copy_of_a_finished_run_folder_is_counted_once_with_one_line(tmp_path):
     import shutil
     sweep = tmp_path / "S"

@@ -171,7 +171,8 @@ def test_a_full_disk_under_a_grid_with_wandb_is_one_wandb_line_and_exit_1_and_th
     assert len(gathered) == 1, text[-3000:]
     assert "No space left on device" in gathered[0] and f"wandb_export {os.path.realpath(sweep)} " in gathered[0], gathered
     # the analysis run (the callback's line) is the only other line that speaks of wandb
-    others = [ln for ln in lines if "wandb" in ln.lower() and ln not in gathered]
+    others = [ln for ln in lines if "wandb" in ln.lower() and ln not in gathered
+              and not ln.startswith("wandb analysis run: the runs table")]  # the analysis run's own start line
     assert all(ln.startswith("warning: wandb analysis run ") for ln in others) and len(others) <= 1, others
     assert len(lines) < 20, text  # was 1,600–2,205 for this grid
     done = {n for n, s in summaries(sweep).items() if s["status"] == "done"}

@@ -314,6 +314,7 @@ def _whole(tmp_path_factory) -> Path:
     return _WHOLE["dir"]
 
 
+@pytest.mark.e2e  # it launches
 @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(delay_s=st.floats(min_value=0.5, max_value=6.0), sig=st.sampled_from(sorted(CODES)))
 def test_a_signal_at_any_moment_is_a_clean_stop_and_the_relaunch_equals_the_uninterrupted_sweep(

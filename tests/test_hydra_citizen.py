@@ -299,7 +299,8 @@ def test_the_shipped_optuna_search_preset_runs_its_study(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     runs = summaries(sweep)
-    assert len(runs) == 4 and best["best_value"] == max(s["test_acc"] for s in runs.values())
+    assert len(runs) == 4 and best["best_value"] == min(s["test_kl"] for s in runs.values())
+    assert len({s["test_kl"] for s in runs.values()}) == 4  # a search over something that varies
     assert {"optim.lr", "optim.eps"} == set(best["best_params"]) and all(s["p"] == 0.8 for s in runs.values())
 
 
@@ -330,8 +331,10 @@ def test_help_says_what_the_app_is_and_lists_the_groups_and_every_keys_comment(t
                   if ": " in line)
     assert "random_walk" in groups["data"] and "_schema" not in out.split("== Keys")[0]
     assert {"debug", "hparams_search", "experiment"} <= set(groups)
-    assert "  data.p=0.5  # " in out and "init=gaussian: V_ij(0), W_ij(0)" in out and "  init.sigma=0.01" in out
+    assert "  data.p=0.5  # " in out and "init=zero: V(0) = 0" in out and "init: gaussian, gpt2, zero*" in out
     assert "  optim.lr=1.0" in out and "wandb.entity=null  # " in out
+    other = launch("--help", "init=gaussian", cwd=tmp_path).stdout  # another option's keys: named on the line
+    assert "init=gaussian: V_ij(0), W_ij(0)" in other and "  init.sigma=0.01" in other and "init=zero:" not in other
 
 
 def test_a_missing_extras_plugin_names_the_extra_to_install():

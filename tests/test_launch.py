@@ -267,7 +267,7 @@ def test_a_pseudo_terminal_without_a_size_gets_the_log_line_ticker(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("args, cause", [
-    (["init=uniform"], "hydra.errors.MissingConfigException: In 'config': Could not find 'init/uniform'"),
+    (["init=no_such_init"], "hydra.errors.MissingConfigException: In 'config': Could not find 'init/no_such_init'"),
     (["data.p=1.5"], None),
     (["-m", "init=zero,gaussian", "init.sigma=1e-4,1e-2"], None),   # refused by the sweeper, inside Hydra
 ])
@@ -306,7 +306,7 @@ def _seen(r: subprocess.CompletedProcess, folder, files) -> tuple:
 @pytest.mark.parametrize("args, env, status", [
     (["-m", "data.p=0.5,1", *SMALL], {}, 0),                        # a sweep: its lines, its folders' files
     (["data.p=1.5"], {}, 2),                                        # a refusal: one line
-    (["init=uniform"], {"HYDRA_FULL_ERROR": "1"}, 1),               # Python's whole trace, from launch.py's frame
+    (["init=no_such_init"], {"HYDRA_FULL_ERROR": "1"}, 1),              # Python's whole trace, from launch.py's frame
     (["-m", "data.p=0.5", *SMALL], {"RW_SWEEPS_PROGRESS_S": "0"}, 0),   # read as a batch starts
 ], ids=["sweep", "refusal", "trace", "import-time-variable"])
 def test_the_suites_forked_launch_is_what_a_fresh_interpreter_gives(tmp_path, args, env, status):

@@ -69,7 +69,7 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_ends_as_if_uninter
     resumed = re.search(r"resuming .* from its checkpoint at step (\d+)", r.stdout)
     assert resumed, r.stdout
     assert 0 < int(resumed.group(1)) < steps
-    assert r.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 1 runs: 1 done, 0 skipped, 0 failed, 0 diverged"
+    assert r.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 1 run: 1 done, 0 skipped, 0 failed, 0 diverged"
     assert ref.wait(timeout=300) == 0
     a, b = summaries(tmp_path / "ref")["0"], summaries(sweep)["0"]
     differ = {k for k in a if a[k] != b[k]}

@@ -25,7 +25,7 @@ pytest.importorskip("ipykernel")
 # What the test reads out of the kernel after the notebook's own cells ran: the state its cells left
 PROBE = """import json
 print(json.dumps({"runs": len(runs), "p": sorted(set(runs["data.p"])),
-                  "cells": fig.phase_table.assign(theory_fail=fig.phase_table["theory_fail"].astype(bool))
+                  "cells": ax.phase_table.assign(theory_fail=ax.phase_table["theory_fail"].astype(bool))
                   .to_dict("records"), "history": len(history)}, default=str))"""
 
 

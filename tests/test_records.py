@@ -104,7 +104,7 @@ def test_a_record_that_meets_the_contract_is_read(tmp_path):
     sweep = sweep_with(tmp_path, status.STATE, {**GOOD, "start": None})  # null: a writer without /proc
     r = status_cmd(str(sweep), timeout=60)
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    assert r.stdout == f"sweep {sweep}: 1 runs: 0 done, 0 skipped, 0 failed, 0 diverged, 0 running, 1 pending\n"
+    assert r.stdout == f"sweep {sweep}: 1 run: 0 done, 0 skipped, 0 failed, 0 diverged, 0 running, 1 pending\n"
 
 
 @pytest.mark.e2e
@@ -113,7 +113,7 @@ def test_a_missing_record_still_counts_the_runs_from_their_folders(tmp_path):
     (sweep / "0" / ".hydra").mkdir(parents=True)
     r = status_cmd(str(sweep), timeout=60)
     assert r.returncode == 0 and "has no .rw_sweep.json" in r.stderr
-    assert r.stdout == f"sweep {sweep}: 1 runs: 0 done, 0 skipped, 0 failed, 0 diverged, 0 running, 1 pending\n"
+    assert r.stdout == f"sweep {sweep}: 1 run: 0 done, 0 skipped, 0 failed, 0 diverged, 0 running, 1 pending\n"
 
 
 # ------------------------------------------------------------------------------ status: what it prints
@@ -135,7 +135,7 @@ def test_escape_codes_in_a_label_a_run_name_and_an_error_are_printed_escaped(tmp
         line = f"failed {sweep}/run\\x1b]0;title\\x07: boom\\x1b[31m\\x0aforged line\n"
         assert r.stderr.endswith(line) and r.stderr.count("\n") == (2 if args else 1)  # --wait: a [status] line first
         # the sweep is named as given (the record's label is not printed: tests/test_edges_status.py)
-        assert "ALL GOOD" not in out and r.stdout.startswith(f"sweep {sweep}: 1 runs: 0 done, 0 skipped, 1 failed")
+        assert "ALL GOOD" not in out and r.stdout.startswith(f"sweep {sweep}: 1 run: 0 done, 0 skipped, 1 failed")
 
 
 @pytest.mark.e2e
@@ -165,7 +165,7 @@ def test_a_local_sweep_whose_pid_was_reused_by_another_process_has_ended(tmp_pat
     sweep = sweep_with(tmp_path, status.STATE, local_record(status.process_start(ME) + 1))
     r = status_cmd(str(sweep), timeout=60)
     assert r.returncode == 1
-    assert r.stdout == (f"sweep {sweep}: 1 runs: 0 done, 0 skipped, 1 failed, 0 diverged, 0 running, 0 pending; "
+    assert r.stdout == (f"sweep {sweep}: 1 run: 0 done, 0 skipped, 1 failed, 0 diverged, 0 running, 0 pending; "
                         "jobs: 1 ENDED\n")
     assert r.stderr == f"failed {sweep}/0: job local ended (ENDED) without writing this run's summary\n"
 

@@ -20,6 +20,7 @@ import pytest
 from hydra.test_utils.launcher_common_tests import LauncherTestSuite
 
 from rw_sweeps.core import contract, store
+from rw_sweeps.core.console import counted
 from rw_sweeps.core.store import shard
 from rw_sweeps.sweeps import status
 from .conftest import SMALL, forget_version_base, launch, one_error_line, start_launch, status_cmd, steps_lasting, summaries, wait_until
@@ -85,7 +86,7 @@ def sacct(arrays: list[str], *fields: str, duplicates: bool = False) -> dict[str
 
 
 def line(sweep: Path, n: int, done: int, skipped: int, failed: int, diverged: int) -> str:
-    return f"sweep {sweep}: {n} runs: {done} done, {skipped} skipped, {failed} failed, {diverged} diverged"
+    return f"sweep {sweep}: {counted(n, 'run')}: {done} done, {skipped} skipped, {failed} failed, {diverged} diverged"
 
 
 # ------------------------------------------------------------------------------------------ (a)

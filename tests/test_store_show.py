@@ -46,6 +46,7 @@ def sweeps(tmp_path_factory):
     return out
 
 
+@pytest.mark.e2e  # it launches
 def test_a_stored_run_prints_each_file_as_its_run_folder_holds_it(sweeps, capsysbinary):
     from rw_sweeps.sweeps import show
 
@@ -68,6 +69,7 @@ def test_a_stored_run_prints_each_file_as_its_run_folder_holds_it(sweeps, capsys
     assert r.stdout.startswith("- data.p=0.3\n- init=gaussian\n")  # the job's own, as Hydra recorded them
 
 
+@pytest.mark.e2e  # it launches
 def test_a_stored_run_written_to_a_folder_is_that_run_folder(sweeps, tmp_path):
     stored, folders = sweeps["stored"], sweeps["folders"]
     out = tmp_path / "copy"
@@ -93,6 +95,7 @@ def test_a_stored_run_written_to_a_folder_is_that_run_folder(sweeps, tmp_path):
     assert _show(stored, "0", "--to", empty).returncode == 0 and (empty / "summary.json").exists()
 
 
+@pytest.mark.e2e  # it launches
 def test_the_short_view_gives_config_summary_the_last_history_row_and_overrides(sweeps):
     stored, folders = sweeps["stored"], sweeps["folders"]
     for sweep, place in ((stored, "stored in store/"), (folders, "a run folder")):
@@ -113,6 +116,7 @@ def test_the_short_view_gives_config_summary_the_last_history_row_and_overrides(
     assert folder.stdout == (folders / "0" / "config.yaml").read_text()
 
 
+@pytest.mark.e2e  # it launches
 def test_what_cannot_be_shown_is_one_line_with_exit_status_two(sweeps, tmp_path):
     stored = sweeps["stored"]
     cases = {(tmp_path / "nowhere", "0"): f"no such sweep: {tmp_path / 'nowhere'}",
@@ -129,6 +133,7 @@ def test_what_cannot_be_shown_is_one_line_with_exit_status_two(sweeps, tmp_path)
     assert r.stderr.splitlines() == [f"python -m rw_sweeps.sweeps.show: no run 9 in {many}: it has 7 runs (0, 1, 2, 3, 4, …)"]
 
 
+@pytest.mark.e2e  # it launches
 def test_a_shard_that_does_not_verify_is_refused_naming_its_file(sweeps, tmp_path):
     import shutil
 

@@ -27,6 +27,9 @@ class RwLauncherConf:
     store: Optional[bool] = None  # packed: runs as records in <sweep>/store/, not run folders (null: a new sweep of 1,000+ runs, or one that has a store)
     wait_for_lock: bool = False  # another launch holds the sweep folder: wait for it (else: refuse, one line)
     overwrite: bool = False  # train over run folders that hold a run of another config (else: refuse, one line)
+    # the outcomes a relaunch trains again: a failed run's cause may be the place it ran (a full disk, a killed
+    # job); a diverged run diverges again, so it is kept unless named here (e.g. [failed,diverged])
+    retry: List[str] = field(default_factory=lambda: ["failed"])
     detach: bool = False  # slurm: submit, print the job ids and return
     dry_run: bool = False  # print the plan (slurm: the sbatch scripts) and stop: nothing written or submitted
     poll_s: float = 5.0  # slurm, blocking: seconds between questions to SLURM while waiting

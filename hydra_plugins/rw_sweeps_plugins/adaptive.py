@@ -227,7 +227,9 @@ class AdaptiveSweeper(Sweeper):
                 else:  # any other launcher: the runs already done are found as the rw launcher finds them
                     done = set(placement.place(specs, sweep_dir, planner.subdir == "${hydra.job.num}").done)
                 todo = [s for i, s in enumerate(specs) if i not in done]
-                counts["skipped"] += len(specs) - len(todo)
+                for i in done:  # found done: skipped; kept as it ended (a diverged run): counted as it ended
+                    placed = getattr(specs[i], "placed", None)
+                    counts[placed["status"] if isinstance(placed, dict) and placed["status"] != "done" else "skipped"] += 1
                 folders = [s.output_dir for s in specs]
                 if todo and hasattr(self.launcher, "launch_specs"):
                     res = self.launcher.launch_specs(todo, twin, planner)

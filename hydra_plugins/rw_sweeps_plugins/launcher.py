@@ -20,6 +20,7 @@ Hydra's plugin scan executes this module again (not the `_` ones): the subclasse
 # No `from __future__ import annotations`: Hydra imports plugins outside sys.modules (dataclasses break).
 import atexit
 import itertools
+from collections import Counter
 import logging
 import os
 import shlex
@@ -35,6 +36,7 @@ from rw_sweeps.core import layout, signals, store
 from rw_sweeps.core.errors import ConfigError, Interrupted, one_line
 from rw_sweeps.core.metrics import OBJECTIVES
 from rw_sweeps.core import safefs
+from rw_sweeps.core.console import counted
 from rw_sweeps.sweeps import app, lock, packing, placement, status
 from rw_sweeps.sweeps.hydra_adapter import observes_jobs
 from rw_sweeps.sweeps.hydra_job import Chunk, LazyJobReturn
@@ -66,6 +68,16 @@ def _objective_given(config, specs: list) -> None:
         raise ConfigError("objective", None, f"{sweeper} optimises the number each job returns: name the summary "
                           f"field it optimises, objective=<{' | '.join(OBJECTIVES)}>")
 
+def kept_line(kept, retry: tuple) -> str:
+    """The one line for the runs a relaunch found ended, diverged (or failed, where `retry` does not name it),
+    and keeps as they are; it names the switch that trains them again."""
+    by = Counter(str(s.get("status")) for s in kept)
+    what = ", ".join(f"{n} {state}" for state, n in sorted(by.items()))
+    again = ",".join(sorted(set(retry) | set(by)))
+    return (f"kept {sum(by.values())} run(s) as they ended ({what}): an ended run's outcome is final; "
+            f"hydra.launcher.retry=[{again}] trains them again")
+
+
 class RwLauncher(Launcher):
     """plan → place → record → dispatch → collect, for every backend. A subclass declares what is its
     backend's own: how its jobs are cut (`cut_into_jobs`), whether they train on this machine
@@ -90,6 +102,8 @@ class RwLauncher(Launcher):
         self.record: Optional[dict] = None  # .rw_sweep.json, grown batch after batch
         self.planner = None
         self.skipped: set = set()  # output dirs of the runs found done (not trained again)
+        self.batches = 0  # the sweeper's batches launched so far (Optuna's trials, the adaptive rounds)
+        self.launched = 0  # and their runs: a batch's console lines number its jobs and runs across the sweep
 
     def setup(self, *, hydra_context, task_function, config) -> None:
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
@@ -98,6 +112,10 @@ class RwLauncher(Launcher):
             refuse("backend", p["backend"], f"must be {', '.join(names[:-1])} or {names[-1]}")
         if p.get("gres") and p.get("gpus_per_node"):
             refuse("gres", p["gres"], "set gres or gpus_per_node, not both")
+        retry = p.get("retry", list(placement.RETRY))
+        if not isinstance(retry, list) or any(o not in placement.OUTCOMES for o in retry):
+            refuse("retry", retry, f"must be a list of outcomes a relaunch trains again, of {', '.join(placement.OUTCOMES)} "
+                   f"(e.g. [{','.join(placement.OUTCOMES)}], or [] to keep every run as it ended)")
         if p["detach"] and not self.detaches:
             refuse("detach", True, "needs the slurm backend (hydra/launcher=slurm or packed_slurm)")
         if p["memory_gb"] is not None and not p["memory_gb"] > 0:
@@ -145,12 +163,13 @@ class RwLauncher(Launcher):
         p = self.params
         done_idx = self.place(specs, planner)
         todo = [s for i, s in enumerate(specs) if i not in done_idx]
-        done = [s for i, s in enumerate(specs) if i in done_idx]
-        self.skipped |= {s.output_dir for s in done}
+        done = [s for i, s in enumerate(specs) if i in done_idx]  # not trained: found done, or kept as they ended
+        found = [s for s in done if s.placed.get("status") == "done"]
+        self.skipped |= {s.output_dir for s in found}
         cut = self.cut_into_jobs(todo, p["pack"])
         jobs, per_device = cut.jobs, cut.per_device
         if p["dry_run"]:
-            self._dry_run(specs, done, jobs)
+            self._dry_run(specs, found, jobs)
             return None
         observed = observes_jobs(self.hydra_context.callbacks)  # only then are per-run DictConfigs built
 
@@ -167,17 +186,20 @@ class RwLauncher(Launcher):
         if not todo and not os.access(self.sweep_dir, os.W_OK | os.X_OK):
             # a read-only sweep whose runs are all done: their Hydra jobs, and nothing written
             returns = done_jobs()
-            log.info(f"{p['backend']} launcher: {len(specs)} runs, all already done; sweep folder {self.sweep_dir}")
+            log.info(f"{p['backend']} launcher: {counted(len(specs), 'run')}, all already done; sweep folder {self.sweep_dir}")
             return [returns[s.num] for s in specs]
         self.take_lock()
-        rec = self._record(specs, done, todo)
-        log.info(f"{cut.line(len(specs), len(done), 'hydra.launcher.pack=false')}; sweep folder {self.sweep_dir}")
+        rec = self._record(specs, found, todo)
+        log.info(f"{cut.line(len(specs), len(found), 'hydra.launcher.pack=false')}; sweep folder {self.sweep_dir}")
         returns: Dict[int, JobReturn] = done_jobs()
-        ends = list(itertools.accumulate((len(j) for j in jobs), initial=len(done)))[1:]  # runs up to each job
+        before, batch = self.launched, self._batch_label()
+        self.launched += len(specs)
+        ends = list(itertools.accumulate((len(j) for j in jobs), initial=before + len(done)))[1:]  # runs up to each job
+        of = f"of the sweep's {self.launched} so far" if batch else f"of {len(specs)}"
         payloads = [ChunkJob(chunk(job), p["memory_gb"],
-                             f"job {k + 1}/{len(jobs)}: {len(job)} run(s), runs {ends[k] - len(job) + 1}–{ends[k]} "
-                             f"of {len(specs)}" + (f" ({len(done)} skipped, done)" if done and k == 0 else ""),
-                             f"{ends[k]} of {len(specs)} runs finished" if len(jobs) > 1 else None)
+                             f"{batch}job {k + 1}/{len(jobs)}: {len(job)} run(s), runs {ends[k] - len(job) + 1}–{ends[k]} "
+                             f"{of}" + (f" ({len(found)} skipped, done)" if found and k == 0 else ""),
+                             f"{batch}{ends[k] - before} of {len(specs)} runs finished" if len(jobs) > 1 else None)
                     if p["pack"] else HydraJob(self, job[0].overrides, job[0].num, True, job[0].output_dir)
                     for k, job in enumerate(jobs)]
         if per_device is not None:  # one GpuJob per device, its chunks in turn; a result per chunk again
@@ -198,6 +220,15 @@ class RwLauncher(Launcher):
                 rets = [_from_folder(s, res, tracker.summary(self._name(s))) for s in job]
             returns.update({s.num: r for s, r in zip(job, rets)})
         return [returns[s.num] for s in specs]
+
+    def _batch_label(self) -> str:
+        """"batch N, " for a sweeper that launches in batches (Optuna's `n_trials`, the adaptive rounds, a
+        `max_batch_size`; any sweep from its second launch on), counted here; "" for a grid launched at once."""
+        self.batches += 1
+        sweeper = self.config.hydra.get("sweeper") or {} if self.config is not None else {}
+        asks = ("n_trials", "n_points", "loss_goal", "max_batch_size")  # a sweeper's keys of a search in batches
+        batched = self.batches > 1 or any(sweeper.get(k) is not None for k in asks)
+        return f"batch {self.batches}, " if batched else ""
 
     def stores(self, specs: list) -> bool:
         """Whether this launch writes its runs to the sweep's store (`rw_sweeps.core.store`), decided at its
@@ -226,11 +257,14 @@ class RwLauncher(Launcher):
             return {i for i, s in enumerate(specs) if isinstance(s.placed, dict)}
         default_subdir = planner.subdir == "${hydra.job.num}"
         # FolderTaken: refused, in one line, before anything is written
-        found = placement.place(specs, self.sweep_dir, default_subdir, self.params.get("overwrite", False))
+        retry = tuple(self.params.get("retry", placement.RETRY))
+        found = placement.place(specs, self.sweep_dir, default_subdir, self.params.get("overwrite", False), retry)
+        if found.kept:
+            log.info(kept_line(found.kept.values(), retry))
         here = os.getpid()
         for i, s in enumerate(specs):
-            s.placed, s.placed_in = found.done.get(i, False), here
-        return set(found.done)
+            s.placed, s.placed_in = found.done.get(i) or found.kept.get(i) or False, here
+        return set(found.done) | set(found.kept)
 
     def _launch_jobs(self, job_overrides, initial_job_idx) -> Optional[Sequence[JobReturn]]:
         """Any task, one Hydra job per job, as Hydra's basic launcher / hydra-submitit-launcher run it."""
@@ -332,7 +366,7 @@ class RwLauncher(Launcher):
 
     def _dry_run(self, specs, done, jobs) -> None:
         p = self.params
-        print(f"dry run: {len(specs)} runs ({len(done)} already done) in {len(jobs)} job(s)"
+        print(f"dry run: {counted(len(specs), 'run')} ({len(done)} already done) in {len(jobs)} job(s)"
               f"{' (packed)' if p['pack'] else ''} on {p['backend']}; sweep folder {self.sweep_dir}", flush=True)
         for i, job in enumerate(jobs[:20]):
             names = [self._name(s) for s in job]

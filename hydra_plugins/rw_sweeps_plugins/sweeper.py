@@ -19,6 +19,7 @@ kept, instead of Optuna's `ValueError: No trials are completed yet` and a traceb
 """
 
 import functools
+import itertools
 import logging
 import os
 import sys
@@ -32,6 +33,7 @@ from omegaconf import OmegaConf
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.core.utils import JobStatus
 
 from rw_sweeps.core.errors import ConfigError, Refused, one_line
@@ -73,9 +75,43 @@ def outcome(ret, skipped: bool = False) -> str:
         return "skipped"
     value = job_value(ret)
     if isinstance(value, dict) and "status" in value:
-        return "skipped" if value.get("skipped") else str(value["status"])
+        # a run found done is skipped; one kept as it ended (diverged, `hydra.launcher.retry`) counts as it ended
+        return "skipped" if value.get("skipped") and value["status"] == "done" else str(value["status"])
     summary = read_summary(Path(job_folder(ret))) if job_folder(ret) else None
     return str(summary.get("status", "done")) if isinstance(summary, dict) else "done"
+
+
+def typed_grid(parsed: list) -> list:
+    """The grid's jobs as `split_arguments` lists them, each comma list's values as typed (`optim.lr=5e-1`
+    where the job says `optim.lr=0.5`); any other override as Hydra writes it."""
+    lists: Dict[str, list] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            lists[key] = [f"{key}={o.get_value_element_as_str()}"]
+            continue
+        values = list(o.sweep_string_iterator())
+        texts = _top_level(o.input_line.partition("=")[2]) if o.value_type == ValueType.SIMPLE_CHOICE_SWEEP else []
+        lists[key] = [f"{key}={v}" for v in (texts if len(texts) == len(values) else values)]
+    return [list(x) for x in itertools.product(*lists.values())]
+
+
+def _top_level(text: str) -> list:
+    """`a,[b,c],'d,e'` → ['a', '[b,c]', "'d,e'"]: a comma list split at its own commas."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, c in enumerate(text):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "[({":
+            depth += 1
+        elif c in "])}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return parts + [text[start:].strip()]
 
 
 class RwSweeper(basic_sweeper()):
@@ -84,16 +120,17 @@ class RwSweeper(basic_sweeper()):
         super().__init__(max_batch_size, params)
         self.max_runs = max_runs
 
-    def _once_each(self, jobs: list, specs: list, planner) -> list:
+    def _once_each(self, jobs: list, specs: list, planner, typed: list) -> list:
         """A grid that names one run twice (`optim.lr=1,1.0`, `seed=0,0`) trains it once, and says so in one
-        line; the jobs left are numbered as Hydra numbers a grid without the repeats."""
+        line, each point as typed (`typed`: Hydra's jobs read `5e-1` and `0.5` alike); the jobs left are
+        numbered as Hydra numbers a grid without the repeats."""
         again = placement.repeats(specs)
         if not again:
             return specs
         def differ(a, b):
             return " ".join(o for o in a if o not in b) or " ".join(a)
 
-        shown = ", ".join(f"{differ(jobs[i], jobs[j])} = {differ(jobs[j], jobs[i])}" for i, j in list(again.items())[:3])
+        shown = ", ".join(f"{differ(typed[i], typed[j])} = {differ(typed[j], typed[i])}" for i, j in list(again.items())[:3])
         more = f", … ({len(again)} in all)" if len(again) > 3 else ""
         print(f"grid: {len(again)} point(s) name a run already in it, each trained once: {shown}{more}", flush=True)
         kept = [job for i, job in enumerate(jobs) if i not in again]
@@ -118,7 +155,7 @@ class RwSweeper(basic_sweeper()):
             try:
                 planner = Planner(self.hydra_context.config_loader, self.config)
                 specs = planner.plan(jobs)
-                specs = self._once_each(jobs, specs, planner)
+                specs = self._once_each(jobs, specs, planner, typed_grid(parsed))
                 note_varies(specs)  # for Hydra's launchers that run the jobs in this process
                 # runs that cannot work here fail now, in one line, not after training, where the launcher's
                 # jobs train on this machine (the rw launcher's backend declares it; SLURM's jobs check in the
@@ -201,15 +238,31 @@ def _optuna_without_a_best(impl) -> None:
 
     @functools.wraps(sweep)
     def wrapped(self, arguments):
+        counts: Counter = Counter()
+        where = OmegaConf.select(self.config, "hydra.sweep.dir", default=None) if self.config else None
+        launch = self.launcher.launch
+
+        def counted(job_overrides, initial_job_idx):  # the trials' outcomes, for the grid sweeper's last line
+            results = launch(job_overrides, initial_job_idx)
+            skipped = getattr(self.launcher, "skipped", set())
+            counts.update(outcome(r, job_folder(r) in skipped) for r in results or ())
+            return results
+
+        self.launcher.launch = counted
         try:
-            return sweep(self, arguments)
+            best = sweep(self, arguments)
+            if counts:
+                print(summary_line(str(where), counts), flush=True)
+            return best
         except ValueError as exc:
             if "No trials are completed yet" not in str(exc):
                 raise
             writer.flush()
-            where = OmegaConf.select(self.config, "hydra.sweep.dir", default=None) if self.config else None
+            print(summary_line(str(where), counts), flush=True)
             raise Refused(f"every trial of the study failed or diverged ({self.n_trials} trials): no best value"
                           + (f"; their runs are in {where}" if where else "")) from None
+        finally:
+            del self.launcher.launch  # the launcher's own method again
 
     wrapped._rw_sweeps = True
     cls.sweep = wrapped

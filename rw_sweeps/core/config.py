@@ -35,7 +35,7 @@ from omegaconf import MISSING, OmegaConf
 
 # every option of every group declares itself when its package is imported (`@option(group)`)
 from . import families, inits, optimisers  # noqa: F401
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .families.base import DataConfig
 from .gpt import schema as gpt_schema  # noqa: F401
 from .inits.base import InitConfig
@@ -168,11 +168,15 @@ def allowed(cls) -> str:
     return ", ".join(names(cls))
 
 
-def describe_unknown(cls, prefix: str, key: str | None = None) -> str:
+def describe_unknown(cls, prefix: str, key: str | None = None, named: bool = False) -> str:
+    """Why `prefix + key` is refused: the options that have it, else the key of `cls` closest to it (a typo);
+    `named`: the message's key is not `key` itself (`daat.p=0.5` names `daat`), so the text names it."""
     group = prefix.rstrip(".")
+    unknown = f"unknown key {prefix}{key}" if named and key else "unknown key"
+    owners = [n for n, c in OPTIONS[group].items() if key in c.__dataclass_fields__] if key and group in GROUPS else []
+    hint = did_you_mean(key, names(cls), prefix) if key and not owners else ""
     if group in GROUPS:
-        text = f"unknown key for {group}={cls.__dataclass_fields__['name'].default}; allowed: {allowed(cls)}"
-        owners = [n for n, c in OPTIONS[group].items() if key in c.__dataclass_fields__] if key else []
+        text = f"{unknown} for {group}={cls.__dataclass_fields__['name'].default}{hint}; allowed: {allowed(cls)}"
         name = cls.__dataclass_fields__["name"].default
         if owners:
             text += f" ({group}.{key} is a key of {', '.join(f'{group}={n}' for n in owners)})"
@@ -181,7 +185,7 @@ def describe_unknown(cls, prefix: str, key: str | None = None) -> str:
             text += (f"; to sweep {group}.{key} with {group}={name}, write {group}={axis.name} {group}.{key}=0,… "
                      f"({group}.{key} = 0 is {group}={name})")
         return text
-    return f"unknown key; allowed: {allowed(cls)}"
+    return f"{unknown}{hint}; allowed: {allowed(cls)}"
 
 
 def _build(cls, d: Any, prefix: str, complete: bool):

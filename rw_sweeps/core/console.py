@@ -11,6 +11,11 @@ def prog(module: str, script: str) -> str:
     return script if os.path.basename(sys.argv[0]) == script else f"python -m {module}"
 
 
+def counted(n: int, noun: str, number: str | None = None) -> str:
+    """`1 run`, `8 runs`: a count with its noun in the number it takes; `number`, the count as shown (`1,000`)."""
+    return f"{n if number is None else number} {noun}{'' if n == 1 else 's'}"
+
+
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 

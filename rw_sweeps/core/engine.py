@@ -11,6 +11,11 @@ intermediates. With g_b = w / (F_b + ε) (w = 1/n for the mean loss), F_b = [f(X
 
 and u = W x̂_N moves by −lr·κ·Σ_bj ∂L/∂z_bj x̂_bj (Lemma B.1: the W-gradient is (·)·x̂_Nᵀ).
 `rw_sweeps.core.oracle` is the literal dense autograd version that the tests hold this to.
+
+The hand-written backward (and `model.attend` / `model.output`, its forward) is one implementation of a model
+option's forward (`ModelConfig.forward`), the one it declares as "engine" (`IMPLEMENTATIONS`, which
+`Geometry.paths` carries). A model that does not declare it trains here all the same, on its reference:
+the same compact state, the logits z of eq. 2.1 (`logits`), its own forward and autograd (`reference_gradients`).
 """
 from __future__ import annotations
 
@@ -54,7 +59,10 @@ class Grads:
 
 
 def gradients(state: State, data: Batch, eps: torch.Tensor, w: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, Grads]:
-    """Every run's mean training loss at `state` and its loss gradient (what GD and Adam both step on)."""
+    """Every run's mean training loss at `state` and its loss gradient (what GD and Adam both step on): the
+    hand-written backward where the model declares the engine, else autograd of its reference forward."""
+    if "engine" not in geo.paths:
+        return reference_gradients(state, data, eps, w, geo)
     R, n, L = data.tokens.shape
     tokens = _index(data.tokens)
     at = model.attend(state.a, state.c, tokens, geo)
@@ -94,6 +102,40 @@ def gradients(state: State, data: Batch, eps: torch.Tensor, w: torch.Tensor, geo
     nu = torch.full_like(state.c[:1], geo.nu_pos)
     nu[:, L] = geo.nu_q
     return loss, Grads(-dV, Ga, Gc / nu, dA)
+
+
+def logits(a: torch.Tensor, c: torch.Tensor, tokens: torch.Tensor, geo: Geometry) -> torch.Tensor:
+    """z = X̃ᵀ W x̂_N (R, n, N) in the compact coordinates: z_bj = a[s_bj]/ν_tok + c_j/ν_pos (j < N), z_bN = c_N/ν_q."""
+    R, n, L = tokens.shape
+    za = (a / geo.nu_tok).gather(1, tokens.reshape(R, n * L)).reshape(R, n, L)
+    return torch.cat([za + c[:, None, :L] / geo.nu_pos, (c[:, None, L:] / geo.nu_q).expand(R, n, 1)], 2)
+
+
+def one_hot(tokens: torch.Tensor, K: int, dtype) -> torch.Tensor:
+    """X (R, n, K, N): the one-hot tokens as columns, x_N's token part 0 (what the value path reads)."""
+    X = torch.nn.functional.one_hot(tokens, K).transpose(2, 3).to(dtype)
+    return torch.nn.functional.pad(X, (0, 1))
+
+
+def reference(state: State, tokens: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """f (R, n, K), S (R, n, N) and X·S (R, n, K) by the model option's own forward (`ModelConfig.forward`)."""
+    X = one_hot(tokens, state.a.shape[1], state.a.dtype)
+    f, S = geo.model.forward(state.params, X, logits(state.a, state.c, tokens, geo))
+    return f, S, (X @ S[..., None])[..., 0]
+
+
+def reference_gradients(state: State, data: Batch, eps: torch.Tensor, w: torch.Tensor,
+                        geo: Geometry) -> tuple[torch.Tensor, Grads]:
+    """`gradients` by autograd of the model option's forward in the compact coordinates: ∂L/∂a and ∂L/∂c of
+    L = Σ_b w·ℓ(F_b) are `Grads.a` and `Grads.c` (z is linear in a and c, as it is in u = W x̂_N)."""
+    leaf = lambda t: t.detach().requires_grad_()  # noqa: E731
+    at = State({k: leaf(v) for k, v in state.params.items()}, leaf(state.a), leaf(state.c))
+    with torch.enable_grad():
+        f, _, _ = reference(at, _index(data.tokens), geo)
+        nll = -torch.log(f.gather(2, data.y[..., None])[..., 0] + eps[:, None])
+        grads = dict(zip(["a", "c", *at.params], torch.autograd.grad((w[:, None] * nll).sum(),
+                                                                      [at.a, at.c, *at.params.values()])))
+    return nll.detach().mean(1), Grads(grads["V"], grads["a"], grads["c"], grads.get("A"))
 
 
 def gd_update(state: State, grads: Grads, lr: torch.Tensor, geo: Geometry) -> None:
@@ -187,10 +229,8 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     """Forward pass on a fixed set and every metric of a history row. Accuracy uses argmax's first maximum,
     i.e. ties → smallest label (Def. 2.1). PiT: Πᵀ per run, for cos(V, Πᵀ)."""
     tokens = _index(data.tokens)
-    at = model.attend(state.a, state.c, tokens, geo)
-    f, _ = model.output(state.params, at.h, geo.ffn)
+    f, S, S_q, h = forward(state, tokens, geo)
     F = f.gather(2, data.y[..., None])[..., 0]
-    R, n, L = data.tokens.shape
     loss = -torch.log(F + eps[:, None]).mean(1)
     pred = f.argmax(2)
     acc = (pred == data.y).to(f.dtype).mean(1)
@@ -203,13 +243,24 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     kl = torch.where(P > 0, P * (torch.log(P.clamp_min(tiny)) - torch.log(q)), 0.0).sum(2).mean(1)
     fn = f / f.norm(dim=2, keepdim=True).clamp_min(tiny)
     pred_dist = (fn - P / P.norm(dim=2, keepdim=True)).norm(dim=2).mean(1)
+    attention = torch.cat([S.mean(1), S_q.mean(1, keepdim=True)], 1)
+    spread = (S.amax(2) - S.amin(2)).amax(1)
+    return Probe(loss, acc, kl, pred_dist, attention, spread, h[:, 0].clone(), h.var(1, unbiased=False),
+                 v_pi_cosine(state.params["V"], PiT), pred)
+
+
+def forward(state: State, tokens: torch.Tensor, geo: Geometry) -> tuple[torch.Tensor, ...]:
+    """f (R, n, K), the attention S on the N − 1 real tokens (R, n, N − 1) and on the query (R, n), and X·S
+    (R, n, K): by the compact forward where the model declares the engine, else by its own forward."""
+    if "engine" not in geo.paths:
+        f, S, h = reference(state, tokens, geo)
+        return f, S[..., :-1], S[..., -1], h
+    R, n, L = tokens.shape
+    at = model.attend(state.a, state.c, tokens, geo)
+    f, _ = model.output(state.params, at.h, geo.ffn)
     # S_bj = α[s_bj] β_j / Z_b over the N − 1 real tokens, materialised only here, at evaluation.
     S = at.alpha[:, None, :].expand(R, n, at.alpha.shape[1]).gather(2, tokens) * at.beta[:, None, :]
-    S = S / at.Z[..., None]
-    attention = torch.cat([S.mean(1), at.S_q.mean(1, keepdim=True)], 1)
-    spread = (S.amax(2) - S.amin(2)).amax(1)
-    return Probe(loss, acc, kl, pred_dist, attention, spread, at.h[:, 0].clone(), at.h.var(1, unbiased=False),
-                 v_pi_cosine(state.params["V"], PiT), pred)
+    return f, S / at.Z[..., None], at.S_q, at.h
 
 
 def symmetric_h(data: Batch, K: int, dtype) -> torch.Tensor:
@@ -222,10 +273,16 @@ def symmetric_h(data: Batch, K: int, dtype) -> torch.Tensor:
     return counts.reshape(R, n, K).to(dtype) / L
 
 
-def symmetric_pred(params: dict, h_sym: torch.Tensor, geo: Geometry) -> torch.Tensor:
-    """(R, n) the prediction (argmax f, ties → smallest label) each test sequence gets at the symmetric point
-    (`symmetric_h`) from these parameters."""
-    return model.output(params, h_sym, geo.ffn)[0].argmax(2)
+def symmetric_pred(params: dict, h_sym: torch.Tensor, geo: Geometry, tokens: torch.Tensor) -> torch.Tensor:
+    """(R, n) the prediction (argmax f, ties → smallest label) each test sequence (`tokens`) gets at the
+    symmetric point (`symmetric_h`) from these parameters: the engine's readout of X·S = h_sym, or the model
+    option's own readout at uniform attention on x_1 … x_{N−1}."""
+    if "engine" in geo.paths:
+        return model.output(params, h_sym, geo.ffn)[0].argmax(2)
+    R, n, L = tokens.shape
+    X = one_hot(_index(tokens), h_sym.shape[2], h_sym.dtype)
+    S = torch.nn.functional.pad(torch.full((R, n, L), 1 / L, dtype=h_sym.dtype, device=h_sym.device), (0, 1))
+    return geo.model.readout(params, X, S).argmax(2)
 
 
 def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torch.Tensor) -> torch.Tensor:
@@ -233,8 +290,8 @@ def off_symmetric(state: State, tokens: torch.Tensor, geo: Geometry, h_sym: torc
     same parameters make at the symmetric point (`symmetric_h`)? The attention's departure from uniform has
     then changed what the model predicts, however small its spread. One exact forward pass: what
     `Probe.pred` holds already at an evaluation, so training asks this only where a kernel's `pred` is unsure."""
-    at = model.attend(state.a, state.c, _index(tokens), geo)
-    return (model.output(state.params, at.h, geo.ffn)[0].argmax(2) != symmetric_pred(state.params, h_sym, geo)).any(1)
+    f = forward(state, _index(tokens), geo)[0]
+    return (f.argmax(2) != symmetric_pred(state.params, h_sym, geo, tokens)).any(1)
 
 
 def init_state(params: list[dict], ac: list[tuple[torch.Tensor, torch.Tensor]]) -> State:

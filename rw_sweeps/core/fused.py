@@ -11,8 +11,9 @@ file; a build the compiler refuses (a status and a message, not a signal) leaves
 beside it for a day, so that the next processes go straight to the next, more portable build (delete the file
 to retry at once). Covers GD on model=transformer with the exact Gram, every model.normalize, float64 and float32,
 K ≤ 127, on CPU tensors (AVX-512 for 3 ≤ K ≤ 8; plain C for other K, on CPUs without AVX-512, or with
-RW_SWEEPS_FUSED_ISA=generic). Everything else — the FFN model, gram=numeric, optim=adam, GPU tensors, no
-working compiler — runs `engine`'s PyTorch code, which stays the specification.
+RW_SWEEPS_FUSED_ISA=generic), for a model option that declares it (`IMPLEMENTATIONS`; one gate, `why_not`).
+Everything else — the FFN model, gram=numeric, optim=adam, GPU tensors, no working compiler — runs
+`engine`'s PyTorch code; both are implementations of the model option's forward (`ModelConfig.forward`).
 RW_SWEEPS_BACKEND=torch|fused|auto (default auto) forces a path (`fused` raises where the kernel cannot
 run); RW_SWEEPS_THREADS sets the threads (default torch's count, as it is outside `torch_serial`); runs are
 the unit of parallelism, so R = 1 uses one thread.
@@ -317,52 +318,54 @@ def info() -> dict:
 
 
 # ------------------------------------------------------------------------------------------- dispatching
-def _shape_ok(K: Optional[int], kernel: bool, gram: str, precision: str) -> bool:
-    return kernel and gram == "exact" and precision in ("float64", "float32") and (K is None or 1 <= K <= MAX_K)
+PRECISIONS = {torch.float64: "float64", torch.float32: "float32"}
 
 
-def available(cfg=None, *, K: Optional[int] = None, kernel: bool = True, gram: str = "exact",
+def why_not(paths: tuple, K: Optional[int], gram: str, precision: str, device: str = "cpu") -> Optional[str]:
+    """Why the kernel does not train runs of a model and shape, or None where it does: the one gate of the
+    kernel. It runs a model's forward only where the model option declares it (`IMPLEMENTATIONS`, which
+    `Geometry.paths` carries: eq. 2.1's, every model.normalize, the logits' scales ν being arguments), with
+    the exact Gram, in float64 or float32, on a CPU, for K ≤ 127, under RW_SWEEPS_BACKEND=auto|fused, with
+    a build; everything else takes the engine (or the model's reference forward, where it declares no engine)."""
+    if backend() == "torch":
+        return "RW_SWEEPS_BACKEND=torch"
+    why = ("the model option does not declare the kernel" if "kernel" not in paths
+           else "gram=numeric" if gram != "exact"
+           else f"precision {precision}" if precision not in PRECISIONS.values()
+           else "a non-CPU device" if device != "cpu"
+           else f"K = {K} (at most {MAX_K})" if K is not None and not 1 <= K <= MAX_K else None)
+    if why is None and library() is None:
+        why = "no compiled kernel: " + last_error().splitlines()[-1] if last_error() else "no compiled kernel"
+    return why
+
+
+def available(cfg=None, *, K: Optional[int] = None, paths: tuple = ("engine", "kernel"), gram: str = "exact",
               precision: str = "float64") -> bool:
     """Whether `train_step` / `evaluate` run the compiled kernel for runs of this shape (a RunConfig, or
-    the keywords; `kernel`: does the model option declare it serves, `ModelBase.KERNEL`): False for a model
-    it does not serve (the FFN model), gram=numeric, an optimiser whose steps are not the kernel's, K > 127,
-    RW_SWEEPS_BACKEND=torch, or no build. Every model.normalize runs in the kernel (the logits' scales ν_tok,
-    ν_pos, ν_q are arguments)."""
+    the keywords; `paths`: the implementations the model option declares, `ModelBase.IMPLEMENTATIONS`):
+    `why_not`'s gate, and for a RunConfig its optimiser's steps being the kernel's."""
     if cfg is not None:
-        K, kernel, gram, precision = cfg.data.K, type(cfg.model).KERNEL, cfg.model.gram, cfg.precision
+        K, paths, gram, precision = cfg.data.K, type(cfg.model).IMPLEMENTATIONS, getattr(cfg.model, "gram", ""), cfg.precision
         if not getattr(type(cfg.optim).ENGINES.get("eq21"), "KERNEL", False):  # its steps are PyTorch's
             return False
-    if backend() == "torch" or not _shape_ok(K, kernel, gram, precision):
-        return False
-    return library() is not None
+    return why_not(paths, K, gram, precision) is None
 
 
 def _kernel_for(state: engine.State, data: engine.Batch, geo: Geometry) -> Optional[ctypes.CDLL]:
-    """The library if the kernel can run these tensors, else None (torch path), or raise if forced."""
-    b = backend()
-    if b == "torch":
-        return None
+    """The library if the kernel can run these tensors (`why_not`, and the shapes it trusts), else None
+    (the engine), or raise if forced."""
     V = state.params["V"]
-    why = None
-    if "A" in state.params:
-        why = "the FFN model (F.1)"
-    elif geo.gram is not None:
-        why = "gram=numeric"
-    elif V.dtype not in (torch.float64, torch.float32):
-        why = f"dtype {V.dtype}"
-    elif any(t.device.type != "cpu" for t in (V, state.a, state.c, data.tokens)):
-        why = "a non-CPU device"
-    elif V.dim() != 3 or V.shape[1] != V.shape[2] or not 1 <= V.shape[2] <= MAX_K:
+    devices = {t.device.type for t in (V, state.a, state.c, data.tokens)}
+    why = why_not(geo.paths, None, "exact" if geo.gram is None else "numeric", PRECISIONS.get(V.dtype, str(V.dtype)),
+                  "cpu" if devices == {"cpu"} else "cuda")
+    if why is None and (V.dim() != 3 or V.shape[1] != V.shape[2] or not 1 <= V.shape[2] <= MAX_K):
         why = f"V of shape {tuple(V.shape)}"
-    elif not _shapes_agree(state, data):
+    elif why is None and not _shapes_agree(state, data):
         why = (f"shapes: V {tuple(V.shape)}, a {tuple(state.a.shape)}, c {tuple(state.c.shape)}, "
                f"tokens {tuple(data.tokens.shape)}, y {tuple(data.y.shape)}, P_true {tuple(data.P_true.shape)}")
-    lib = None if why else library()
-    if lib is None and why is None:
-        why = "no compiled kernel: " + last_error().splitlines()[-1] if last_error() else "no compiled kernel"
-    if why is not None and b == "fused":
+    if why is not None and backend() == "fused":
         raise RuntimeError(f"RW_SWEEPS_BACKEND=fused, but the fused kernel cannot run this batch: {why}")
-    return lib
+    return None if why is not None else library()
 
 
 def _shapes_agree(state: engine.State, data: engine.Batch) -> bool:

@@ -91,14 +91,18 @@ def _lines(cls, prefix: str, skip=()) -> list[str]:
 
 
 @functools.cache
-def describe() -> str:
-    """The run's own keys, then each group's options and their keys (default and comment)."""
+def describe(chosen: tuple = ()) -> str:
+    """The run's own keys, then each group's options and their keys (default and comment); `chosen`, pairs
+    (group, option): of a group named there, that option's keys only."""
+    picked = dict(chosen)
     groups = set(GROUPS) | {"wandb"}
     text = ["The run:"] + _lines(RunConfig, "", skip=groups)
     text += ["", "wandb (WANDB_MODE, WANDB_PROJECT, WANDB_ENTITY and WANDB_TAGS are its defaults):"]
     text += _lines(WandbConfig, "wandb.")
     for group in GROUPS:
         for name, cls in OPTIONS[group].items():
+            if picked.get(group, name) != name:
+                continue
             doc = cls.__doc__ or ""
             doc = "" if doc.startswith(cls.__name__ + "(") else inspect.cleandoc(doc).split("\n\n")[0].replace("\n", " ")
             text += ["", f"{group}={name}: {doc}" if doc else f"{group}={name}:"]
@@ -106,11 +110,14 @@ def describe() -> str:
     return "\n".join(text)
 
 
-def groups(conf_dir: str) -> str:
+def groups(conf_dir: str, chosen: dict | None = None) -> str:
     """Each config group and its options, one line a group: the schema's options, and the presets' YAML files
-    in `conf_dir` (`experiment`, `hparams_search`, `debug`, …)."""
+    in `conf_dir` (`experiment`, `hparams_search`, `debug`, …); `chosen` ({group: option}): each group's
+    choice marked `*`."""
+    chosen = chosen or {}
     found = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in Path(conf_dir).iterdir()
              if p.is_dir() and p.name != "hydra" and not p.name.startswith(("_", "."))}
     for group in GROUPS:
         found[group] = sorted(set(found.get(group, [])) | set(OPTIONS[group]))
-    return "\n".join(f"{g}: {', '.join(opts)}" for g, opts in sorted(found.items()) if opts)
+    return "\n".join(f"{g}: {', '.join(o + '*' * (chosen.get(g) == o) for o in opts)}"
+                     for g, opts in sorted(found.items()) if opts)

@@ -37,12 +37,6 @@ def jump(K: int, jumps) -> np.ndarray:
 GRAPHS = ("cycle", "path", "complete", "grid", "torus", "hypercube", "random_regular")
 
 
-def graph_nodes(graph: str, K: int, side: int, dim: int) -> int:
-    """The number of nodes of `graph`: data.K for the families sized that way, side² for grid and torus,
-    2^dim for the hypercube (the graph_walk family checks that data.K equals it)."""
-    return side * side if graph in ("grid", "torus") else 2 ** dim if graph == "hypercube" else K
-
-
 @functools.lru_cache(maxsize=256)
 def _graph_pi(graph: str, K: int, degree: int, side: int, dim: int, seed: int) -> np.ndarray:
     import networkx as nx  # here, not at the top: only graph_walk needs it

@@ -18,12 +18,15 @@ Gram identity also keeps Theorem 4.1's symmetric point exact in floating point.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from .models import NORMALIZE_ALIASES, ModelConfig
+from .models.base import NORMALIZE_ALIASES
+
+if TYPE_CHECKING:
+    from .models.transformer import ModelConfig
 
 
 def positions(cfg: ModelConfig, N: int, dtype=torch.float64) -> torch.Tensor:
@@ -45,9 +48,20 @@ class Geometry:
     gram: Optional[torch.Tensor]  # (N, N) numeric P Pᵀ, or None for the exact identity ‖p‖²·I
     nu_pos: float = 1.0  # what the positional part of x̃_j (j < N) is divided by (= nu_tok but for positional)
     ffn: str = "after"  # where the FFN of F.1 sits (model.ffn; transformer_ffn only): after | before the attention
+    # the model option whose forward these runs compute (its reference, `ModelConfig.forward`), and the
+    # implementations of it they may take (its `IMPLEMENTATIONS`); a bare Geometry is eq. 2.1's engine and kernel
+    model: Optional[ModelConfig] = field(default=None, compare=False, repr=False)
+    paths: tuple = ("engine", "kernel")
 
 
 def geometry(cfg: ModelConfig, N: int) -> Geometry:
+    """The geometry of the model option's runs of length N, as the option gives it (`ModelConfig.geometry`)."""
+    return cfg.geometry(N)
+
+
+def embedding(cfg: ModelConfig, N: int) -> Geometry:
+    """eq. 2.1's geometry: the sine embedding's ‖p‖², the ν of `model.normalize`, and the option's forward and
+    declared implementations."""
     D = cfg.M if cfg.pos_denom == "M" else cfg.M + 1
     pp = cfg.pos_scale ** 2 * D / 2  # Σ_j sin²(π i j / D) = D/2 for 1 ≤ i < D
     gram = None
@@ -65,7 +79,7 @@ def geometry(cfg: ModelConfig, N: int) -> Geometry:
     else:
         raise ValueError(f"model.normalize={where!r}: must be one of none, whole, positional, token (auto is "
                          "resolved by RunConfig)")
-    return Geometry(pp, nu_tok, nu_q, kappa, gram, nu_pos, cfg.ffn)
+    return Geometry(pp, nu_tok, nu_q, kappa, gram, nu_pos, cfg.ffn, cfg, type(cfg).IMPLEMENTATIONS)
 
 
 @dataclass

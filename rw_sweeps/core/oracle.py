@@ -1,4 +1,5 @@
-"""The literal reference: eq. 2.1 with dense X̃ ∈ R^{(K+M)×N} and W ∈ R^{(K+M)×(K+M)}, trained by autograd.
+"""The literal reference: eq. 2.1 with dense X̃ ∈ R^{(K+M)×N} and W ∈ R^{(K+M)×(K+M)}, trained by autograd;
+the forward after the logits is the run's model option's own (`ModelConfig.forward`).
 
 It exists to hold the engine to the paper (tests) and as the one-run-per-process baseline of the
 benchmarks. It is deliberately naive: memory is O(n·(K+M)·N) per run (≈0.8 GB at the §5 shape).
@@ -16,7 +17,7 @@ from omegaconf import OmegaConf
 from . import data as data_mod
 from . import model
 from .config import RunConfig, from_dict, option_class
-from .models import NORMALIZE_ALIASES
+from .models import NORMALIZE_ALIASES, FfnModelConfig, ModelConfig
 
 
 def embed(tokens: torch.Tensor, P: torch.Tensor, K: int, normalize: str) -> torch.Tensor:
@@ -47,20 +48,14 @@ def inputs(cfg: RunConfig, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return X, Xt
 
 
-def forward(theta: dict, X: torch.Tensor, Xt: torch.Tensor, ffn: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """f(X) = V X S(X̃ᵀ W x̃_N) (eq. 2.1), A ReLU(V X S(·)) (F.1, ffn=after) or Σ_i S_i A ReLU(V x_i) (F.1,
-    ffn=before: the FFN on every column x_i of X, the query's zero token part included, then the attention's
-    average); the softmax runs over all N columns."""
+def forward(theta: dict, X: torch.Tensor, Xt: torch.Tensor, model) -> tuple[torch.Tensor, torch.Tensor]:
+    """f(X) and S at the dense θ: the logits z = X̃ᵀ W x̃_N, then the model option's own forward
+    (`ModelConfig.forward`: eq. 2.1's V X S(z), F.1's, a temperature's, …). `model`: the run's model option,
+    or for eq. 2.1 and F.1 the FFN's placement alone (`model.ffn`), read as F.1's where θ has A."""
+    if isinstance(model, str):
+        model = FfnModelConfig(ffn=model) if "A" in theta else ModelConfig()
     u = theta["W"] @ Xt[0, :, -1]  # x̃_N is the same for every sequence
-    S = torch.softmax(torch.einsum("bdj,d->bj", Xt, u), dim=1)
-    if "A" in theta and ffn == "before":
-        per_token = torch.einsum("ko,bol->bkl", theta["A"], torch.relu(torch.einsum("ok,bkl->bol", theta["V"], X)))
-        return torch.einsum("bkl,bl->bk", per_token, S), S
-    xs = torch.einsum("bkj,bj->bk", X, S)
-    out = xs @ theta["V"].T
-    if "A" in theta:
-        out = torch.relu(out) @ theta["A"].T
-    return out, S
+    return model.forward(theta, X, torch.einsum("bdj,d->bj", Xt, u))
 
 
 def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
@@ -85,7 +80,7 @@ def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
     opt = o.implementation("oracle", cfg.model.name).make(list(theta.values()), o)  # the literal torch.optim one
     out = []
     for t in range(steps if steps is not None else cfg.optim.steps):
-        f, S = forward(theta, X, Xt, cfg.model.ffn)
+        f, S = forward(theta, X, Xt, cfg.model)
         loss = -w * torch.log(f[torch.arange(n), y] + cfg.optim.eps).sum()
         grads = torch.autograd.grad(loss, list(theta.values()))
         with torch.no_grad():
@@ -93,7 +88,7 @@ def train(cfg: RunConfig, steps: int | None = None, trajectory: bool = True):
                 p_.grad = g_
             opt.step()
             if trajectory or t + 1 == (steps if steps is not None else cfg.optim.steps):
-                _, S = forward(theta, X, Xt, cfg.model.ffn)
+                _, S = forward(theta, X, Xt, cfg.model)
                 out.append((t + 1, theta["V"].detach().clone(), S.mean(0).detach(),
                             {k: v.detach().clone() for k, v in theta.items()}))
     return out
@@ -119,7 +114,7 @@ def main(argv: list[str]) -> None:
     _, test_set = data_mod.make(cfg.data, cfg.seed)
     X, Xt = inputs(cfg, test_set.tokens)
     with torch.no_grad():
-        f, S = forward(theta, X, Xt, cfg.model.ffn)
+        f, S = forward(theta, X, Xt, cfg.model)
     acc = (f.argmax(1) == test_set.y).double().mean().item()
     print(json.dumps({"test_acc": acc, "parent_attention": S[:, -2].mean().item(), "wall_s": time.perf_counter() - t0}))
     print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

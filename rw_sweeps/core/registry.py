@@ -1,6 +1,9 @@
-"""The option registry and its typing: which options each group has (`OPTIONS`, filled by `@option`), the
-rules a key declares where it is declared (`rule`, `check_rules`), an option's implementation for an engine or
-a one-line refusal (`implementation`), and a value as OmegaConf converts it for a schema's field (`typed`).
+"""The option registry and its typing: which options each group has (`OPTIONS`, filled by `@option`), what
+registering checks (a key declared once, `check_shadowing`; methods that take their base's calls,
+`check_signatures`; an implementation for each engine it names, `check_engines`), the rules a key declares
+where it is declared (`rule`, `check_rules`), an option's implementation for an engine or a one-line refusal
+(`implementation`), why a schema an option's YAML names is not registered (`unregistered`), and a value as
+OmegaConf converts it for a schema's field (`typed`).
 
 Every option module (`families/`, `models.py`, `inits/`, `optimisers/`, `gpt/schema.py`) builds on this
 module and its group's base class alone; `rw_sweeps.core.config` puts them together into a run.
@@ -9,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
+import sys
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -35,6 +41,8 @@ def option(group: str):
         name = cls.__dataclass_fields__["name"].default
         if name in OPTIONS[group] and OPTIONS[group][name] is not cls:
             raise ValueError(f"two schemas declare {group}={name}")
+        check_shadowing(cls, f"{group}={name}")
+        check_signatures(cls, f"{group}={name}")
         check = getattr(cls, "registered", None)
         if check is not None:  # the group's base class says what an option of it must provide
             check()
@@ -49,6 +57,84 @@ def _store(group: str, name: str, cls: type) -> None:
     choice of `<group>` (`glob(*)`, `--help`, shell completion, "Available options"); the option's YAML extends it
     into its own node with `- /schema/<group>/<name>@_here_`."""
     ConfigStore.instance().store(group=f"schema/{group}", name=name, node=cls, provider="rw_sweeps")
+
+
+def check_shadowing(cls: type, label: str) -> None:
+    """Each key of an option is declared once: a schema that declares again a key of its base, or of a schema
+    it is composed with (`Scheduled`'s), changes that key for every run of the option without a word (an
+    optimiser's own `eps` would replace the loss's ε, eq. 2.1's ℓ, and its default). Refused in one line
+    naming the option and the key, but for `name` (each option's own) and the keys the base that declares
+    them lets its options re-default (`OPTION_DEFAULTS`: `lr`, a family's `K`), which keep its type and rule."""
+    for f in dataclasses.fields(cls):
+        owners = [b for b in reversed(cls.__mro__) if f.name in b.__dict__.get("__annotations__", {})]
+        if len(owners) < 2 or f.name == "name":
+            continue
+        first, again = owners[0], owners[-1]
+        base = first.__dataclass_fields__[f.name]
+        if f.name not in first.__dict__.get("OPTION_DEFAULTS", ()):
+            raise TypeError(f"{label}: {again.__name__} declares the key {f.name!r}, which {first.__name__} has "
+                            f"(default {_default_text(base)}); give the option's own key another name "
+                            f"(optim=adam's own ε is adam_eps)")
+        if (f.type, dict(f.metadata)) != (base.type, dict(base.metadata)):
+            raise TypeError(f"{label}: {again.__name__} re-defaults the key {f.name!r} of {first.__name__} with "
+                            f"another type or rule; keep {f.name}: {base.type} and its rule, or name a key of its own")
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default_factory is not dataclasses.MISSING:
+        return repr(f.default_factory())
+    return repr(f.default)
+
+
+def called_as(owner: type, method: str) -> tuple[inspect.Signature, bool]:
+    """How a method of a class is called: its signature without `self` or `cls`, and whether it is called on
+    the class itself (a staticmethod or classmethod); `__init__`: the class's own call."""
+    if method == "__init__":
+        sig = inspect.signature(owner.__init__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:]), True
+    raw = inspect.getattr_static(owner, method)
+    on_class = isinstance(raw, (staticmethod, classmethod))
+    sig = inspect.signature(getattr(owner, method))
+    return (sig if on_class else sig.replace(parameters=list(sig.parameters.values())[1:])), on_class
+
+
+def takes(got: inspect.Signature, want: inspect.Signature) -> bool:
+    """Does a method of signature `got` take every call one of signature `want` takes: the same parameters in
+    the same order, by name and kind, with a default where `want` has one, and more only with a default?"""
+    g, w = list(got.parameters.values()), list(want.parameters.values())
+    if len(g) < len(w):
+        return False
+    for a, b in zip(g, w):
+        if a.name != b.name or a.kind != b.kind or (b.default is not b.empty and a.default is a.empty):
+            return False
+    return all(a.default is not a.empty or a.kind in (a.VAR_POSITIONAL, a.VAR_KEYWORD) for a in g[len(w):])
+
+
+def plain(sig: inspect.Signature) -> str:
+    """A signature as a reader writes it: without annotations."""
+    return str(sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                           return_annotation=inspect.Signature.empty))
+
+
+def _own_methods(cls: type) -> list[str]:
+    """The public methods a class defines itself (not its properties, nor what @dataclass writes)."""
+    return [k for k, v in cls.__dict__.items()
+            if not k.startswith("_") and (isinstance(v, (staticmethod, classmethod)) or inspect.isfunction(v))]
+
+
+def check_signatures(cls: type, label: str) -> None:
+    """Every method an option overrides takes its base's calls (`takes`): a family's `draw(n, gen)` without
+    the seed its callers pass fails here, in one line naming the option, the method and the expected
+    signature, not in the middle of a sweep."""
+    for method in _own_methods(cls):
+        base = next((b for b in cls.__mro__[1:] if method in b.__dict__), None)
+        if base is None:
+            continue
+        got, _ = called_as(cls, method)
+        want, _ = called_as(base, method)
+        if not takes(got, want):
+            raise TypeError(f"{label}: {cls.__name__}.{method}{plain(got)} does not take the calls of "
+                            f"{base.__name__}.{method}; expected {method}{plain(want)}")
 
 
 def choice(key: str, value: Any, allowed) -> None:
@@ -112,22 +198,44 @@ class Refusal(ConfigError):
     """An option asked for an engine it has no implementation for."""
 
 
-def check_engines(cls: type, group: str, methods: dict[str, tuple]) -> None:
+def check_engines(cls: type, group: str, contracts: dict[str, type]) -> None:
     """What `@option(group)` checks of an option's `ENGINES` (a one-line TypeError naming the option and what
     is wrong): declared by the class itself (a subclass that inherited its parent's would train as its
-    parent), naming only engines there are (`methods`: engine → what the engine calls), each a class that has
-    every method its engine calls."""
+    parent), naming only engines there are (`contracts`: engine → the Protocol its implementation meets),
+    each a class with every method of its engine's contract, called as the contract says (on the class for a
+    staticmethod) and taking its calls (`takes`)."""
     name = f"{group}={cls.__dataclass_fields__['name'].default}"
     if "ENGINES" not in cls.__dict__ or not cls.ENGINES:
         raise TypeError(f"{name}: {cls.__name__} declares no ENGINES of its own (engine → its implementation there)")
     for engine, impl in cls.ENGINES.items():
-        if engine not in methods:
-            raise TypeError(f"{name}: ENGINES names the engine {engine!r}; engines: {', '.join(methods)}")
+        if engine not in contracts:
+            raise TypeError(f"{name}: ENGINES names the engine {engine!r}; engines: {', '.join(contracts)}")
         if not isinstance(impl, type):
             raise TypeError(f"{name}: ENGINES[{engine!r}] is {impl!r}, not a class")
-        missing = [m for m in methods[engine] if not callable(getattr(impl, m, None))]
+        methods = contract_methods(contracts[engine])
+        missing = [m for m in methods if not callable(getattr(impl, m, None))]
         if missing:
             raise TypeError(f"{name}: its {engine} implementation {impl.__name__} lacks {', '.join(missing)}")
+        for m in methods:
+            _check_call(name, engine, impl, contracts[engine], m)
+
+
+def contract_methods(contract: type) -> list[str]:
+    """The methods an engine calls on an implementation: its contract's own, `__init__` where it builds one."""
+    return ["__init__"] * ("__init__" in contract.__dict__) + _own_methods(contract)
+
+
+def _check_call(name: str, engine: str, impl: type, contract: type, method: str) -> None:
+    got, on_class = called_as(impl, method)
+    want, wanted_on_class = called_as(contract, method)
+    shown = impl.__name__ if method == "__init__" else f"{impl.__name__}.{method}"
+    expected = f"{impl.__name__ if method == '__init__' else method}{plain(want)}"
+    if wanted_on_class and not on_class and method != "__init__":
+        raise TypeError(f"{name}: its {engine} implementation's {method} is called on the class; expected "
+                        f"@staticmethod {expected}")
+    if not takes(got, want):
+        raise TypeError(f"{name}: its {engine} implementation {shown}{plain(got)} does not take the engine's "
+                        f"call; expected {expected}")
 
 
 def implementation(option: Any, group: str, engine: str, model: str):
@@ -143,6 +251,31 @@ def implementation(option: Any, group: str, engine: str, model: str):
         check(option)
     return impl
 
+
+def unregistered(group: str, name: str) -> str:
+    """Why `schema/<group>/<name>`, which `conf/<group>/<name>.yaml` extends, is in no registry (what Hydra
+    says as `Could not load 'schema/<group>/<name>'`), naming the file to edit. A group whose base is a
+    package's `base.py` has a module per option, which the package's `__init__.py` imports: the option's
+    module is never imported, imported but declaring no such option, or not written. Else the options are
+    declared in the base's module (`models.py`) or a module it imports."""
+    base = [b for b in next(iter(OPTIONS[group].values())).__mro__ if dataclasses.is_dataclass(b)][-1]
+    home = Path(sys.modules[base.__module__].__file__)
+    says = f"conf/{group}/{name}.yaml extends schema/{group}/{name}, which no option declares"
+    declare = f"@option({group!r}) on a schema whose name is {name!r}"
+    if home.name != "base.py":
+        return f"{says}: declare it ({declare}) in {_shown(home)} or a module it imports"
+    module, where = home.parent / f"{name}.py", _shown(home.parent / "__init__.py")
+    if module.exists() and f"{base.__module__.rsplit('.', 1)[0]}.{name}" in sys.modules:
+        return f"{says}: {_shown(module)} is imported but has no {declare}"
+    if module.exists():
+        return f"{says}: {_shown(module)} is never imported; import it in {where}"
+    return f"{says}: write {_shown(module)} ({declare}), which {where} imports"
+
+
+def _shown(path: Path) -> str:
+    """A module's path from the repository (or site-packages) root: `rw_sweeps/core/optimisers/rmsprop.py`."""
+    parts = path.parts
+    return "/".join(parts[parts.index("rw_sweeps"):]) if "rw_sweeps" in parts else str(path)
 
 
 # ------------------------------------------------------------------------------------------ typing

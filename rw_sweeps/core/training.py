@@ -113,7 +113,10 @@ def batch_bytes(c: RunConfig) -> int:
     n, L, K = c.data.n_train + c.data.n_test, c.data.N - 1, c.data.K
     item = 8 if c.precision == "float64" else 4
     width = max(K, c.model.m or 0)
-    return n * L * (8 + 3 * item) + n * width * item * 14 + 4096
+    # a model trained on its reference forward also holds the one-hot X (n, K, N) and autograd's (n, ·, N)
+    # tensors: an estimate of their order, X twice and eight logit-sized tensors, not a measurement
+    reference = 0 if "engine" in type(c.model).IMPLEMENTATIONS else n * (L + 1) * (2 * width + 8) * item
+    return n * L * (8 + 3 * item) + n * width * item * 14 + 4096 + reference
 
 
 def run_bytes(cfg: RunConfig) -> tuple[int, str]:
@@ -170,8 +173,21 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     A chunk whose steps and evaluations are the compiled kernel's (on a CPU) runs torch's own ops on one
     thread: the kernel's threads do its parallel work (`fused.torch_serial`)."""
     kernel = in_kernel(cfgs[0])
+    say_reference(cfgs[0])
     with fused.torch_serial() if kernel else contextlib.nullcontext():
         return _train(cfgs, run_dirs, progress, resumed, live, kernel)
+
+
+SAID: set[str] = set()  # the model options this process has said train on their reference forward
+
+
+def say_reference(cfg: RunConfig) -> None:
+    """One line, once a process, for a model option that declares no fast implementation of its forward."""
+    name = cfg.model.name
+    if "engine" not in type(cfg.model).IMPLEMENTATIONS and name not in SAID:
+        SAID.add(name)
+        print(f"model={name} declares no fast implementation of its forward (IMPLEMENTATIONS): its runs train on "
+              "the reference forward by autograd, exact and slower", flush=True)
 
 
 def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None, resumed: list[dict] | None, live,
@@ -246,7 +262,7 @@ def _train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None, r
                 loss, bad = update.steps(state, train_set, eps, w, geo, n)
                 if t0 == evaluated:
                     log.train_loss(loss[:, 0])
-                log.diverged_at(t0, bad)
+                log.diverged_at(t0, bad, loss)
                 block.done(n)
                 if bar is not None:
                     bar.update(n)
@@ -316,6 +332,7 @@ class _Log:
         self.cos = True
         # runs that ended before this session (a resumed diverged run) record nothing more: step −1
         self.dead = torch.tensor([T + 1 if r.status == "done" else -1 for r in recs], device=dev)
+        self.loss_bad = torch.zeros(len(recs), dtype=torch.bool, device=dev)  # diverged by its loss, not its update
         # the first evaluated step whose predictions left the symmetric point's (T + 1: not yet)
         self.h_sym = None  # the symmetric point's X·S of every test sequence, built on first need
         self.off = torch.tensor([T + 1 if r.prediction_break_step is None else r.prediction_break_step for r in recs],
@@ -361,7 +378,7 @@ class _Log:
         # one thread on a CPU: PyTorch's idle pool threads spin after a parallel op and slow the compiled
         # kernel's own threads in the next step (measured: 2.0× → 1.3× on the worst case, bench_trust.py)
         with fused.torch_serial() if state.a.device.type == "cpu" else contextlib.nullcontext():
-            off = (probe.pred != engine.symmetric_pred(state.params, self.h_sym, geo)).any(1)
+            off = (probe.pred != engine.symmetric_pred(state.params, self.h_sym, geo, test.tokens)).any(1)
             if probe.pred_unsure is not None:
                 off = self._exact(off, need & probe.pred_unsure, state, test, geo, reads)
         self.off = torch.where(need & off, torch.full_like(self.off, t), self.off)
@@ -384,12 +401,19 @@ class _Log:
         is taken), the runs whose loss or parameters are not finite diverge there."""
         self.losses.append(loss)
         if finite is not None:
-            self.dead = torch.where((self.dead > self.T) & ~finite, torch.full_like(self.dead, self.T), self.dead)
+            new = (self.dead > self.T) & ~finite
+            self.loss_bad = torch.where(new, ~torch.isfinite(loss), self.loss_bad)
+            self.dead = torch.where(new, torch.full_like(self.dead, self.T), self.dead)
 
-    def diverged_at(self, t0: int, bad: torch.Tensor) -> None:
-        """bad (R,): the first step of a block that starts at t0 whose loss or update was not finite, or −1."""
+    def diverged_at(self, t0: int, bad: torch.Tensor, loss: torch.Tensor) -> None:
+        """bad (R,): the first step of a block that starts at t0 whose loss or update was not finite, or −1;
+        loss (R, steps): the block's training losses, which say which of the two it was."""
         bad = bad.to(self.dead.device)
-        self.dead = torch.where((self.dead > self.T) & (bad >= 0), bad + t0, self.dead)
+        new = (self.dead > self.T) & (bad >= 0)
+        at = loss.to(self.dead.device).gather(1, bad.clamp(min=0)[:, None])[:, 0] if loss.shape[1] else None
+        if at is not None:
+            self.loss_bad = torch.where(new, ~torch.isfinite(at), self.loss_bad)
+        self.dead = torch.where(new, bad + t0, self.dead)
 
     def _copy(self) -> None:
         """Everything buffered on the device to the host, one copy."""
@@ -412,7 +436,7 @@ class _Log:
         `step`, the state's step: what a checkpoint saves, or the batch's result."""
         self._copy()
 
-        dead, off = self.dead.cpu().numpy(), self.off.cpu().numpy()
+        dead, off, loss_bad = self.dead.cpu().numpy(), self.off.cpu().numpy(), self.loss_bad.cpu().numpy()
         rows = np.concatenate(self.h_rows) if self.h_rows else np.zeros((0, len(self.COLS), len(self.recs)))
         losses = np.concatenate(self.h_losses) if self.h_losses else np.zeros((0, len(self.recs)))
         n = min(len(rows), len(losses))  # evaluations whose training loss is known (the last may not be yet)
@@ -437,7 +461,8 @@ class _Log:
                 continue
             if d <= self.T:
                 rec.status, rec.steps = "diverged", d
-                rec.error = f"non-finite loss or parameters at step {d}"
+                rec.error = (f"non-finite training loss at step {d}" if loss_bad[r] else
+                             f"non-finite parameters after the update of step {d} (its training loss was finite)")
             else:
                 rec.steps = min(step, self.T)
             if rec.break_step is None:

@@ -262,17 +262,24 @@ def preflight(argv: list[str], calling_file: str, config_path: str, config_name:
 
 
 def _register_resolvers() -> None:
-    """`${rw_keys:}` and `${rw_groups:}`: every schema key with its default and comment, and every group's
-    options, for `--help` (`conf/hydra/help/rw.yaml`)."""
+    """`${rw_keys:${hydra.runtime.choices}}` and `${rw_groups:${hydra.runtime.choices}}`, for `--help`
+    (`conf/hydra/help/rw.yaml`): the keys of the options this command composes (the defaults, or the ones it
+    names), each at its default with its comment, and every group's options, this command's choice marked."""
     if not OmegaConf.has_resolver("rw_keys"):
-        def keys_text() -> str:
-            return describe()
+        def keys_text(choices=None) -> str:
+            return describe(tuple(sorted(_choices(choices).items())))
 
-        def groups_text() -> str:
-            return groups(packaged_conf())
+        def groups_text(choices=None) -> str:
+            return groups(packaged_conf(), _choices(choices))
 
         OmegaConf.register_new_resolver("rw_keys", keys_text)
         OmegaConf.register_new_resolver("rw_groups", groups_text)
+
+
+def _choices(choices) -> dict:
+    """Hydra's `hydra.runtime.choices` as {group: option}, without Hydra's own groups (`hydra/launcher`)."""
+    plain = OmegaConf.to_container(choices) if OmegaConf.is_config(choices) else (choices or {})
+    return {str(g): str(o) for g, o in plain.items() if o is not None and not str(g).startswith("hydra/")}
 
 
 def run_front_door(main: Callable, argv: list[str], calling_file: str, config_path: str) -> None:

@@ -50,6 +50,12 @@ def command_line(argv: list[str], calling_file: str, config_path: str, config_na
     shell completion, which Hydra answers itself. `hydra.main` has no public hook that composes without
     running the task (the Compose API does not read argv or `--config-dir`)."""
     args, _ = get_args_parser().parse_known_args(argv)
+    given = [name for name, on in (("--run", args.run), ("--multirun", args.multirun), ("--cfg", args.cfg),
+                                   ("--info", args.info), ("--shell-completion", args.shell_completion)) if on]
+    if len(given) > 1:  # Hydra raises a bare ValueError for it, after the pre-check: a trace
+        raise Refused(f"{' and '.join(given)} cannot be combined: Hydra runs one of --run, --multirun, --cfg, --info "
+                      "and --shell-completion; to print one job's config, drop -m and give each key one value "
+                      "(--cfg job data.p=0.5)")
     if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
         return None
     search_path = create_automatic_config_search_path(calling_file, None, args.config_path or config_path)

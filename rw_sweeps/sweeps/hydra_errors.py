@@ -9,13 +9,10 @@ import contextlib
 import dataclasses
 import re
 import unicodedata
-from typing import Any
-
-import yaml
 
 from rw_sweeps.core.config import ConfigError, RunConfig, describe_unknown
-from rw_sweeps.core.registry import OPTIONS, type_rule
-from rw_sweeps.core.errors import one_line
+from rw_sweeps.core.registry import OPTIONS, type_rule, unregistered
+from rw_sweeps.core.errors import Typed, did_you_mean, one_line
 from hydra.errors import OverrideParseException
 from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, ConfigTypeError, InterpolationResolutionError,
                              ValidationError)
@@ -55,30 +52,54 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             rule = type_rule(cls, leaf, e) if cls is not None and leaf in cls.__dataclass_fields__ else one_line(e)
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
-            m = re.search(r"use \+" + re.escape(key) + r"=(.*)$", str(exc), re.M)
-            value = _parsed(m.group(1)) if m else None
+            # Hydra names the override as typed (`use +daat.p=0.5`): its key may go below the unknown one
+            m = re.search(r"use \+(" + re.escape(key) + r"(?:\.[^=\s]+)?)=(.*)$", str(exc), re.M)
+            typed, value = (m.group(1), Typed(m.group(2))) if m else (key, None)
             if key.startswith("hydra.launcher."):
-                return ConfigError(key, value, "unknown launcher key; any other sbatch option goes in "
-                                   f"'+hydra.launcher.additional_parameters.{key.rsplit('.', 1)[1]}=...'")
+                return ConfigError(typed, value, "unknown launcher key" + _closest(key, cls) + "; any other sbatch "
+                                   f"option goes in '+hydra.launcher.additional_parameters.{key.rsplit('.', 1)[1]}=...'")
             if key.startswith("hydra.sweeper.") and cls is not None:  # a sweeper's own schema: its keys
                 names = [f for f in cls.__dataclass_fields__ if not f.startswith("_")]
-                return ConfigError(key, value, f"unknown sweeper key; allowed: {', '.join(names)}")
+                return ConfigError(typed, value, f"unknown sweeper key{_closest(key, cls)}; allowed: {', '.join(names)}")
             if key.startswith("hydra."):
-                return ConfigError(key, value, "unknown Hydra key")
+                return ConfigError(typed, value, "unknown Hydra key")
             prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
-            return ConfigError(key, value, describe_unknown(cls, prefix, key.rsplit(".", 1)[-1]) if cls is not None
-                               else "unknown key")
+            return ConfigError(typed, value, describe_unknown(cls, prefix, key.rsplit(".", 1)[-1], typed != key)
+                               if cls is not None else "unknown key")
         if isinstance(e, ConfigTypeError) and "deletion" in str(e):
             return ConfigError(key, "<deleted>", "is required by the schema and cannot be removed")
     text = str(exc)
+    m = re.search(r"Could not load 'schema/(\w+)/([^']+)'", text)
+    if m and m.group(1) in OPTIONS:  # an option's YAML whose schema no imported module declares
+        return ConfigError(m.group(1), m.group(2), unregistered(m.group(1), m.group(2)))
     m = re.search(r"Could not (?:find|load) '([\w/]+)/([^']+)'.*?Available options in '[^']+':\s*(.*?)(?:Config search path|$)",
                   text, re.S)
     if m:
         options = ", ".join(o.strip() for o in m.group(3).split() if o.strip() and not o.strip().endswith("_schema"))
         extra = EXTRAS.get((m.group(1), m.group(2)))
         hint = f" ({m.group(2)} is in the '{extra}' extra: pip install 'rw-sweeps[{extra}]')" if extra else ""
-        return ConfigError(m.group(1), m.group(2), f"unknown option; allowed: {options}{hint}")
+        close = did_you_mean(m.group(2), options.split(", "))
+        return ConfigError(m.group(1), m.group(2), f"unknown option{close}; allowed: {options}{hint}")
+    m = re.match(r"Ambiguous value for argument '(.*)'\n", text)
+    if m:  # a comma list in a single run: Hydra's three readings, the sweep first (a forgotten -m)
+        return _ambiguous(m.group(1))
     return None
+
+
+def _ambiguous(override: str) -> ConfigError:
+    key, _, value = override.partition("=")
+    key = key.lstrip("+~")
+    return ConfigError(key, Typed(value), "a comma list in a single run: to sweep over it, add --multirun (-m) to "
+                       f"your command line; for a list write {key}=[{value}]; for a string quote it: "
+                       f"\"{key}='{value}'\"")
+
+
+def _closest(key: str, cls) -> str:
+    """` (did you mean …?)` among the keys of the schema a `hydra.launcher.*`/`hydra.sweeper.*` key was refused by."""
+    if cls is None:
+        return ""
+    prefix, _, leaf = key.rpartition(".")
+    return did_you_mean(leaf, [f for f in cls.__dataclass_fields__ if not f.startswith("_")], prefix + ".")
 
 
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
@@ -136,14 +157,6 @@ def _unresolved(e: BaseException) -> str:
 # Hydra plugins that come with an extra of this package (pyproject.toml): a missing one says how to get it
 EXTRAS = {("hydra/sweeper", "optuna"): "optuna", ("hydra/launcher", "submitit_local"): "submitit",
           ("hydra/launcher", "submitit_slurm"): "submitit"}
-
-
-def _parsed(text: str) -> Any:
-    """A command-line value as YAML reads it (`0.3` → 0.3), for the message."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from rw_sweeps.core import resources
 from rw_sweeps.core.config import shape_key
+from rw_sweeps.core.console import counted
 from rw_sweeps.core.resources import bytes_per_run
 
 CPU_CHUNK_GB = 2.0  # a chunk's budget on a CPU when memory_gb is null
@@ -169,8 +170,8 @@ class Plan:
         """The launcher's one line on how the sweep runs."""
         done = f" ({n_done:,} already done)" if n_done else ""
         if self.packed:
-            return f"packed: {n_runs:,} runs{done} in {len(self.jobs):,} job(s) on {self.where}"
-        return f"not packed: {n_runs:,} runs{done} as {len(self.jobs):,} job(s) on {self.where}: {why_not}"
+            return f"packed: {counted(n_runs, 'run', f'{n_runs:,}')}{done} in {len(self.jobs):,} job(s) on {self.where}"
+        return f"not packed: {counted(n_runs, 'run', f'{n_runs:,}')}{done} as {len(self.jobs):,} job(s) on {self.where}: {why_not}"
 
 
 # One function per place a launch runs, each named by its launcher backend (`cut_into_jobs` of the rw

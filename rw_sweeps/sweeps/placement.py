@@ -6,7 +6,8 @@ of every run folder already there and
 
 - gives each run of the launch the folder that holds its config (`results.same_run`: keys that cannot
   change a result, such as `checkpoint_every` and `wandb.*`, do not count), wherever that folder is: a
-  finished run is found and never trained again, an unfinished one resumes in its own folder;
+  finished run is found and never trained again (a diverged one too, and a failed one is trained again,
+  unless `hydra.launcher.retry` says otherwise), an unfinished one resumes in its own folder;
 - gives a new run its job number's folder when that is free (missing, or holding no readable run), and the
   next unused number when the folder belongs to another run of this launch: finished folders are never
   renumbered;
@@ -38,11 +39,21 @@ class FolderTaken(ConfigError):
     not writable): one line, before anything is written."""
 
 
+# The outcomes a relaunch trains again unless `hydra.launcher.retry` says otherwise. A diverged run is
+# deterministic (the same config diverges at the same step again): its outcome is final. A failed run is
+# retried: most failures are of the place it ran (a full disk, a killed or timed-out job, a device that was
+# not there), and a job that dies without writing a summary makes its runs failed (README, "Faults").
+RETRY = ("failed",)
+OUTCOMES = ("failed", "diverged")  # what `retry` may name
+
+
 @dataclass
 class Placement:
-    """What `place` found, by the spec's index: the summaries of the runs already done, and why a run whose
-    folder holds its config but breaks the contract is trained again."""
+    """What `place` found, by the spec's index: the summaries of the runs already done, those of the runs whose
+    outcome is final though not done (`kept`: diverged, or failed, where `retry` does not name it), and why a
+    run whose folder holds its config but breaks the contract is trained again."""
     done: dict = field(default_factory=dict)
+    kept: dict = field(default_factory=dict)
     retrain: dict = field(default_factory=dict)
 
 
@@ -128,8 +139,10 @@ def _number(folder: str) -> tuple:
     return num is None, num or 0, name
 
 
-def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = False) -> Placement:
-    """Give every spec its folder (see the module's doc); raise FolderTaken on the first conflict."""
+def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = False,
+          retry: tuple = RETRY) -> Placement:
+    """Give every spec its folder (see the module's doc); raise FolderTaken on the first conflict. A run found
+    `failed` or `diverged` is trained again if `retry` names its outcome, else kept."""
     sweep_dir = Path(sweep_dir)
     own = [s.output_dir for s in specs]  # absolute paths as strings: a grid of 100,000 runs builds no Path each
     root = os.path.abspath(sweep_dir) + os.sep
@@ -201,6 +214,9 @@ def place(specs: list, sweep_dir: Path, default_subdir: bool, overwrite: bool = 
                 and not store.has_folder(s.output_dir) else contract.judge(Path(s.output_dir), found[s.output_dir])
             if verdict.done and results.same_run(verdict.config, s.cfg.to_dict()):
                 out.done[i] = verdict.summary
+            elif verdict.state in OUTCOMES and verdict.state not in retry \
+                    and results.same_run(verdict.config, s.cfg.to_dict()):
+                out.kept[i] = verdict.summary
             elif verdict.state == "corrupt":  # its files break the contract: trained again, and said why
                 out.retrain[i] = verdict.why
         elif s.output_dir in damaged:  # its config.yaml cannot be judged: whatever it held is trained over

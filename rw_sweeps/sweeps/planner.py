@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
@@ -32,6 +32,7 @@ from hydra.types import RunMode
 
 from rw_sweeps.core import env_vars
 from rw_sweeps.core.config import ConfigError, RunConfig, convert, from_dict, shape_key, with_seed
+from rw_sweeps.core.registry import GROUPS
 from rw_sweeps.core.contract import too_large
 
 from .hydra_adapter import split_arguments
@@ -169,19 +170,47 @@ def _copy(node: Any) -> Any:
     return node
 
 
-def override_dirname(parsed: Sequence[Override], job_cfg: dict) -> str:
-    """hydra.job.override_dirname, exactly as Hydra's config loader computes it."""
-    conf = job_cfg["config"]["override_dirname"]
-    lines = sorted(o.input_line for o in parsed if o.key_or_group not in (conf.get("exclude_keys") or []))
-    return str(conf["item_sep"]).join(lines).replace("=", str(conf["kv_sep"]))
-
-
 def _readable(cfg: RunConfig) -> None:
     """Every file the run would write fits its readers' caps (`contract.too_large`), else its one-line refusal:
     checked for every job, whatever launcher runs it, before any folder is made."""
     problem = too_large(cfg)
     if problem is not None:
         raise problem
+
+
+@dataclass(frozen=True)
+class OverrideDirname:
+    """hydra.job.override_dirname, exactly as Hydra's config loader computes it: the job's override lines but
+    the excluded keys, sorted, joined by item_sep, each `=` written as kv_sep. Called with a grid job's seed
+    line, which the lines it was made from leave out (the seed axis shares one `Kind`)."""
+    kept: tuple
+    seed_excluded: bool
+    item_sep: str
+    kv_sep: str
+
+    @classmethod
+    def of(cls, parsed: Sequence[Override], hydra: dict) -> "OverrideDirname":
+        conf = hydra["job"]["config"]["override_dirname"]
+        excluded = set(conf.get("exclude_keys") or [])
+        kept = tuple(sorted(o.input_line for o in parsed if o.key_or_group not in excluded))
+        return cls(kept, "seed" in excluded, str(conf["item_sep"]), str(conf["kv_sep"]))
+
+    def __call__(self, seed_line: str | None = None) -> str:
+        lines = self.kept if seed_line is None or self.seed_excluded else sorted([*self.kept, seed_line])
+        return self.item_sep.join(lines).replace("=", self.kv_sep)
+
+
+class Kind(NamedTuple):
+    """What a job's overrides but its integer seed make of it (`Planner._kind`), shared by a seed axis. `base`
+    is None where Hydra must compose the job itself; the fields after `values` are then None too."""
+    key: tuple  # the overrides that choose its composition (a template's key)
+    base: Optional[dict]  # its task dict, as composed
+    hydra: dict  # its hydra node
+    values: list  # the value overrides (Override objects)
+    conv: Optional[dict] = None  # override line → its value converted for its key's schema
+    cfg: Optional[RunConfig] = None  # the validated config
+    shape: Optional[tuple] = None  # its shape (`config.shape_key`)
+    dirname: Optional[OverrideDirname] = None  # its override_dirname, given a seed line
 
 
 class Planner:
@@ -193,9 +222,10 @@ class Planner:
         self._templates: dict[tuple, tuple[DictConfig, dict | None, dict]] = {}
         self._parsed: dict[str, Override] = {}  # grids repeat their override strings: parse each once
         self._group_keys: dict[str, bool] = {}
-        self._kinds: dict[tuple, tuple] = {}  # a job's overrides but its seed → what they make of it (`_kind`)
+        self._kinds: dict[tuple, Kind] = {}  # a job's overrides but its seed → what they make of it (`_kind`)
         self._env_sets: dict[int, tuple] = {}  # id of an env_set → (it, whether it interpolates)
         self._env_cfgs: dict[tuple, DictConfig] = {}  # a composition → its copy that resolves its jobs' env_sets
+        self._varied: set = set()  # the keys any batch planned so far varies (`plan`)
         sweep = primary.hydra.sweep
         self.sweep_dir = os.path.abspath(str(sweep.dir))
         self.subdir = OmegaConf.to_container(sweep, resolve=False)["subdir"]
@@ -259,16 +289,16 @@ class Planner:
             if len(self._kinds) > 4096:  # a grid of many distinct values: no cache grows without bound
                 self._kinds.clear()
             self._kinds[sig] = self._kind([s for s in overrides if s is not seed_line] if seed else overrides, num)
-        key, base, hydra, values, conv, cfg, shape, dirname = self._kinds[sig]
-        if base is not None:
-            changes = {o.key_or_group: conv[o.input_line] for o in values}
+        kind = self._kinds[sig]
+        if kind.base is not None:
+            changes = {o.key_or_group: kind.conv[o.input_line] for o in kind.values}
             if seed:
-                changes["seed"] = convert(base, "seed", int(seed.group(2)))
-            spec = Spec(num, overrides, None, None, hydra, {
-                "overrides.task": overrides, "job.override_dirname": dirname(seed_line if seed else None),
-                "job.num": num, "job.id": str(num)}, base, changes, template=key)
-            spec.cfg = with_seed(cfg, changes["seed"]) if seed else copy.copy(cfg)
-            spec.shape = shape
+                changes["seed"] = convert(kind.base, "seed", int(seed.group(2)))
+            spec = Spec(num, overrides, None, None, kind.hydra, {
+                "overrides.task": overrides, "job.override_dirname": kind.dirname(seed_line if seed else None),
+                "job.num": num, "job.id": str(num)}, kind.base, changes, template=kind.key)
+            spec.cfg = with_seed(kind.cfg, changes["seed"]) if seed else copy.copy(kind.cfg)
+            spec.shape = kind.shape
         else:  # Hydra composes this job itself; `${hydra:...}` resolves against its own node
             template = self.compose(overrides, num)
             HydraConfig.instance().set_config(template)
@@ -314,11 +344,9 @@ class Planner:
                               f"(${{hydra:job.num}} is there, a task key is not): {' '.join(str(e).split())[:160]}") from None
         return tuple(sorted((str(k), str(v)) for k, v in env.items()))
 
-    def _kind(self, overrides: list[str], num: int) -> tuple:
-        """What these overrides (a job's, but its integer seed) make of a job: (composition key, its task dict,
-        its hydra node, the value overrides, their converted values, the validated config, its shape, and
-        the job's override_dirname given its seed line), or base None where Hydra must compose the job
-        itself (`+`/`~` overrides, sweeps inside a job, interpolations)."""
+    def _kind(self, overrides: list[str], num: int) -> Kind:
+        """What these overrides (a job's, but its integer seed) make of a job (`Kind`), its base None where
+        Hydra must compose the job itself (`+`/`~` overrides, sweeps inside a job, interpolations)."""
         parsed = self._parse(overrides)
         is_template = [self._is_template_key(o) for o in parsed]
         key = tuple(s for s, t in zip(overrides, is_template) if t)
@@ -326,21 +354,11 @@ class Planner:
         simple = all(o.type == OverrideType.CHANGE and not o.is_sweep_override() for o in values)
         _, base, hydra = self._template(key, overrides, num)
         if not simple or base is None:
-            return key, None, hydra, values, None, None, None, None
+            return Kind(key, None, hydra, values)
         conv = {o.input_line: convert(base, o.key_or_group, o.value()) for o in values}
         cfg = from_dict(with_changes(base, {o.key_or_group: conv[o.input_line] for o in values}), complete=True)
         _readable(cfg)
-        conf = hydra["job"]["config"]["override_dirname"]
-        excluded = set(conf.get("exclude_keys") or [])
-        kept = sorted(o.input_line for o in parsed if o.key_or_group not in excluded)
-        item_sep, kv_sep = str(conf["item_sep"]), str(conf["kv_sep"])
-
-        def dirname(seed_line: str | None) -> str:
-            """hydra.job.override_dirname, exactly as Hydra's config loader computes it."""
-            lines = kept if seed_line is None or "seed" in excluded else sorted([*kept, seed_line])
-            return item_sep.join(lines).replace("=", kv_sep)
-
-        return key, base, hydra, values, conv, cfg, shape_key(cfg), dirname
+        return Kind(key, base, hydra, values, conv, cfg, shape_key(cfg), OverrideDirname.of(parsed, hydra))
 
     def output_dir(self, spec: Spec) -> str:
         if self.subdir == "${hydra.job.num}":  # the default, without building a config
@@ -369,13 +387,23 @@ class Planner:
         for i, overrides in enumerate(jobs):
             with one_line_errors():
                 out.append(self.spec(overrides, initial_job_idx + i))
-        for s, varies in zip(out, varying(jobs)):
+        # a sweeper asking in batches (Optuna, the adaptive rounds): a key that varied in an earlier batch, or
+        # that the sweep searches (`hydra.sweeper.params`), names every later run too, one batch of one alike
+        self._varied |= {o.partition("=")[0] for v in varying(jobs) for o in v} | self._searched()
+        for s, varies in zip(out, varying(jobs, self._varied)):
             s.varies = varies
         return out
 
+    def _searched(self) -> set:
+        """The keys `hydra.sweeper.params` sweeps (a range, a choice, an interval: more than one value)."""
+        params = OmegaConf.select(self.primary, "hydra.sweeper.params", default=None) or {}
+        return {k for k, v in params.items()
+                if self.parser.parse_override(f"{k}={v}").is_sweep_override()}
 
-def varying(jobs: Sequence[Sequence[str]]) -> list[list[str]]:
-    """Per job, its overrides of the keys whose values differ between the jobs (what tells its runs apart)."""
+
+def varying(jobs: Sequence[Sequence[str]], also: set = frozenset()) -> list[list[str]]:
+    """Per job, its overrides of the keys whose values differ between the jobs (what tells its runs apart),
+    and of the keys in `also` (keys the sweep varies beyond these jobs)."""
     values: dict = {}  # key → the values the jobs give it
     count: dict = {}  # key → how many jobs give it one (fewer than all: it varies too)
     for overrides in jobs:
@@ -384,19 +412,16 @@ def varying(jobs: Sequence[Sequence[str]]) -> list[list[str]]:
         for o in overrides:
             key, _, value = o.partition("=")
             values.setdefault(key, set()).add(value)
-    keys = {k for k, v in values.items() if len(v) > 1 or count[k] < len(jobs)}
+    keys = {k for k, v in values.items() if len(v) > 1 or count[k] < len(jobs)} | set(also)
     return [[o for o in overrides if o.partition("=")[0] in keys] for overrides in jobs]
 
 
 # ------------------------------------------------------------------------------------------ the one entry
-SCHEMA_GROUPS = ("data", "model", "init", "optim")
-
-
 def no_group_deleted(overrides: Sequence[str]) -> None:
     """`~data` would drop the group's YAML and train on the schema's defaults without a word: refuse it."""
     for o in overrides:
         name = o[1:].split("=")[0] if o.startswith("~") else None
-        if name in SCHEMA_GROUPS:
+        if name in GROUPS:
             raise ConfigError(name, "<deleted>", "is a required config group and cannot be removed; choose an "
                               f"option instead ({name}=...)")
 

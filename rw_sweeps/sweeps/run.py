@@ -268,29 +268,32 @@ def provenance() -> dict:
 
 
 def run_line(summary: dict, tag: str = "") -> str:
-    """The line a run logs when it ends (`skipped (done)` for one found finished); `tag`, the job's values of
-    the keys its sweep varies, ends it (`[optim.lr=0.5 init.sigma=0.01]`), so no two lines look alike."""
-    line = _line(summary, "skipped (done)" if summary.get("skipped") else "done")
+    """The line a run logs when it ends (`skipped (done)` for one found finished, `skipped (diverged)` for one
+    kept as it ended); `tag`, the job's values of the keys its sweep varies, ends it (`[optim.lr=0.5
+    init.sigma=0.01]`), so no two lines look alike."""
+    ended = summary.get("status") or "done"
+    line = _line(summary, f"skipped ({ended})" if summary.get("skipped") else ended)
     return f"{line}  [{tag}]" if tag else line
 
 
-def _line(summary: dict, done: str) -> str:
+def _line(summary: dict, label: str) -> str:
     s = _Fields(summary)  # a summary of an older version may lack a field: it reads as null
+    v = lambda k: "null" if s[k] is None else s[k]  # noqa: E731 - a missing value reads as in summary.json: null
     # the circle (and the QA tasks, as always) by p; the other families by name, since p may mean nothing there
-    what = f"p={s['p']}" if s["data"] in (None, "random_walk", "qa_majority", "qa_preference") else f"data={s['data']}"
+    what = f"p={v('p')}" if s["data"] in (None, "random_walk", "qa_majority", "qa_preference") else f"data={s['data']}"
     if s["status"] != "done":
-        return f"{s['status']}: {what} init={s['init']} seed={s['seed']}: {s['error']}"
+        return f"{label}: {what} init={v('init')} seed={v('seed')}: {s['error']}"
     fmt = lambda x: "null" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"  # noqa: E731
     opt = "null" if s["opt_acc"] is None else f"{s['opt_acc']:.3f}"
     if s["unigram_loss"] is not None:  # model=gpt: its loss beside the data family's two baselines
-        return (f"{done}: {what} K={s['K']} N={s['N']} model={s['model']} n_layer={s['n_layer']} init={s['init']} "
-                f"seed={s['seed']} steps={s['steps']} test_loss={fmt(s['test_loss'])} opt_loss={fmt(s['opt_loss'])} "
+        return (f"{label}: {what} K={v('K')} N={v('N')} model={v('model')} n_layer={v('n_layer')} init={v('init')} "
+                f"seed={v('seed')} steps={v('steps')} test_loss={fmt(s['test_loss'])} opt_loss={fmt(s['opt_loss'])} "
                 f"unigram_loss={fmt(s['unigram_loss'])} relative_loss={fmt(s['relative_loss'])} "
                 f"test_acc={fmt(s['test_acc'])} (OPT {opt}) parent_attention={fmt(s['parent_attention'])} "
-                f"break_step={s['symmetry_break_step']}")
-    return (f"{done}: {what} K={s['K']} N={s['N']} init={s['init']} seed={s['seed']} steps={s['steps']} "
+                f"break_step={v('symmetry_break_step')}")
+    return (f"{label}: {what} K={v('K')} N={v('N')} init={v('init')} seed={v('seed')} steps={v('steps')} "
             f"test_acc={fmt(s['test_acc'])} (OPT {opt}) parent_attention={fmt(s['parent_attention'])} "
-            f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={s['symmetry_break_step']}")
+            f"v_pi_cosine={fmt(s['v_pi_cosine'])} kl={fmt(s['test_kl'])} break_step={v('symmetry_break_step')}")
 
 
 class _Fields(dict):

@@ -47,6 +47,7 @@ import threading
 from pathlib import Path
 
 from rw_sweeps.core import readers, results, store
+from rw_sweeps.core.console import shown
 from rw_sweeps.core.contract import CAPS, SUMMARY
 from rw_sweeps.core.safefs import PlantedLink, atomic_write, owned_dirs, write_with
 from rw_sweeps.core.wandb_io import SETTINGS as _SETTINGS, drop_partial as _drop_partial, readable, wandb as _wandb
@@ -117,11 +118,31 @@ def per_run(w: dict, runs: int) -> bool:
     return g == "run" or (g == "auto" and runs <= w.get("per_run_limit", 32))
 
 
+_said_packed = False  # the line below, once a process (every packed job of a launch would repeat it)
+
+
+def _say_packed(w: dict, runs: int, sweep_dir: Path) -> None:
+    """One line, the first time a process logs a job above `wandb.per_run_limit` as one wandb run: a user who
+    expects a wandb run a training run learns why there is none, and the switch."""
+    global _said_packed
+    if _said_packed or w.get("granularity", "auto") != "auto":
+        return
+    _said_packed = True
+    print(f"wandb: a job of {runs} runs is logged as one wandb run (job_type=packed, in "
+          f"{shown(sweep_dir)}/wandb_jobs/): more than wandb.per_run_limit={w.get('per_run_limit', 32)}; "
+          "wandb.granularity=run gives every run its own", flush=True)
+
+
 def live(cfgs: list[dict], run_dirs: list[Path]) -> "Live | None":
     """The batch's wandb runs, logged while it trains, where it gets per-run wandb runs; else None (the
     runs are logged when they end, `log_runs`)."""
     w = cfgs[0]["wandb"]
-    if w["mode"] == "disabled" or not per_run(w, len(cfgs)) or _stored(run_dirs):
+    if w["mode"] == "disabled":
+        return None
+    if not per_run(w, len(cfgs)):
+        _say_packed(w, len(cfgs), Path(run_dirs[0]).parent)
+        return None
+    if _stored(run_dirs):
         return None
     return Live(cfgs, [Path(d) for d in run_dirs], [results.run_id(d) for d in run_dirs])
 

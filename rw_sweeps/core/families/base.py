@@ -50,6 +50,10 @@ class DataConfig:
     online: bool = False  # true: a fresh batch of data.batch sequences every step (model=gpt); false: the fixed training set
     batch: int = 16  # sequences per step when online (the fixed test set stays n_test sequences)
     PER_RUN: ClassVar[tuple] = ()  # keys whose values differ within one batch (the rest is the run's shape)
+    # the keys above whose default a family may set itself (its number of states, its length), keeping their
+    # meaning, type and rule; any other key of this class a family declares again is refused when it registers
+    # (`registry.check_shadowing`)
+    OPTION_DEFAULTS: ClassVar[tuple] = ("K", "N")
     SEEDED: ClassVar[bool] = False  # do the family's rules depend on the run's seed (`with_seed`)?
     # the data.target values it serves: last always, all where it has the laws for it (its `laws`, or its
     # `transition`, whose Π the default `laws` reads); a family may declare fewer (`registered` checks it)

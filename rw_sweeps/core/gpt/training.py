@@ -239,11 +239,11 @@ def _parent_and_induction(rows, test: TestSet, T: int, tokens_T: int, last_only:
     return parent, induction / count.clamp_min(1)  # 0 where no position read has an earlier occurrence
 
 
-def _finite_grads(loss: torch.Tensor, grads: dict) -> torch.Tensor:
-    ok = torch.isfinite(loss)
-    for g in grads.values():
-        ok = ok & torch.isfinite(g.reshape(g.shape[0], -1)).all(1)
-    return ok
+def _finite_grads(loss: torch.Tensor, grads: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R,) whether each run's loss and gradients are finite; (R,) the first that is not, for its summary's
+    error (0: the loss, i: the i-th of `grads`)."""
+    bad = torch.stack([~torch.isfinite(loss), *(~torch.isfinite(g.reshape(g.shape[0], -1)).all(1) for g in grads.values())])
+    return ~bad.any(0), bad.to(torch.int8).argmax(0)
 
 
 def _drawn(cfgs: list[RunConfig], n: int, seeds: list[int]) -> data_mod.Split:
@@ -291,6 +291,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
     opt = Optimiser(cfgs, params, {p.name: cfgs[0].optim.decays(p.role) for p in spec}, dtype, dev)
     start = 0
     dead = torch.full((len(cfgs),), T + 1, dtype=torch.int64, device=dev)  # the step a run diverged at
+    cause = torch.zeros(len(cfgs), dtype=torch.int64, device=dev)  # what was not finite there (`_finite_grads`)
+    quantities = ["training loss", *(f"gradient of {name}" for name in params)]
     if resumed:
         start = int(resumed[0]["state"]["step"])
         params = {k: torch.stack([b["state"]["params"][k] for b in resumed]).to(dev, dtype) for k in params}
@@ -315,7 +317,8 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
                 loss = train_loss(live_params, batch, c0, eps, sums)
                 grads = dict(zip(live_params, torch.autograd.grad(loss.sum(), list(live_params.values())))) \
                     if t < T else {}
-            ok = _finite_grads(loss, grads)
+            ok, first = _finite_grads(loss, grads)
+            cause = torch.where((dead > T) & ~ok, first, cause)
             dead = torch.where((dead > T) & ~ok, torch.full_like(dead, t), dead)
             if t % c0.eval_every == 0 or t == T:
                 with torch.no_grad():
@@ -327,24 +330,25 @@ def train(cfgs: list[RunConfig], run_dirs: list[Path], progress: bool | None = N
             if t < T:
                 opt.step(params, grads, dead > T, t)
                 if (c0.checkpoint_every and (t + 1) % c0.checkpoint_every == 0) or stop.pending:
-                    _close(recs, dead, t + 1, T)
+                    _close(recs, dead, t + 1, T, [quantities[i] for i in cause.tolist()])
                     stop.save(recs, lambda r: checkpoint(recs[r], params, opt, r, t + 1))  # one that fails is a line
                     stop.deliver()
                 if ticker is not None:
                     ticker(t + 1)
-    _close(recs, dead, T, T)
+    _close(recs, dead, T, T, [quantities[i] for i in cause.tolist()])
     return recs
 
 
-def _close(recs: list[Record], dead: torch.Tensor, step: int, T: int) -> None:
+def _close(recs: list[Record], dead: torch.Tensor, step: int, T: int, causes: list[str]) -> None:
     """Each record's status and steps as of `step` (the parameters' step): a run that diverged at d <= T
-    stopped there; a run still going has taken `step` steps; one that ended before this session stays."""
-    for rec, d in zip(recs, dead.tolist()):
+    stopped there, its error naming what was not finite (`causes`, per run); a run still going has taken
+    `step` steps; one that ended before this session stays."""
+    for rec, d, cause in zip(recs, dead.tolist(), causes):
         if rec.status != "done":
             continue
         if 0 <= d <= T:
             rec.status, rec.steps = "diverged", d
-            rec.error = f"non-finite loss or gradients at step {d}"
+            rec.error = f"non-finite {cause} at step {d}"
         else:
             rec.steps = step
 

@@ -1,9 +1,10 @@
 """What every init has and must provide (`InitConfig`), and what each engine calls on an init's
-implementation for it (`INIT_METHODS`, checked when an init registers)."""
+implementation for it (`INIT_METHODS`: engine → its contract, a Protocol whose methods' names, signatures and
+binding are checked when an init registers)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from omegaconf import MISSING
 
@@ -47,5 +48,33 @@ class InitConfig:
         raise NotImplementedError
 
 
+class Eq21Init(Protocol):
+    """An init on the compact engine of eq. 2.1 (`rw_sweeps.core.training`), called on the class."""
+
+    @staticmethod
+    def initial(cfg, geo, dtype):
+        """One run's parameters V (and A) and the compact (a, c) of its W: (θ, engine state)."""
+
+    @staticmethod
+    def draw_bytes(cfg) -> int:
+        """The peak memory of that draw, which the check before a run counts (`resources`)."""
+
+
+class GptInit(Protocol):
+    """An init of `model=gpt` (`rw_sweeps.core.gpt.model.init_params`), called on the class."""
+
+    @staticmethod
+    def weight(cfg, p, gen):
+        """One weight matrix or embedding `p` (a `gpt.model.Param`), float64, from the run's init stream."""
+
+
+class OracleInit(Protocol):
+    """The literal dense θ the exactness tests train (`rw_sweeps.core.oracle.initial`), called on the class."""
+
+    @staticmethod
+    def dense(cfg, dtype) -> dict:
+        """θ(0) of the dense model, by parameter name."""
+
+
 # What an engine calls on an init's implementation for it (checked when an init registers).
-INIT_METHODS = {"eq21": ("initial", "draw_bytes"), "gpt": ("weight",), "oracle": ("dense",)}
+INIT_METHODS = {"eq21": Eq21Init, "gpt": GptInit, "oracle": OracleInit}

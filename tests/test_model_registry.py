@@ -131,6 +131,7 @@ class TauOnEq21sPaths(TauModelConfig):
     """A contributor's mistake: the temperature model declaring eq. 2.1's engine and kernel, neither of which
     knows τ (not registered: `check_implementations` is what registration runs)."""
     IMPLEMENTATIONS = ("engine", "kernel")
+    ESCAPE_THEORY = TauModelConfig.ESCAPE_THEORY
 
 
 def test_the_check_catches_a_fast_path_that_ignores_the_temperature():
@@ -153,6 +154,13 @@ def test_an_option_that_inherits_its_parents_fast_paths_is_refused():
     unknown = type("Unknown", (inherits,), {"IMPLEMENTATIONS": ("cuda",)})
     with pytest.raises(TypeError, match=r"IMPLEMENTATIONS = \('cuda',\); a tuple of engine, kernel"):
         check_implementations(unknown)
+
+
+def test_an_option_that_inherits_whether_the_escape_theory_describes_it_is_refused():
+    """The escape theory linearises one forward's GD step: a new forward says whether it is described."""
+    declared = type("Declared", (TauModelConfig,), {"IMPLEMENTATIONS": ()})
+    with pytest.raises(TypeError, match="Declared declares no ESCAPE_THEORY of its own"):
+        check_implementations(declared)
 
 
 @pytest.mark.parametrize("name", sorted(EQ21))

@@ -65,8 +65,8 @@ class ModelBase:
 
 
 def check_implementations(cls: type) -> None:
-    """What `@option("model")` checks of an eq. 2.1 option's `IMPLEMENTATIONS` (a one-line TypeError naming
-    the option): declared by the class itself — a subclass that inherited its parent's fast paths would
+    """What `@option("model")` checks of an eq. 2.1 option's `IMPLEMENTATIONS` and `ESCAPE_THEORY` (a one-line
+    TypeError naming the option): both declared by the class itself — a subclass that inherited its parent's fast paths would
     train its own forward on its parent's —, naming only kinds there are, and the kernel only beside the
     engine that takes what the kernel cannot run."""
     name = f"model={cls.__dataclass_fields__['name'].default}"
@@ -81,3 +81,6 @@ def check_implementations(cls: type) -> None:
     if "kernel" in cls.IMPLEMENTATIONS and "engine" not in cls.IMPLEMENTATIONS:
         raise TypeError(f"{name}: IMPLEMENTATIONS declares the kernel without the engine, which runs what the "
                         "kernel cannot (K > 127, gram=numeric, a GPU)")
+    if "ESCAPE_THEORY" not in cls.__dict__:  # the theory linearises one forward's GD step: a new forward says
+        raise TypeError(f"{name}: {cls.__name__} declares no ESCAPE_THEORY of its own: None where "
+                        "rw_sweeps.core.theory's linearised GD step of eq. 2.1 describes its forward, else why not")

@@ -213,3 +213,14 @@ def test_the_oracle_cli_is_the_one_run_baseline_for_every_init(init, tmp_path, c
     cfg = from_dict(d)
     rec = trainer.of(cfg).train([cfg], [tmp_path / "run"], progress=False)[0]
     assert said["test_acc"] == pytest.approx(rec.history[-1]["test_acc"], abs=1e-12)
+
+
+def test_scale_free_metrics_of_a_run_whose_parameters_overflow_are_null_not_zero():
+    """cos(V, Πᵀ) divides by ‖V‖ and pred_dist by ‖f‖: where the norm overflows (a step of lr = 1e200), the
+    quotient reads 0 and 1 whatever the direction. Such a run's values are NaN (null); the others are exact."""
+    V = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[1e200, 2e200], [3e200, 4e200]]], dtype=torch.float64)
+    PiT = torch.tensor([[0.5, 0.5], [0.5, 0.5]], dtype=torch.float64).expand(2, 2, 2)
+    cos = engine.v_pi_cosine(V, PiT)
+    assert cos[0].item() == pytest.approx(10 * 0.5 / (30 ** 0.5 * 1.0), rel=1e-15) and torch.isnan(cos[1])
+    assert engine.overflowed({"V": V}).tolist() == [False, True]
+    assert engine.overflowed({"V": V[:1], "A": torch.full((1, 3, 2), 1e300, dtype=torch.float64)}).tolist() == [True]

@@ -103,6 +103,9 @@ def test_a_run_whose_loss_overflows_names_the_loss_and_its_step(tmp_path):
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["status"] == "diverged" and s["error"] == f"non-finite training loss at step {s['steps']}", s
     assert f"diverged: p=0.5 init=zero seed=0: non-finite training loss at step {s['steps']}" in r.stdout
+    # after the first step V is ~1e200: ‖V‖ overflows, so cos(V, Πᵀ) and pred_dist are null, never 0 and 1
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
+    assert rows[1]["step"] == 1 and rows[1]["v_pi_cosine"] is None and rows[1]["pred_dist"] is None, rows[1]
 
 
 @pytest.mark.e2e

@@ -219,10 +219,24 @@ class Probe:
 
 
 def v_pi_cosine(V: torch.Tensor, PiT: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """cos(V, Πᵀ) per run, as flattened matrices; None where Πᵀ is not V's target (QA data, the FFN)."""
+    """cos(V, Πᵀ) per run, as flattened matrices; None where Πᵀ is not V's target (QA data, the FFN); NaN (null)
+    for a run whose ‖V‖ overflows, where the quotient would read 0 whatever V's direction."""
     if PiT is None:
         return None
-    return (V * PiT).sum((1, 2)) / (V.norm(dim=(1, 2)) * PiT.norm(dim=(1, 2))).clamp_min(1e-300)
+    norm = V.norm(dim=(1, 2))
+    cos = (V * PiT).sum((1, 2)) / (norm * PiT.norm(dim=(1, 2))).clamp_min(1e-300)
+    return torch.where(torch.isfinite(norm), cos, torch.nan)
+
+
+def overflowed(params: dict) -> torch.Tensor:
+    """(R,) bool: runs with a parameter whose squared norm overflows (a step of a huge learning rate). A
+    scale-free metric of f (pred_dist, which divides f by ‖f‖) then reads ‖f‖ = ∞ and says nothing of f's
+    direction: both evaluations make it NaN (null) for those runs."""
+    bad = None
+    for p in params.values():
+        b = ~torch.isfinite(p.reshape(p.shape[0], -1).square().sum(1))
+        bad = b if bad is None else bad | b
+    return bad
 
 
 def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: Optional[torch.Tensor] = None) -> Probe:
@@ -243,6 +257,7 @@ def evaluate(state: State, data: Batch, eps: torch.Tensor, geo: Geometry, PiT: O
     kl = torch.where(P > 0, P * (torch.log(P.clamp_min(tiny)) - torch.log(q)), 0.0).sum(2).mean(1)
     fn = f / f.norm(dim=2, keepdim=True).clamp_min(tiny)
     pred_dist = (fn - P / P.norm(dim=2, keepdim=True)).norm(dim=2).mean(1)
+    pred_dist = torch.where(overflowed(state.params), torch.nan, pred_dist)
     attention = torch.cat([S.mean(1), S_q.mean(1, keepdim=True)], 1)
     spread = (S.amax(2) - S.amin(2)).amax(1)
     return Probe(loss, acc, kl, pred_dist, attention, spread, h[:, 0].clone(), h.var(1, unbiased=False),

@@ -638,7 +638,8 @@ def evaluate(state: engine.State, data: engine.Batch, eps: torch.Tensor, geo: Ge
         full=int(full), PB=_ptr(PB), S=S, nthreads=threads(R), impl=0)))
     if rc != 0:
         raise RuntimeError(f"fused kernel rw_eval failed (code {rc})")
-    return engine.Probe(out["loss"], out["acc"], out["kl"], out["pred_dist"], att, out["spread"], hx, hv,
+    pred_dist = torch.where(engine.overflowed(state.params), torch.nan, out["pred_dist"])
+    return engine.Probe(out["loss"], out["acc"], out["kl"], pred_dist, att, out["spread"], hx, hv,
                         engine.v_pi_cosine(V, PiT), pred, ~(gap > _argmax_tolerance(Vc, K, L)))
 
 

@@ -1,6 +1,8 @@
 """§1 and §6 data: walk statistics match Π, QA sequences and labels are the paper's."""
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from rw_sweeps.core import data
@@ -256,3 +258,24 @@ def test_a_balanced_start_refuses_a_training_set_that_is_not_a_multiple_of_K_in_
         validate(RunConfig(data=data_config(start="balanced", n_train=996, **kw)))
         with pytest.raises(ConfigError, match=r"data\.n_train=3: must be a multiple of data\.K \(6\) .* e\.g\. 6$"):
             validate(RunConfig(data=data_config(start="balanced", n_train=3, **kw)))
+
+
+def test_a_seeds_walks_do_not_depend_on_torchs_default_dtype():
+    """The draws are torch.rand's float32 numbers whatever dtype a notebook made the default (a float64
+    default once changed every walk drawn with a fresh buffer). Each draw in a thread of its own: its own
+    buffers (they are kept per thread and shape), made under that default."""
+    c = data_config(K=7, N=23, p=0.3, n_train=37, n_test=29)
+
+    def drawn(default) -> list:
+        out, before = [], torch.get_default_dtype()
+        torch.set_default_dtype(default)
+        try:
+            t = threading.Thread(target=lambda: out.extend(s.tokens.clone() for s in data.make(c, 5)))
+            t.start()
+            t.join()
+        finally:
+            torch.set_default_dtype(before)
+        return out
+
+    wide, narrow = drawn(torch.float64), drawn(torch.float32)
+    assert len(wide) == len(narrow) == 2 and all(torch.equal(a, b) for a, b in zip(wide, narrow))

@@ -16,6 +16,7 @@ import torch
 from rw_sweeps.core import data as data_mod
 from rw_sweeps.core import fused, model, oracle, training
 from rw_sweeps.core.config import RunConfig, data_config, option_config, validate
+from rw_sweeps.core.errors import ConfigError
 from rw_sweeps.core.models.base import check_implementations
 from rw_sweeps.core.models.transformer_tau import TauModelConfig
 from rw_sweeps.core.registry import OPTIONS
@@ -29,8 +30,20 @@ PROBE_FIELDS = ("loss", "acc", "kl", "pred_dist", "attention", "spread", "h_exam
 def held(cls) -> list[dict]:
     """The settings of its keys an option is checked at: its defaults, its `HELD`, and each float key halved
     (so a key the fast paths ignore, a temperature, is held away from its default)."""
-    halved = [{f.name: f.default / 2} for f in dataclasses.fields(cls) if type(f.default) is float]
-    return [{}, *cls.HELD, *halved]
+    name = cls.__dataclass_fields__["name"].default
+    moved = []
+    for f in dataclasses.fields(cls):
+        if type(f.default) is float:  # halved, or doubled where its rule refuses half (a key of minimum 1)
+            moved += [next(({f.name: v} for v in (f.default / 2, f.default * 2) if _accepted(name, f.name, v)), {})]
+    return [{}, *cls.HELD, *[m for m in moved if m]]
+
+
+def _accepted(name: str, key: str, value: float) -> bool:
+    try:
+        validate(RunConfig(model=option_config("model", name, **{key: value})))
+    except ConfigError:
+        return False
+    return True
 
 
 CASES = [(name, impl, i) for name, cls in EQ21.items() for impl in cls.IMPLEMENTATIONS
@@ -103,7 +116,10 @@ def test_every_declared_implementation_equals_the_reference(name, impl, setting,
     if impl == "kernel":
         monkeypatch.setenv("RW_SWEEPS_BACKEND", "fused")  # the kernel itself, or an error: never a fallback
     got = (trained if packed else alone)(cfgs, declared(impl))
-    assert mismatches(want, got, RTOL[precision]) == []
+    off = mismatches(want, got, RTOL[precision])
+    assert off == [], (f"model={name} declares {impl} (IMPLEMENTATIONS), which at {keys or 'its defaults'} "
+                       f"({precision}, {'packed' if packed else 'alone'}) is not its reference forward: "
+                       f"{'; '.join(off)}")
     assert (want["probe attention"] - want["probe attention"][:, :1]).abs().max() > 1e-3  # it is not uniform
 
 
@@ -173,7 +189,7 @@ def test_the_kernel_runs_exactly_the_options_that_declare_it(name):
 
 def test_an_option_without_a_fast_path_trains_on_its_reference_and_says_so_once(tmp_path, capsys):
     name = next(n for n, cls in EQ21.items() if not cls.IMPLEMENTATIONS)
-    cfgs = runs(option_config("model", name, tau=0.5), "float64")
+    cfgs = runs(option_config("model", name, **held(EQ21[name])[-1]), "float64")  # away from its defaults
     training.SAID.discard(name)
     recs = [training.train([c], [tmp_path / str(i)], progress=False)[0] for i, c in enumerate(cfgs[:2])]
     said = [ln for ln in capsys.readouterr().out.splitlines() if "declares no fast implementation" in ln]

@@ -65,7 +65,7 @@ class _Scratch:
     def __init__(self, n: int, N: int):
         L = N - 1
         words = (L + 7) // 8
-        self.f = torch.empty(n, L)  # torch.rand's float32 draws
+        self.f = torch.empty(n, L, dtype=torch.float32)  # torch.rand's float32 draws, whatever the default dtype
         self.s1 = torch.empty(n, 1, dtype=torch.int64)
         self.flags = np.zeros((n, 8 * words), np.uint8)  # clockwise_1..clockwise_{N−1}, then pads that stay 0
         self.prefix = np.empty((n, words), np.uint64)

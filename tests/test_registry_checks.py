@@ -5,7 +5,9 @@ and what to fix. The options here are throwaway ones defined inside the tests; n
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -46,7 +48,10 @@ def refusal(build) -> str:
     assert {g: set(OPTIONS[g]) for g in registry.GROUPS} == before
     text = str(e.value)
     assert "\n" not in text, text
-    return text
+    here = os.path.relpath(__file__)
+    where = f" ({__file__ if here.startswith('..') else here})"  # the file that declares the option
+    assert isinstance(e.value, registry.Unregistrable) and text.endswith(where), text
+    return text[:-len(where)]
 
 
 # ------------------------------------------------------------------------------------------ a key declared once
@@ -253,3 +258,17 @@ def test_hydra_s_could_not_load_the_schema_becomes_one_line_naming_the_file(tmp_
         "invalid config: init='probe_unimported': conf/init/probe_unimported.yaml extends schema/init/probe_unimported, "
         "which no option declares: write rw_sweeps/core/inits/probe_unimported.py (@option('init') on a schema whose "
         "name is 'probe_unimported'), which rw_sweeps/core/inits/__init__.py imports")
+
+
+def test_a_refused_registration_ends_a_command_in_one_line_naming_the_file(tmp_path):
+    """Not a traceback: every command imports the options, `--help` included."""
+    (tmp_path / "bad_option.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from rw_sweeps.core.optimisers.base import OptimConfig\n"
+        "from rw_sweeps.core.registry import option\n"
+        "@option('optim')\n@dataclass\nclass Bad(OptimConfig):\n    name: str = 'probe_bad'\n    eps: float = 1e-8\n")
+    r = subprocess.run([sys.executable, "-c", "import bad_option"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=300)
+    assert r.returncode == 1 and r.stdout == "", r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("error: optim=probe_bad: ") and line.endswith("(bad_option.py)"), line  # as seen from its folder

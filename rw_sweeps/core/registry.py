@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import os
 import sys
 import typing
 from dataclasses import dataclass
@@ -41,15 +42,42 @@ def option(group: str):
         name = cls.__dataclass_fields__["name"].default
         if name in OPTIONS[group] and OPTIONS[group][name] is not cls:
             raise ValueError(f"two schemas declare {group}={name}")
-        check_shadowing(cls, f"{group}={name}")
-        check_signatures(cls, f"{group}={name}")
-        check = getattr(cls, "registered", None)
-        if check is not None:  # the group's base class says what an option of it must provide
-            check()
+        try:
+            check_shadowing(cls, f"{group}={name}")
+            check_signatures(cls, f"{group}={name}")
+            check = getattr(cls, "registered", None)
+            if check is not None:  # the group's base class says what an option of it must provide
+                check()
+        except TypeError as e:
+            raise Unregistrable(f"{e} ({_source(cls)})") from None
         OPTIONS[group][name] = cls
         _store(group, name, cls)
         return cls
     return declare
+
+
+class Unregistrable(TypeError):
+    """An option its group refuses as its module is imported, naming the module's file. A command that
+    imports it (`launch.py`, `--help` included) ends in this one line, not a traceback (`_said_in_one_line`)."""
+
+
+def _source(cls: type) -> str:
+    try:
+        path = inspect.getsourcefile(cls) or "?"
+    except TypeError:  # a class made at run time (a test's throwaway option) has no file
+        return f"class {cls.__qualname__}"
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def _said_in_one_line(kind, exc, tb, _previous=sys.excepthook) -> None:
+    if issubclass(kind, Unregistrable):
+        print(f"error: {exc}", file=sys.stderr)
+    else:
+        _previous(kind, exc, tb)
+
+
+sys.excepthook = _said_in_one_line
 
 
 def _store(group: str, name: str, cls: type) -> None:

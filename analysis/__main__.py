@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from rw_sweeps.core import safefs, seal, signals
-from rw_sweeps.core.console import prog, shown
+from rw_sweeps.core.console import counted, prog, shown
 
 from rw_sweeps.core.readers import Broken
 
@@ -33,7 +33,7 @@ from .locking import locking_figures
 from .models import model_figures
 from .load import load_runs
 from .phase import (LABELS, TOL, add_success, add_success_step, axis_label, axis_values,
-                    phase_diagram, swept_keys, theory_fails)
+                    phase_diagram, swept_keys, theory_fails, tol_problem, undefined_note)
 from .report import counts, log_to_wandb, write_report
 
 DPI = 110
@@ -62,8 +62,8 @@ def parse_args(argv=None):
     if args.out.is_symlink():  # the report is written into a real folder, never through a link
         ap.exit(2, f"error: --out {shown(args.out)}: is a symbolic link; give a folder that is not a link "
                    "(the report is never written through one)\n")
-    if not 0 <= args.tol < 1:  # accuracies are in [0, 1]: at tol >= 1 every run, at chance or not, succeeds
-        ap.error(f"--tol {args.tol:g}: must be in [0, 1) (success is test_acc >= OPT - tol; e.g. 0.02)")
+    if tol_problem(args.tol):  # the one rule, add_success's
+        ap.error(f"--tol {args.tol:g}: {tol_problem(args.tol)}")
     out = args.out.resolve()
     blocked = next((a for a in (out, *out.parents) if a.exists() and not a.is_dir()), None)
     if blocked is not None:   # the report is a folder of files: a file at its name or above it stops mkdir
@@ -136,6 +136,7 @@ def build(sweeps, out: Path, x=None, y=None, row=None, col=None, metric: str = "
     if metric not in runs.columns or not pd.api.types.is_numeric_dtype(runs[metric]):
         raise UsageError(f"--metric {metric}: not a numeric column (try success, acc_norm, "
                          "test_acc, test_kl, parent_attention)")
+    notes += [n for n in [undefined_note(runs)] if n]
     lost = runs["success_step"].notna() & ~runs["success"] if "success_step" in runs else None
     if lost is not None and lost.any():
         notes.append(f"{int(lost.sum())} run(s) reached OPT − tol and then lost it (a success step, but "
@@ -199,9 +200,11 @@ CAPTIONS = {"success_step": ". A cell's step is over the runs that reached OPT �
 
 
 def unbroken(runs: pd.DataFrame, y: str | None) -> str:
-    """A caption's sentence for each row of a diagram (a value of `y`) none of whose runs left Thm 4.1's
-    symmetric point, outside the trap's cells: its cells are chance for want of steps that this sweep did
-    not train (the default demo's Gaussian row, 50 steps), which a 0.00 alone does not say."""
+    """A caption's sentence for each row of a diagram (a value of `y`) none of whose runs' attention left Thm
+    4.1's symmetric point (symmetry_break_step: spread > 1e-3), outside the trap's cells: its cells are chance
+    for want of steps that this sweep did not train (the default demo's Gaussian row, 50 steps), which a 0.00
+    alone does not say. Runs whose predictions left the symmetric point's all the same (prediction_break_step,
+    which a random init sets at step 0) are counted in it."""
     if not y or "symmetry_break_step" not in runs or y not in runs:
         return ""
     never = runs["symmetry_break_step"].isna() & (runs["status"] == "done")
@@ -209,10 +212,24 @@ def unbroken(runs: pd.DataFrame, y: str | None) -> str:
     for v, rows in runs.groupby(axis_values(runs, y), sort=False):
         if never[rows.index].all() and not theory_fails(rows).all():
             steps = pd.to_numeric(rows.get("optim.steps"), errors="coerce").dropna().unique()
-            within = f"its {', '.join(f'{s:g}' for s in sorted(steps))} steps" if len(steps) else "its steps"
-            out.append(f"{LABELS.get(y, y)} = {axis_label(y, v)}: no run left the symmetric point (attention "
-                       f"spread > 1e-3) within {within}, so its cells measure only that horizon")
+            within = (f"its {counted(int(steps[0]), 'step', f'{steps[0]:g}')}" if len(steps) == 1 else
+                      f"its {', '.join(f'{s:g}' for s in sorted(steps))} steps" if len(steps) else "its steps")
+            out.append(f"{LABELS.get(y, y)} = {axis_label(y, v)}: no run's attention left the symmetric point "
+                       f"(symmetry_break_step: attention spread > 1e-3) within {within}{_predictions(rows)}, so its "
+                       "cells measure only that horizon")
     return "".join(f". {s}" for s in out)
+
+
+def _predictions(rows: pd.DataFrame) -> str:
+    """`, though k of n runs' predictions left the symmetric point's (prediction_break_step …)`, or ''."""
+    if "prediction_break_step" not in rows:
+        return ""
+    broke = pd.to_numeric(rows["prediction_break_step"], errors="coerce").dropna()
+    if not len(broke):
+        return ""
+    at = ", ".join(f"{s:g}" for s in sorted(broke.unique()))
+    return (f", though {len(broke)} of {len(rows)} runs' predictions left the symmetric point's "
+            f"(prediction_break_step {at})")
 
 
 def main(argv=None) -> int:

@@ -29,8 +29,8 @@ def cells(runs: pd.DataFrame) -> tuple[list[str], list[tuple]]:
 
 def curve_figures(runs: pd.DataFrame, notes: list[str], metric: str = "test_acc") -> list[tuple]:
     """(name, caption, draw) for the learning curves, or none when no run has a history of `metric`."""
+    runs = distinct_runs(runs)   # a run loaded twice (two copies of a sweep) is one curve of its panel
     done = runs[runs["status"] == "done"] if "status" in runs else runs
-    done = distinct_runs(done)   # a run loaded twice (two copies of a sweep) is one curve of its panel
     if not len(done):
         return []
     keys, combos = cells(done)
@@ -43,9 +43,22 @@ def curve_figures(runs: pd.DataFrame, notes: list[str], metric: str = "test_acc"
     over = (f"pooling {', '.join(pooled)}" if pooled else "nothing pooled") + (
         f"; at most the first {MAX_RUNS} runs of a cell (in folder order) are read, and a panel with more "
         f"says how many of them" if max(sizes) > MAX_RUNS else "; every run of the cell")
+    left = _left_out(runs)
+    over = over.replace("every run", "every finished run") + left if left else over
     caption = (f"{metric} over training, one panel per cell of {on} ({over}): the mean over the panel's "
                f"runs (line) and their min–max band, against OPT (dashed) and chance 1/K (dotted)")
     return [(f"curves_{metric}", caption, lambda: draw_curves(done, keys, combos, metric))]
+
+
+def _left_out(runs: pd.DataFrame) -> str:
+    """The caption's clause on the runs that did not finish (diverged, failed, …): they have no curve, and a
+    key only they sweep has no panel."""
+    if "status" not in runs:
+        return ""
+    left = runs.loc[runs["status"] != "done", "status"].value_counts()
+    if not len(left):
+        return ""
+    return "; not drawn: " + ", ".join(f"{n} {status} run{'s' * (n != 1)}" for status, n in left.items())
 
 
 def _cell(runs: pd.DataFrame, keys: list[str], combo: tuple) -> pd.DataFrame:

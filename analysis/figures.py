@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .claims import F11_COS, F11_PARENT
+from . import claims
+from .claims import F11_COS, F11_PARENT, H_VAR_ZERO, HORIZON, OPT_GAP
 from .heatmap import heatmap
 from .load import load_history, load_snapshots
 from rw_sweeps.core.markov import Pi   # plain numpy: the one Π
@@ -33,8 +34,8 @@ ZOOM = 10                             # last positions shown in the attention zo
 # What each paper figure shows (the paper's text, arXiv 2511.23239), written in its caption
 # beside what the run shows: a caption states the run's numbers, never the paper's picture as the run's.
 PAPER = {
-    "fig4": "accuracy close to OPT (50 %) within a few steps, V recovers Πᵀ, attention on the parent x_{N−1} "
-            "close to 1",
+    "fig4": "at p = 0.5, accuracy close to OPT (50 %) within a few steps, V recovers Πᵀ, attention on the parent "
+            "x_{N−1} close to 1",
     "fig5": "accuracy ≈ 1/K, V ≈ ∝ 1_{K×K}, the same attention on every token",
     "fig8": "as Fig. 4 at K = 20, N = 101: accuracy near OPT, V recovers Πᵀ, attention on the parent",
     "fig9": "as Fig. 5 at K = 20, N = 101: accuracy ≈ 1/K, the same attention on every token",
@@ -184,13 +185,13 @@ def paper_figures(runs: pd.DataFrame, notes: list[str] | None = None, max_runs: 
             for i, (_, run) in enumerate(_one_per_setting(sub).head(max_runs).iterrows()):
                 yield (f"{exp}_run{i}", f"{n}: accuracy, V beside Πᵀ, mean attention by "
                        f"position and its last {ZOOM} positions — {_describe(run)}. "
-                       f"The paper: {PAPER[exp]}. {_shows(run)}.",
+                       f"The paper: {PAPER[exp]}. {_shows(run)}: {RUN_VERDICT[exp](run)}.",
                        partial(fig_run, run, f"{n} — {_describe(run)}"))
         elif exp in CURVES:
             by = swept_keys(sub)
             yield (f"{exp}_curves", f"{n}: test accuracy and KL over steps, mean and min–max "
                    f"over seeds, by {', '.join(by) or 'nothing (one setting)'}. The paper: {PAPER[exp]}. "
-                   f"These runs at their last step: {_ends(sub, by)}.",
+                   f"These runs at their last step: {_ends(sub, by)}: {_curves_verdict(exp, sub)}.",
                    partial(fig_curves, sub, by, f"{n}: {len(sub)} runs"))
             if exp == "fig6":
                 yield from _figs_11_to_13(sub)
@@ -206,14 +207,15 @@ def _figs_11_to_13(sub: pd.DataFrame):
     if len(rw):
         run = rw.iloc[0]
         yield ("fig11", f"Fig. 11: the random walk of Fig. 6 — {_describe(run)}. The paper: {PAPER['fig11']}. "
-               f"{_shows(run)}: {_fig11_verdict(run)}.", partial(fig_11, run))
+               f"{_shows(run)}: {_fig4_verdict(run, acc=False)}.", partial(fig_11, run))
     run = det.iloc[0] if len(det) else sub.iloc[0]
     yield ("fig12", f"Fig. 12: V at the snapshot steps nearest {list(PAPER_STEPS)} — "
-           f"{_describe(run)}. The paper: {PAPER['fig12']}. {_shows(run)}.",
+           f"{_describe(run)}. The paper: {PAPER['fig12']}. {_shows(run)}: {_snapshot_verdict('fig12', run)}.",
            partial(fig_v_steps, run, title=f"Fig. 12 — {_describe(run)}"))
     yield ("fig13", "Fig. 13: the weighted-average token X·S of one test sequence, and the "
            f"variance of its entries across test sequences — {_describe(run)}. The paper: {PAPER['fig13']}. "
-           f"{_shows(run)}.", partial(fig_h_steps, run, title=f"Fig. 13 — {_describe(run)}"))
+           f"{_shows(run)}: {_snapshot_verdict('fig13', run)}.",
+           partial(fig_h_steps, run, title=f"Fig. 13 — {_describe(run)}"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,15 +245,78 @@ def _shows(run) -> str:
     return f"This run{at}: " + ", ".join(parts)
 
 
-def _fig11_verdict(run) -> str:
-    """Whether the run shows Fig. 11's picture by the reading table's thresholds (`analysis.claims`)."""
-    parent, cos = _value(run, "parent_attention"), _value(run, "v_pi_cosine")
-    if parent is None or cos is None:
-        return "it has no parent attention or cos(V, Πᵀ) to compare"
-    if parent >= F11_PARENT and cos >= F11_COS:
+def verdict(checks: dict) -> str:
+    """The one rule of every paper caption: `checks` maps what the paper's picture needs (its threshold named)
+    to True (the runs show it), False (they do not) or None (no run here measures it). The paper's picture
+    where every check holds; not, where one fails; else that it cannot say. Each check is named once."""
+    said = {v: [k for k, got in checks.items() if got is v] for v in (False, True, None)}
+    if checks and len(said[True]) == len(checks):
         return "the paper's picture"
-    return (f"not the paper's picture (that needs parent attention ≥ {F11_PARENT:g} and cos(V, Πᵀ) ≥ "
-            f"{F11_COS:g})")
+    parts = [f"{what}: {'; '.join(said[v])}" for v, what in ((False, "not met"), (True, "met"),
+                                                                (None, "not measured")) if said[v]]
+    head = "not the paper's picture" if said[False] else "cannot say whether it is the paper's picture"
+    return f"{head} ({'; '.join(parts)})"
+
+
+def _at_least(value, threshold):
+    return None if value is None else value >= threshold
+
+
+def _fig4_verdict(run, acc: bool = True) -> str:
+    """Figs. 4/8 (and, without the accuracy, Fig. 11) from the run's summary at its last step: accuracy
+    within OPT_GAP of OPT, the attention on the parent and cos(V, Πᵀ) at the reading table's thresholds."""
+    opt, got = _value(run, "opt_acc"), _value(run, "test_acc")
+    checks = {f"test_acc ≥ OPT − {OPT_GAP:g}": None if opt is None or got is None else got >= opt - OPT_GAP} \
+        if acc else {}
+    checks[f"parent attention ≥ {F11_PARENT:g}"] = _at_least(_value(run, "parent_attention"), F11_PARENT)
+    checks[f"cos(V, Πᵀ) ≥ {F11_COS:g}"] = _at_least(_value(run, "v_pi_cosine"), F11_COS)
+    return verdict(checks)
+
+
+def _fig5_verdict(run) -> str:
+    """Figs. 5/9: accuracy within OPT_GAP of 1/K, and the attention still symmetric (no symmetry break)."""
+    got, K = _value(run, "test_acc"), _value(run, "data.K")
+    symmetric = (None if "symmetry_break_step" not in run.index
+                 else _value(run, "symmetry_break_step") is None)
+    return verdict({f"|test_acc − 1/K| ≤ {OPT_GAP:g}": None if got is None or not K else abs(got - 1 / K) <= OPT_GAP,
+                    "the same attention on every token through the last step (no symmetry break)": symmetric})
+
+
+RUN_VERDICT = {"fig4": _fig4_verdict, "fig8": _fig4_verdict, "fig5": _fig5_verdict, "fig9": _fig5_verdict}
+# Figs. 6/7/10: the reading table's claims (`analysis.claims`), each judged on the runs of its setting
+CURVE_CLAIMS = {"fig6": {"fig6a": claims.SETTING["fig6a"], "fig6c": claims.SETTING["fig6c"]},
+                "fig7": {"fig10a": lambda r: r.get("data.name") == "qa_majority",
+                         "fig10c": lambda r: r.get("data.name") == "qa_preference"},
+                "fig10": {"fig10a": claims.SETTING["fig10a"], "fig10c": claims.SETTING["fig10c"]}}
+
+
+def _curves_verdict(exp: str, runs: pd.DataFrame) -> str:
+    """Each claim of the figure true of every run of its setting (a diverged run fails it)."""
+    hist = load_history(runs)
+    hist = {p: h.sort_values("step") for p, h in hist.groupby("path")} if len(hist) else {}
+    empty = pd.DataFrame({"step": [], "test_acc": []})
+    checks = {}
+    for claim, selects in CURVE_CLAIMS[exp].items():
+        said = [False if run["status"] == "diverged" else
+                claims.JUDGE[claim](run, hist.get(run["path"], empty), empty)
+                for _, run in runs.iterrows() if selects(run) and run["status"] in ("done", "diverged")]
+        checks[f"{claims.TEXT[claim]}, every run"] = (None if not said or None in said and False not in said
+                                                      else all(said))
+    return verdict(checks)
+
+
+def _snapshot_verdict(fig: str, run) -> str:
+    """Figs. 12/13 from the run's snapshots: the reading table's window claim, and the paper's step
+    1000 (V no longer ∝ 1, in the claim for Fig. 12; one token's score standing out, Var(X·S) > H_VAR_ZERO,
+    for Fig. 13)."""
+    snaps = load_snapshots([run["path"]]).sort_values("step")
+    checks = {claims.TEXT[fig]: claims.JUDGE[fig](run, pd.DataFrame(), snaps)}
+    if fig == "fig13":
+        end = snaps[snaps["step"] == HORIZON]
+        h = end["h_var"].iloc[-1] if len(end) else None
+        checks[f"max_k Var(X·S)_k > {H_VAR_ZERO:g} at step {HORIZON}"] = (
+            None if h is None or not np.size(h) else float(np.max(h)) > H_VAR_ZERO)
+    return verdict(checks)
 
 
 def _ends(runs: pd.DataFrame, by: list[str]) -> str:
@@ -284,10 +349,12 @@ def _matrix(ax, M, title, vmin=None, vmax=None):
     M = np.asarray(M)
     ticks = np.arange(1, M.shape[1] + 1)
     # K = 6: the numbers are readable, and V ≈ Πᵀ is judged by them
+    # the numbers as written, a value that rounds to 0 as 0.00 (never "-0.00", which reads as a sign)
+    numbers = np.vectorize(lambda x: f"{x:.2f}" if round(x, 2) else "0.00")(M) if M.shape[0] <= 8 else None
     heatmap(ax, M, cmap="Blues", vmin=vmin, vmax=vmax, square=True, cbar=True, xticklabels=ticks,
-            yticklabels=np.arange(1, M.shape[0] + 1), annot=M.shape[0] <= 8, fmt=".2f", annot_kws={"fontsize": 6})
+            yticklabels=np.arange(1, M.shape[0] + 1), annot=numbers, fmt="", annot_kws={"fontsize": 6})
     ax.set_title(title, fontsize=9)
-    ax.tick_params(labelsize=7)
+    ax.tick_params(labelsize=7, length=0)  # a row's tick mark beside its first number reads as a minus sign
 
 
 def _attention(ax, S, title, zoom=None):
@@ -299,9 +366,10 @@ def _attention(ax, S, title, zoom=None):
     lo = N - zoom if zoom else 0
     colors = ["C3" if k == N - 1 else "C2" if k == N else "C0" for k in j[lo:]]
     ax.bar(j[lo:], S[lo:], color=colors, width=0.8)
-    # the key names only the colours drawn (a zoom, or a map without the query's column, lacks some)
+    # the key names only the bars drawn: a zoom, a map without the query's column, or a bar of height 0 lacks one
+    drawn = {c for c, s in zip(colors, S[lo:]) if s > 0}
     key = [text for c, text in (("C3", "red: position N−1, a walk's parent"), ("C2", "green: the query"))
-           if c in colors]
+           if c in drawn]
     ax.set_xlabel("position j" + (f"  ({', '.join(key)})" if key else ""), fontsize=8)
     ax.set_ylabel("S_j")
     ax.set_title(title, fontsize=9)

@@ -11,6 +11,7 @@ stored run's history is read from its shard's body alone.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import os
@@ -84,9 +85,13 @@ def load_runs(*paths, refresh: bool = False, progress: bool | None = None,
     frames = [f for f in frames if len(f)]
     df = (frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True, sort=False) if frames
           else pd.DataFrame())
-    if want is not None:
+    if want is not None and len(df):
+        _warn_missing(columns, df.columns, "load_runs", stacklevel=3)
         df = df[[c for c in df.columns if c in want or c in ("path", "sweep", "run")]]
         config_keys &= want
+    if not len(df):   # the CLI's "no finished runs" line; a warning, as a sweep not trained yet is no mistake
+        warnings.warn(f"load_runs: no finished runs in {' '.join(str(p) for p in _flatten_args(paths))} "
+                      f"({len(skipped)} folders skipped: see attrs['skipped'])", stacklevel=2)
     if len(df):
         if len(frames) > 1:
             df = df.drop_duplicates("path", ignore_index=True)   # a run given twice (sweep + run)
@@ -144,13 +149,15 @@ def load_history(runs, columns=None) -> pd.DataFrame:
     """Long-form histories: one row per (run, evaluated step) with the history's metrics.
 
     `runs` is a loaded table (its `columns`, e.g. ["data.p", "seed"], are copied onto every
-    row, ready for seaborn's hue/style) or a list of run folders. Unreadable lines are skipped:
+    row, ready for seaborn's hue/style; a name the table lacks is a warning naming it), or folders: a path
+    or a list of them, each a run folder (also one still being written) or a sweep folder (its runs as
+    `load_runs` reads them); a folder that is not there is an error. Unreadable lines are skipped:
     a run still being written must not break a plot. A stored run (no folder; its sweep's store
     holds it) is read from its shard's body, each body once; a body that does not verify is a
     warning naming the file, and its runs have no rows.
     """
     frames = []
-    for path, extra, (rows, _) in _run_rows(runs, columns, contract.HISTORY):
+    for path, extra, (rows, _) in _run_rows(_as_runs(runs, columns, "load_history"), columns, contract.HISTORY):
         if rows:
             frames.append(pd.DataFrame(rows).assign(path=path, **extra))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -161,7 +168,7 @@ def load_snapshots(runs, columns=None) -> pd.DataFrame:
     `h_example`, `h_var` become numpy arrays (None where the run stored null). Stored runs as
     `load_history` reads them."""
     frames = []
-    for path, extra, (_, rows) in _run_rows(runs, columns, contract.SNAPSHOTS):
+    for path, extra, (_, rows) in _run_rows(_as_runs(runs, columns, "load_snapshots"), columns, contract.SNAPSHOTS):
         for r in rows:
             for k in ("V", "A", "attention", "h_example", "h_var"):
                 if r.get(k) is not None:
@@ -653,7 +660,7 @@ def _iter_runs(runs, columns):
         located = {"sweep", "run"} <= set(runs.columns)
         for rec in runs[list(dict.fromkeys(["path", *(["sweep", "run"] if located else []), *cols]))].to_dict("records"):
             path = rec.pop("path")
-            where = (rec["sweep"], rec["run"]) if located else None
+            where = (rec["sweep"], rec["run"]) if located and isinstance(rec["sweep"], str) else None  # NaN: a folder
             if located:   # the table's own columns, copied only where asked for
                 for k in ("sweep", "run"):
                     if k not in cols:
@@ -662,6 +669,47 @@ def _iter_runs(runs, columns):
     else:
         for p in ([runs] if isinstance(runs, (str, Path)) else runs):
             yield str(p), None, {}
+
+
+def _as_runs(runs, columns, caller: str):
+    """`load_history`'s `runs` as `_iter_runs` reads it: a table as it is; a path or paths as run folders, and
+    a sweep folder as `load_runs`'s table of it. A run a sweep's store holds has no folder, and is one. A folder
+    that is not there, or anything else, is one line."""
+    if isinstance(runs, pd.DataFrame):
+        _warn_missing(columns or [], runs.columns, caller, stacklevel=4)
+        return runs
+    paths = [runs] if isinstance(runs, (str, os.PathLike)) else runs
+    try:
+        paths = list(paths)
+    except TypeError:
+        paths = None
+    if paths is None or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise TypeError(f"{caller}: runs={runs!r:.80}: give load_runs' table, or run or sweep folders (a path or a "
+                        "list of them)")
+    tables, folders = [], []
+    for p in paths:
+        if _is_run_dir(Path(p)) or (not os.path.isdir(p) and store.sweep_of(p) is not None):
+            folders.append(str(p))
+        elif os.path.isdir(p):
+            tables.append(load_runs(p, progress=False))
+        else:
+            raise FileNotFoundError(f"{caller}: no such run or sweep folder: {p}")
+    if not tables:
+        return folders
+    table = pd.concat([pd.DataFrame({"path": folders}), *tables], ignore_index=True, sort=False)
+    _warn_missing(columns or [], table.columns, caller, stacklevel=4)
+    return table
+
+
+def _warn_missing(asked, have, caller: str, stacklevel: int) -> None:
+    """One warning naming the asked-for columns no run has (left out), with close names: pandas would raise at
+    `read_parquet(columns=...)`, but a field some tasks' summaries lack (`trap`, not gpt's) is no mistake."""
+    missing = [c for c in asked if c not in have]
+    if not missing:
+        return
+    close = {c: difflib.get_close_matches(str(c), [str(h) for h in have], 1, 0.6) for c in missing}
+    hints = ", ".join(f"{c!r}" + (f" (did you mean {close[c][0]!r}?)" if close[c] else "") for c in missing)
+    warnings.warn(f"{caller}: columns= names no column of the runs, left out: {hints}", stacklevel=stacklevel)
 
 
 def _flatten_args(paths):

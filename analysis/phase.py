@@ -7,8 +7,10 @@ Theorem 4.1 predicts failure (zero init, p in {0, 1}, N = rK + 1: accuracy 1/K).
 """
 from __future__ import annotations
 
+import difflib
 import itertools
 import math
+import numbers
 import textwrap
 import warnings
 from pathlib import Path
@@ -40,23 +42,53 @@ LABELS = {"data.p": "p", "data.q": "q", "data.stay": "stay", "init.sigma": "σ",
           "data.K": "K", "data.N": "N", "model.M": "M", "data.n_train": "n_train"}
 
 
+def tol_problem(tol) -> str | None:
+    """What is wrong with a success tolerance, or None: the one rule for `add_success`'s `tol` and the CLI's
+    `--tol`. Accuracies are in [0, 1]: at tol >= 1 every run, at chance or not, succeeds."""
+    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not 0 <= tol < 1:
+        return "must be in [0, 1) (success is test_acc >= OPT - tol; e.g. 0.02)"
+    return None
+
+
+def chance(df: pd.DataFrame) -> pd.Series:
+    """Chance accuracy 1/K of each run (the dotted line the figures draw); NaN where K is unknown."""
+    return 1 / pd.to_numeric(_col(df, "data.K", "K"), errors="coerce").astype(float)
+
+
+def success_undefined(df: pd.DataFrame, tol: float = TOL) -> pd.Series:
+    """The runs whose success cannot be told from chance: OPT − 1/K ≤ tol, so a run at chance 1/K is already
+    within tol of OPT (the complete graph K₁₆: OPT 1/15, 1/K 1/16). Their `success` is <NA>, not True."""
+    opt = pd.to_numeric(_col(df, "opt_acc", "opt_acc"), errors="coerce").astype(float)
+    return pd.Series(((opt - chance(df)) <= tol).to_numpy(dtype=bool), index=df.index)
+
+
 def add_success(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
-    """Add `success` (bool) and `acc_norm` = (acc − 1/K)/(OPT − 1/K): 0 = chance, 1 = OPT."""
+    """Add `success` (nullable boolean: <NA> where OPT − 1/K ≤ tol, `success_undefined`) and `acc_norm` =
+    (acc − 1/K)/(OPT − 1/K): 0 = chance, 1 = OPT."""
+    problem = tol_problem(tol)
+    if problem:
+        raise ValueError(f"add_success: tol={tol!r}: {problem}")
+    _need_columns(df, {"table column": c for c in ("status", "test_acc", "opt_acc")}, "add_success")
     out = df.copy()
-    acc = pd.to_numeric(out.get("test_acc"), errors="coerce")
-    opt = pd.to_numeric(out.get("opt_acc"), errors="coerce")
-    out["success"] = (out["status"] == "done").to_numpy() & (acc >= opt - tol).to_numpy()
-    chance = 1 / pd.to_numeric(_col(out, "data.K", "K"), errors="coerce").astype(float)   # NaN, not <NA>, where unknown
+    acc = pd.to_numeric(out["test_acc"], errors="coerce").astype(float)
+    opt = pd.to_numeric(out["opt_acc"], errors="coerce").astype(float)
+    won = pd.Series(((out["status"] == "done") & (acc >= opt - tol)).to_numpy(dtype=bool), index=out.index)
+    out["success"] = won.astype("boolean").mask(success_undefined(out, tol))
     with np.errstate(divide="ignore", invalid="ignore"):
-        out["acc_norm"] = ((acc - chance) / (opt - chance)).replace([np.inf, -np.inf], np.nan)
+        out["acc_norm"] = ((acc - chance(out)) / (opt - chance(out))).replace([np.inf, -np.inf], np.nan)
+    out.attrs["success_tol"] = tol   # the rule a later `add_success_step` or diagram states
     return out
 
 
 def add_success_step(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
     """Add `success_step`: the first evaluated step (history.jsonl) with test_acc ≥ OPT − tol,
-    NaN for runs that never got there or did not finish."""
+    NaN for runs that never got there, did not finish, or whose success is undefined (`success_undefined`)."""
+    problem = tol_problem(tol)
+    if problem:
+        raise ValueError(f"add_success_step: tol={tol!r}: {problem}")
     out = df.copy()
-    ok = (out["status"] == "done").to_numpy(dtype=bool) & out["opt_acc"].notna().to_numpy(dtype=bool)
+    ok = ((out["status"] == "done").to_numpy(dtype=bool) & out["opt_acc"].notna().to_numpy(dtype=bool)
+          & ~success_undefined(out, tol).to_numpy())
     threshold = out["opt_acc"] - tol
     # a stored run's history is in its shard's body: read body by body (each once), never all held at once
     stored = {path: _first_step_in(hist, at) for (path, (hist, _)), at in _stored_histories(out[ok], threshold[ok])}
@@ -69,7 +101,17 @@ def add_success_step(df: pd.DataFrame, tol: float = TOL) -> pd.DataFrame:
         else:
             steps.append(_first_step_at(Path(path) / "history.jsonl", at))
     out["success_step"] = steps
+    out.attrs["success_tol"] = tol
     return out
+
+
+def undefined_note(df: pd.DataFrame) -> str:
+    """One line on the runs whose success is undefined (`success` <NA>), for a report; "" where none is."""
+    if "success" not in df.columns or not df["success"].isna().any():
+        return ""
+    n = int(df["success"].isna().sum())
+    return (f"{n} run(s) where OPT is within tol {df.attrs.get('success_tol', TOL):g} of chance 1/K: success "
+            "undefined (a run at chance would count), not drawn on the success and success-step diagrams")
 
 
 def _stored_histories(runs: pd.DataFrame, threshold: pd.Series):
@@ -138,14 +180,18 @@ def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "s
         raise ValueError(f"x, y, row and col must be different keys, got {keys}")
     if agg not in ("mean", "median"):
         raise ValueError(f"agg must be mean or median, got {agg!r}")
-    if metric in ("success", "acc_norm") and metric not in df.columns:
-        df = add_success(df)   # `load_runs`'s table as it comes: the success rule at the default tolerance
-    for k in keys + [metric] + ([theory] if theory else []):
-        if k not in df.columns:
-            raise KeyError(k)
+    if not len(df):
+        raise ValueError("phase_diagram: the table has no runs (load_runs found none: see its "
+                         "attrs['skipped'])")
+    if metric in SUCCESS_METRICS and "success" not in df.columns:
+        # `load_runs`'s table as it comes: the success rule at the tolerance of `add_success_step`, or the default
+        df = add_success(df, df.attrs.get("success_tol", TOL))
+    _need_columns(df, {**{a: k for a, k in zip(("row", "col", "y", "x"), (row, col, y, x)) if k},
+                       "metric": metric, **({"theory": theory} if theory else {})}, "phase_diagram")
     g = pd.DataFrame({k: axis_values(df, k) for k in dict.fromkeys(keys)})
     g["_v"] = pd.to_numeric(df[metric], errors="coerce").astype(float)
     g["_fail"] = theory_fails(df).to_numpy()
+    g["_undef"] = (df["success"].isna() if metric in SUCCESS_METRICS else pd.Series(False, index=df.index)).to_numpy()
     extra = {}
     if theory:
         t = pd.to_numeric(df[theory], errors="coerce").astype(float)
@@ -155,8 +201,33 @@ def phase_table(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "s
                  "n_predicted": ("_p", "count")}
     out = g.groupby(keys, dropna=False, sort=False).agg(
         value=("_v", agg), n=("_v", "size"), n_valid=("_v", "count"),
-        theory_fail=("_fail", "all"), **extra).reset_index()
+        theory_fail=("_fail", "all"), n_undefined=("_undef", "sum"), **extra).reset_index()
     return out
+
+
+# the metrics the success rule defines: undefined (not drawn) where OPT is within tol of chance
+SUCCESS_METRICS = ("success", "success_step")
+# a column the analysis adds, and the call that adds it
+ADDED_BY = {"success": "add_success", "acc_norm": "add_success", "success_step": "add_success_step"}
+
+
+def _need_columns(df: pd.DataFrame, asked: dict, caller: str) -> None:
+    """One line for an argument naming a column `df` lacks: the argument, the name, close names, and the call
+    that adds a derived column (`success_step`: add_success_step)."""
+    for arg, key in asked.items():
+        if key in df.columns:
+            continue
+        if key in ADDED_BY:
+            raise ValueError(f"{caller}: {arg} {key!r}: not in the table; call {ADDED_BY[key]}(runs) first")
+        names = [str(c) for c in df.columns]
+        close = [c for c in names if c.rsplit(".", 1)[-1] == key] or difflib.get_close_matches(str(key), names, 3, 0.6)
+        swept = ", ".join(swept_keys(df)) if config_keys(df) else ""
+        if arg == "metric":   # as the CLI's --metric says it
+            close = close or ["success", "acc_norm", "test_acc", "test_kl", "parent_attention"]
+        raise ValueError(f"{caller}: {arg} {key!r}: no such column"
+                         + (f" (did you mean {' or '.join(close)}?)" if close and arg != "metric"
+                            else f" (try {', '.join(close)})" if close else "")
+                         + (f"; swept keys: {swept}" if swept else "; columns: " + ", ".join(names[:20])))
 
 
 def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = "success",
@@ -240,8 +311,12 @@ def phase_diagram(df: pd.DataFrame, x: str, y: str | None = None, metric: str = 
     n = table["n"]
     per_cell = f"{n.min()}" if n.min() == n.max() else f"{n.min()}–{n.max()}"
     label = _metric_label(metric, agg) + ("; cell: measured / predicted" if theory else "")
-    pooled = pooled_keys(df, [k for k in (x, y, row, col) if k])
+    shown = [k for k in (x, y, row, col) if k]
+    pooled = pooled_keys(df, shown)
     over = f", pooled over {', '.join(pooled)}" if pooled else ""
+    riding = riding_keys(df, shown)
+    over += f"; the cells also differ in {', '.join(riding)} (they change with the axes)" if riding else ""
+    over += _undefined_clause(table, df.attrs.get("success_tol", TOL))
     # broken into lines as wide as the axes (the figure), so a long title (many pooled keys) is never cut
     # off; matplotlib's own wrap= is laid out against the figure at draw time, and an inline (tight) figure
     # keeps the height of the unwrapped line: blank above the panel
@@ -327,6 +402,30 @@ def pooled_keys(df: pd.DataFrame, axes: list[str]) -> list[str]:
     if "seed" in df.columns and df["seed"].nunique() > 1:
         out.append("seed")
     return out
+
+
+def riding_keys(df: pd.DataFrame, axes: list[str]) -> list[str]:
+    """The config keys that differ between a diagram's runs, not pooled within a cell and not an axis: they change
+    with the axes (fig4's zero-init row trains at lr 1 for 50 steps, fig6's σ row at lr 0.01 for 1000), so a
+    difference between cells may be theirs, not the axis's. What only names the run (its preset, where it was
+    logged) is left out, and so is the init beside a σ axis (its zero column) and σ beside an init axis."""
+    skip = {*axes, *pooled_keys(df, axes), "seed"}
+    if "init.sigma" in axes:
+        skip.add("init")
+    if "init" in axes:
+        skip.add("init.sigma")
+    return [k for k in config_keys(df) if k not in skip and not k.startswith(_NOT_RESULTS)
+            and axis_values(df, k)[has_key(df, k)].nunique(dropna=False) > 1]
+
+
+def _undefined_clause(table: pd.DataFrame, tol: float) -> str:
+    """The title's clause on the cells with runs whose success is undefined (OPT within tol of chance)."""
+    cells = table[table["n_undefined"] > 0]
+    if not len(cells):
+        return ""
+    n = len(cells)
+    return (f"; {n} cell{'s' * (n != 1)} where OPT is within tol {tol:g} of chance 1/K "
+            f"({int(cells['n_undefined'].sum())} runs): success undefined, not drawn")
 
 
 THEORY_NEVER = "tab:blue"
@@ -450,7 +549,7 @@ def _annot(cell, metric, theory=None) -> str:
         return ""
     step = metric in STEP_METRICS
     if cell["n_valid"] == 0:
-        text = "never" if step else "–"
+        text = "undefined" if cell["n_undefined"] == cell["n"] else "never" if step else "–"
     else:
         v = cell["value"]
         text = f"{v:.0f}" if step else f"{v:.2f}" if abs(v) < 100 else f"{v:.3g}"

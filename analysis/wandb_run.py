@@ -158,7 +158,7 @@ def _log_analysis(sweep_dir: Path, w: dict) -> tuple[int, int]:
         run.log_artifact(art)
         run.log({**images, "runs": table(cols, data)})
         run.summary.update({"runs": len(runs), **{f"runs_{k}": int(v) for k, v in counts.items()},
-                            "success_rate": float(runs["success"].mean()), "figures": len(images)})
+                            "success_rate": float(runs["success"].astype(float).mean()), "figures": len(images)})
     finally:
         run.finish()
         readable(folder / ".wandb_data")
@@ -174,7 +174,8 @@ def _entries(runs) -> list[dict]:
             stored = store.stored_verdict(path) if not os.path.lexists(path) else None  # a run of the sweep's store
             cfg, summary = (stored.config, stored.summary) if stored is not None else \
                 (contract.read_config(path), contract.read_summary(path))
-            entries.append({"cfg": cfg, "run_dir": Path(path), "summary": {**summary, "success": bool(success)}})
+            # <NA>: success undefined (OPT within tol of chance, `phase.success_undefined`): None, not False
+            entries.append({"cfg": cfg, "run_dir": Path(path), "summary": {**summary, "success": success if isinstance(success, bool) else None}})
         except (OSError, readers.Broken):
             continue  # changed since it was loaded: runs.parquet still has it
     return entries

@@ -57,8 +57,7 @@ def test_a_yaml_error_without_a_context_is_its_problem_where_it_is():
 def test_a_comma_list_without_multirun_keeps_hydra_s_hint_in_one_line(tmp_path):
     line = one_error_line(launch("data.p=0.1,0.5", *TINY, cwd=tmp_path))
     assert line == ("error: invalid config: data.p=0.1,0.5: a comma list in a single run: to sweep over it, add "
-                    "--multirun (-m) to your command line; for a list write data.p=[0.1,0.5]; for a string quote "
-                    "it: \"data.p='0.1,0.5'\"")
+                    "--multirun (-m) to your command line")
     assert not (tmp_path / "outputs").exists()
 
 
@@ -142,7 +141,7 @@ def test_a_diverged_run_is_kept_on_a_relaunch_and_counted_diverged(ended):
     assert again.returncode == 0 and "run(s): step" not in out, out  # nothing trained
     assert "skipped (diverged): p=0.5 init=zero seed=0: non-finite training loss" in out
     assert ("kept 1 run(s) as they ended (1 diverged): an ended run's outcome is final; "
-            "hydra.launcher.retry=[diverged,failed] trains them again") in out
+            "'hydra.launcher.retry=[diverged,failed]' trains them again") in out
     assert again.stdout.strip().splitlines()[-1] == f"sweep {sweep}: 2 runs: 0 done, 1 skipped, 0 failed, 1 diverged"
 
 
@@ -183,7 +182,8 @@ def test_retry_names_only_outcomes(tmp_path):
     line = one_error_line(launch("-m", "hydra.launcher.retry=[done]", *TINY, cwd=tmp_path))
     assert not (tmp_path / "multirun").exists()
     assert line == ("error: invalid config: hydra.launcher.retry=['done']: must be a list of outcomes a relaunch trains "
-                    "again, of failed, diverged (e.g. [failed,diverged], or [] to keep every run as it ended)")
+                    "again, of failed, diverged (e.g. 'hydra.launcher.retry=[failed,diverged]', or [] to keep every run "
+                    "as it ended)")
 
 
 # ------------------------------------------------------------------------------------------ smaller

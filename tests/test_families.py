@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -39,7 +40,10 @@ def one_line_type_error(build) -> str:
         build()
     text = str(e.value)
     assert "\n" not in text, text
-    return text
+    here = os.path.relpath(__file__)
+    where = f" ({__file__ if here.startswith('..') else here})"  # the file that declares the family
+    assert text.endswith(where), text
+    return text[:-len(where)]
 
 
 # ------------------------------------------------------------------------------------------ the registry

@@ -129,7 +129,8 @@ def test_zero_init_with_a_sigma_axis_is_refused_with_the_way_to_write_it(tmp_pat
     r = launch("-m", "init=zero,gaussian", "init.sigma=1e-4,1e-2", *TINY_RUN, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
         "error: invalid config: init.sigma=0.0001: unknown key for init=zero; allowed: name (init.sigma is a key of "
-        "init=gaussian); to sweep init.sigma with init=zero, write init=gaussian init.sigma=0,… (init.sigma = 0 is init=zero)")
+        "init=gaussian); to sweep init.sigma with init=zero, write init=gaussian init.sigma=0,… model.normalize=none "
+        "(init.sigma = 0 with model.normalize=none is init=zero; model.normalize=auto is whole under init=gaussian)")
     sweep = tmp_path / "s"
     r = launch("-m", "init=gaussian", "init.sigma=0,1e-2", *TINY_RUN, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

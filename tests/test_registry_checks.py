@@ -260,6 +260,7 @@ def test_hydra_s_could_not_load_the_schema_becomes_one_line_naming_the_file(tmp_
         "name is 'probe_unimported'), which rw_sweeps/core/inits/__init__.py imports")
 
 
+@pytest.mark.e2e  # it starts a Python process
 def test_a_refused_registration_ends_a_command_in_one_line_naming_the_file(tmp_path):
     """Not a traceback: every command imports the options, `--help` included."""
     (tmp_path / "bad_option.py").write_text(

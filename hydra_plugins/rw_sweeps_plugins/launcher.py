@@ -73,9 +73,9 @@ def kept_line(kept, retry: tuple) -> str:
     and keeps as they are; it names the switch that trains them again."""
     by = Counter(str(s.get("status")) for s in kept)
     what = ", ".join(f"{n} {state}" for state, n in sorted(by.items()))
-    again = ",".join(sorted(set(retry) | set(by)))
+    again = placement.retry_switch(sorted(set(retry) | set(by)))
     return (f"kept {sum(by.values())} run(s) as they ended ({what}): an ended run's outcome is final; "
-            f"hydra.launcher.retry=[{again}] trains them again")
+            f"{again} trains them again")
 
 
 class RwLauncher(Launcher):
@@ -114,8 +114,7 @@ class RwLauncher(Launcher):
             refuse("gres", p["gres"], "set gres or gpus_per_node, not both")
         retry = p.get("retry", list(placement.RETRY))
         if not isinstance(retry, list) or any(o not in placement.OUTCOMES for o in retry):
-            refuse("retry", retry, f"must be a list of outcomes a relaunch trains again, of {', '.join(placement.OUTCOMES)} "
-                   f"(e.g. [{','.join(placement.OUTCOMES)}], or [] to keep every run as it ended)")
+            refuse("retry", retry, placement.RETRY_RULE)
         if p["detach"] and not self.detaches:
             refuse("detach", True, "needs the slurm backend (hydra/launcher=slurm or packed_slurm)")
         if p["memory_gb"] is not None and not p["memory_gb"] > 0:

@@ -182,10 +182,20 @@ def describe_unknown(cls, prefix: str, key: str | None = None, named: bool = Fal
             text += f" ({group}.{key} is a key of {', '.join(f'{group}={n}' for n in owners)})"
         axis = cls().unit() if group == "init" else None  # an init that is the 0 of another's scale axis
         if axis is not None and type(axis) is not cls and key in axis.__dataclass_fields__:
-            text += (f"; to sweep {group}.{key} with {group}={name}, write {group}={axis.name} {group}.{key}=0,… "
-                     f"({group}.{key} = 0 is {group}={name})")
+            text += _as_axis_zero(group, key, name, cls, axis)
         return text
     return f"{unknown}{hint}; allowed: {allowed(cls)}"
+
+
+def _as_axis_zero(group: str, key: str, name: str, cls, axis) -> str:
+    """How to write `group=name` as the 0 of `axis`'s scale axis: the same θ(0), and the same model only where
+    model.normalize=auto resolves alike under both (else it is named: a σ = 0 Gaussian run normalised whole
+    stays at the symmetric point where the unnormalised zero init learns)."""
+    where = "" if axis.AUTO_NORMALIZE == cls.AUTO_NORMALIZE else f" model.normalize={cls.AUTO_NORMALIZE}"
+    same = (f"{group}.{key} = 0 is {group}={name}" if not where else
+            f"{group}.{key} = 0 with{where} is {group}={name}; model.normalize=auto is {axis.AUTO_NORMALIZE} "
+            f"under {group}={axis.name}")
+    return f"; to sweep {group}.{key} with {group}={name}, write {group}={axis.name} {group}.{key}=0,…{where} ({same})"
 
 
 def _build(cls, d: Any, prefix: str, complete: bool):

@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import typing
 import unicodedata
 
 from rw_sweeps.core.config import ConfigError, RunConfig, describe_unknown
 from rw_sweeps.core.registry import OPTIONS, type_rule, unregistered
 from rw_sweeps.core.errors import Typed, did_you_mean, one_line
+from rw_sweeps.sweeps import placement
 from hydra.errors import OverrideParseException
 from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, ConfigTypeError, InterpolationResolutionError,
                              ValidationError)
@@ -49,7 +51,8 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
             leaf = key.rsplit(".", 1)[-1]
             if cls is None or leaf not in cls.__dataclass_fields__:  # an item of a list: the run's own key
                 cls = RunConfig if "." not in key else cls
-            rule = type_rule(cls, leaf, e) if cls is not None and leaf in cls.__dataclass_fields__ else one_line(e)
+            rule = (RULES[key] if key in RULES else type_rule(cls, leaf, e)
+                    if cls is not None and leaf in cls.__dataclass_fields__ else one_line(e))
             return ConfigError(key, getattr(e, "value", None), rule)
         if isinstance(e, (ConfigAttributeError, ConfigKeyError)):
             # Hydra names the override as typed (`use +daat.p=0.5`): its key may go below the unknown one
@@ -86,12 +89,32 @@ def from_hydra_error(exc: BaseException) -> ConfigError | None:
     return None
 
 
+# launcher keys whose allowed values say more than their type (a value of the wrong type is refused with these)
+RULES = {"hydra.launcher.retry": placement.RETRY_RULE}
+
+
 def _ambiguous(override: str) -> ConfigError:
+    """A forgotten -m, and the other two readings only where the key's type admits them (a list, a string)."""
     key, _, value = override.partition("=")
     key = key.lstrip("+~")
-    return ConfigError(key, Typed(value), "a comma list in a single run: to sweep over it, add --multirun (-m) to "
-                       f"your command line; for a list write {key}=[{value}]; for a string quote it: "
-                       f"\"{key}='{value}'\"")
+    kinds = _kinds(key)
+    text = "a comma list in a single run: to sweep over it, add --multirun (-m) to your command line"
+    if not kinds or list in kinds:
+        text += f"; for a list write {key}=[{value}]"
+    if not kinds or str in kinds:
+        text += f"; for a string quote it: \"{key}='{value}'\""
+    return ConfigError(key, Typed(value), text)
+
+
+def _kinds(key: str) -> set:
+    """The types (list for any List[…], null dropped) of every schema field `key` may name: the run's own,
+    or that key of each option of its group that has it; empty for a key no schema here declares."""
+    group, _, leaf = key.rpartition(".")
+    classes = [RunConfig] if not group else list(OPTIONS.get(group, {}).values())
+    hints = [typing.get_type_hints(c)[leaf] for c in classes if leaf in c.__dataclass_fields__]
+    bases = [next((a for a in typing.get_args(h) if a is not type(None)), h) if typing.get_origin(h) is typing.Union
+             else h for h in hints]
+    return {list if typing.get_origin(b) in (list, tuple) else b for b in bases}
 
 
 def _closest(key: str, cls) -> str:

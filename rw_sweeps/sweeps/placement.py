@@ -45,6 +45,13 @@ class FolderTaken(ConfigError):
 # not there), and a job that dies without writing a summary makes its runs failed (README, "Faults").
 RETRY = ("failed",)
 OUTCOMES = ("failed", "diverged")  # what `retry` may name
+RETRY_RULE = (f"must be a list of outcomes a relaunch trains again, of {', '.join(OUTCOMES)} (e.g. "
+              f"'hydra.launcher.retry=[{','.join(OUTCOMES)}]', or [] to keep every run as it ended)")
+
+
+def retry_switch(outcomes) -> str:
+    """The override that trains runs of these outcomes again, quoted for the shell (zsh reads `[…]` as a glob)."""
+    return f"'hydra.launcher.retry=[{','.join(outcomes)}]'"
 
 
 @dataclass

@@ -168,6 +168,8 @@ def _log_analysis(sweep_dir: Path, w: dict) -> tuple[int, int]:
 def _entries(runs) -> list[dict]:
     """The table's rows as `runs_table` takes them: each run's config.yaml and summary.json as the files hold
     them (a stored run's from the sweep's store), with `success`."""
+    import pandas as pd  # pandas: its NA, which `runs` (a DataFrame) already holds; the module imports it lazily
+
     entries = []
     for path, success in zip(runs["path"], runs["success"]):
         try:
@@ -175,7 +177,7 @@ def _entries(runs) -> list[dict]:
             cfg, summary = (stored.config, stored.summary) if stored is not None else \
                 (contract.read_config(path), contract.read_summary(path))
             # <NA>: success undefined (OPT within tol of chance, `phase.success_undefined`): None, not False
-            entries.append({"cfg": cfg, "run_dir": Path(path), "summary": {**summary, "success": success if isinstance(success, bool) else None}})
+            entries.append({"cfg": cfg, "run_dir": Path(path), "summary": {**summary, "success": None if pd.isna(success) else bool(success)}})
         except (OSError, readers.Broken):
             continue  # changed since it was loaded: runs.parquet still has it
     return entries

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,14 @@ ROOT = Path(__file__).resolve().parents[1]
 # server the suite's commands fork from (tests/_forked.py) must be single-threaded, which OpenBLAS's pool is not.
 for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
-from . import _forked  # noqa: E402 - after the thread settings above: the environment its server is started with
+# The suite tests how launches answer SIGINT and SIGHUP. Started under `nohup`, or in the background of a shell
+# without job control, it would hand every launch (and the server they fork from) those signals ignored, which
+# a launch honours, as `nohup` users expect, and each signal test would fail for it: set back to their defaults.
+for _signum, _default in ((signal.SIGHUP, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+    if signal.getsignal(_signum) == signal.SIG_IGN:
+        signal.signal(_signum, _default)
+from . import _forked  # noqa: E402 - after the settings above: the environment and signals its server starts with
+
 
 # Small but real runs: every test sweep uses these unless it needs the paper's shape.
 SMALL = ["data.n_test=200", "optim.steps=10"]  # n_train stays 1000: with fewer, p = 0.5 often locks on a wrong position

@@ -56,6 +56,15 @@ def _environment(args: tuple, env: dict | None) -> dict:
     return {**e, **(env or {})}
 
 
+def declared_in(text: str, test_file: str) -> str:
+    """A registration refusal's one line less the file it ends by naming (`registry.Unregistrable`), which must
+    be `test_file`, the test module that declared the option, as seen from the working folder."""
+    here = os.path.relpath(test_file)
+    where = f" ({test_file if here.startswith('..') else here})"
+    assert text.endswith(where), text
+    return text[:-len(where)]
+
+
 def python(*argv, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python ARGV` run to its end, as `subprocess.run(…, text=True, capture_output=True)` runs it, unbuffered:
     in a process forked from this worker's server, which has imported torch and the other libraries once

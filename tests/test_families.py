@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -23,7 +22,7 @@ from rw_sweeps.core import data as data_mod
 from rw_sweeps.core.config import ConfigError, DataConfig, from_dict
 from rw_sweeps.core.registry import option
 
-from .conftest import ROOT
+from .conftest import ROOT, declared_in
 
 FAMILIES = sorted(config.OPTIONS["data"])
 SMALL = dict(n_train=7, n_test=5)  # every family's own K and N (QA's are fixed by the task)
@@ -40,10 +39,7 @@ def one_line_type_error(build) -> str:
         build()
     text = str(e.value)
     assert "\n" not in text, text
-    here = os.path.relpath(__file__)
-    where = f" ({__file__ if here.startswith('..') else here})"  # the file that declares the family
-    assert text.endswith(where), text
-    return text[:-len(where)]
+    return declared_in(text, __file__)  # it names the file that declares the option
 
 
 # ------------------------------------------------------------------------------------------ the registry
